@@ -1,0 +1,137 @@
+// Package bootstrap derives what an executor is started with: its assignment,
+// its SPIFFE ID, where the gateway is, and a capability that proves to the
+// gateway which assignment it serves.
+//
+// Everything is a pure function of the assignment and the configured key: the
+// same assignment always yields the same environment, so an executor created
+// again after a crash needs no stored record, and the gateway checks a
+// capability without any state.
+package bootstrap
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// MinKeyLength is the shortest capability key accepted: the HMAC-SHA256 block
+// of security it protects.
+const MinKeyLength = 32
+
+// The executor environment. The runner removes every one of them from its own
+// environment before it runs a step.
+const (
+	EnvAssignmentID = "CI_ASSIGNMENT_ID"
+	EnvTaskID       = "CI_TASK_ID"
+	EnvSPIFFEID     = "CI_SPIFFE_ID"
+	EnvCapability   = "CI_RUNNER_CAPABILITY"
+	EnvGatewayURL   = "CI_GATEWAY_URL"
+)
+
+// Variables lists every variable Environment sets.
+func Variables() []string {
+	return []string{EnvAssignmentID, EnvTaskID, EnvSPIFFEID, EnvCapability, EnvGatewayURL}
+}
+
+// capabilityDomain separates these MACs from any other use of the key.
+const capabilityDomain = "gitea-dynamic-runner/capability/v1"
+
+// Bootstrap issues and checks executor credentials under one key.
+type Bootstrap struct {
+	key        []byte
+	gatewayURL string
+}
+
+// New returns a Bootstrap for executors that reach the gateway at gatewayURL.
+// A key shorter than MinKeyLength is refused.
+func New(key secretkey.Key, gatewayURL string) (*Bootstrap, error) {
+	if err := key.AtLeast("bootstrap capability key", MinKeyLength); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(gatewayURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("bootstrap: gateway URL %q is not an absolute http(s) URL", gatewayURL)
+	}
+	return &Bootstrap{key: append([]byte(nil), key...), gatewayURL: gatewayURL}, nil
+}
+
+// Capability returns the capability of the assignment (ID, task ID, SPIFFE ID).
+func (b *Bootstrap) Capability(assignmentID string, taskID int64, spiffeID string) string {
+	mac := hmac.New(sha256.New, b.key)
+	for _, field := range []string{capabilityDomain, assignmentID, strconv.FormatInt(taskID, 10), spiffeID} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(field)))
+		mac.Write(n[:])
+		mac.Write([]byte(field))
+	}
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// ErrBadCapability is returned by Verify for a capability that does not belong
+// to the claimed assignment.
+var ErrBadCapability = errors.New("capability does not match the assignment")
+
+// Verify checks in constant time that capability was issued for the
+// assignment (ID, task ID, SPIFFE ID).
+func (b *Bootstrap) Verify(assignmentID string, taskID int64, spiffeID, capability string) error {
+	want := b.Capability(assignmentID, taskID, spiffeID)
+	if subtle.ConstantTimeCompare([]byte(want), []byte(capability)) != 1 {
+		return ErrBadCapability
+	}
+	return nil
+}
+
+// Environment returns the executor environment of a. It implements
+// taskworker.Bootstrap.
+func (b *Bootstrap) Environment(a taskassignment.Assignment) (map[string]string, error) {
+	if a.ID == "" || a.Task.ID <= 0 || a.Identity.SPIFFEID == "" {
+		return nil, fmt.Errorf("bootstrap: assignment %q of task %d has no identity", a.ID, a.Task.ID)
+	}
+	return map[string]string{
+		EnvAssignmentID: a.ID,
+		EnvTaskID:       strconv.FormatInt(a.Task.ID, 10),
+		EnvSPIFFEID:     a.Identity.SPIFFEID,
+		EnvCapability:   b.Capability(a.ID, a.Task.ID, a.Identity.SPIFFEID),
+		EnvGatewayURL:   b.gatewayURL,
+	}, nil
+}
+
+// Values is what an executor reads back from its environment.
+type Values struct {
+	AssignmentID string
+	TaskID       int64
+	SPIFFEID     string
+	Capability   string
+	GatewayURL   string
+}
+
+// Read reads the executor environment through getenv (os.Getenv in the
+// runner). A missing variable is an error naming it; a value never appears in
+// an error.
+func Read(getenv func(string) string) (Values, error) {
+	for _, name := range Variables() {
+		if getenv(name) == "" {
+			return Values{}, fmt.Errorf("bootstrap: %s is not set", name)
+		}
+	}
+	taskID, err := strconv.ParseInt(getenv(EnvTaskID), 10, 64)
+	if err != nil || taskID <= 0 {
+		return Values{}, fmt.Errorf("bootstrap: %s is not a task ID", EnvTaskID)
+	}
+	return Values{
+		AssignmentID: getenv(EnvAssignmentID),
+		TaskID:       taskID,
+		SPIFFEID:     getenv(EnvSPIFFEID),
+		Capability:   getenv(EnvCapability),
+		GatewayURL:   getenv(EnvGatewayURL),
+	}, nil
+}

@@ -1,0 +1,220 @@
+// Package taskworker reconciles assigned Gitea tasks against an executor
+// backend.
+//
+// The Worker holds no state that correctness depends on: every fact it acts on
+// is read again from the backend (the executor and its metadata) and from
+// Gitea (whether the task is over). Any call may be repeated after a crash at
+// any point and converges to the same end.
+package taskworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+)
+
+// Phase is the state of an executor as its backend observes it. The worker
+// never stores it.
+type Phase string
+
+const (
+	PhasePending   Phase = "pending"
+	PhaseRunning   Phase = "running"
+	PhaseSucceeded Phase = "succeeded"
+	PhaseFailed    Phase = "failed"
+	// PhaseUnknown is a state the backend cannot tell (a lost node, an
+	// executor being deleted). It is not terminal.
+	PhaseUnknown Phase = "unknown"
+)
+
+// Terminal reports whether the executor has finished for good.
+func (p Phase) Terminal() bool { return p == PhaseSucceeded || p == PhaseFailed }
+
+// Executor is a backend resource found by its assignment ID.
+type Executor struct {
+	// Name identifies the resource within its backend.
+	Name string
+	// IdentityTarget is what the identity is bound to (a node UID, a sandbox
+	// ID); empty until the backend can tell, for example before scheduling.
+	IdentityTarget string
+	Phase          Phase
+}
+
+// LaunchSpec is everything a backend needs to create an executor beyond the
+// assignment itself. Environment carries credentials: a backend passes it to
+// the executor only, never into metadata, events, logs or errors.
+type LaunchSpec struct {
+	Metadata    taskassignment.Metadata
+	Environment map[string]string
+}
+
+// Bootstrap yields the executor environment of an assignment. It must be
+// deterministic: a redelivery after a crash creates the same credentials
+// without any stored record.
+type Bootstrap interface {
+	Environment(taskassignment.Assignment) (map[string]string, error)
+}
+
+// Backend is implemented by each executor backend. Every method must be
+// idempotent: Create for an assignment that already has an executor returns
+// that executor, BindIdentity for a bound identity succeeds, and Delete of a
+// deleted executor succeeds.
+type Backend interface {
+	// Find returns the executor of the assignment ID, or nil without error
+	// when there is none.
+	Find(ctx context.Context, assignmentID string) (*Executor, error)
+	Create(ctx context.Context, a taskassignment.Assignment, spec LaunchSpec) (*Executor, error)
+	BindIdentity(ctx context.Context, e *Executor, id taskidentity.Identity) error
+	Delete(ctx context.Context, e *Executor) error
+}
+
+// TaskState asks Gitea, the authority, about a task. Both methods must be
+// idempotent: a task that is already over answers its final result.
+type TaskState interface {
+	// Terminal reports whether Gitea considers the task finished (done or
+	// cancelled).
+	Terminal(ctx context.Context, taskID int64) (bool, error)
+	// Report records the executor's final phase as the task's result.
+	Report(ctx context.Context, taskID int64, phase Phase) error
+}
+
+// Worker moves one assignment towards its end on one backend.
+type Worker struct {
+	Backend   Backend
+	Tasks     TaskState
+	Bootstrap Bootstrap
+	// Keys are the metadata keys the executors are created with.
+	Keys taskassignment.Keys
+	// OnEvent, if set, receives every lifecycle transition. It is called
+	// synchronously and must not block.
+	OnEvent func(Event)
+}
+
+// Accept completes the hand-off from the queue to the backend: it finds or
+// creates the executor, waits for its identity target and binds its identity.
+// True means every fact recovery needs is now held by the backend, and the
+// queue message may be acknowledged. False without error means "not yet"
+// (the identity target is pending): deliver the message again later.
+func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, error) {
+	if w.Backend == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
+		return false, errors.New("taskworker: backend, bootstrap and metadata keys are required")
+	}
+	if err := checkAssignment(a); err != nil {
+		return false, err
+	}
+	executor, err := w.Backend.Find(ctx, a.ID)
+	if err != nil {
+		return false, fmt.Errorf("find executor of assignment %s: %w", a.ID, err)
+	}
+	if executor == nil {
+		w.emit(EventExecutorAbsent, a, nil)
+		if executor, err = w.create(ctx, a); err != nil {
+			return false, err
+		}
+		w.emit(EventExecutorCreated, a, executor)
+	} else {
+		w.emit(EventExecutorFound, a, executor)
+	}
+	return w.bind(ctx, a, executor)
+}
+
+// Handle performs one reconciliation of an assignment. If Gitea says the task
+// is over, the executor is deleted (this is how cancellations clean up).
+// Otherwise a missing executor is created and its identity bound, and an
+// executor that Succeeded or Failed is reported to Gitea BEFORE it is deleted,
+// so a crash between the two can never let the task run a second time.
+// Done means nothing is left to do for the assignment; false means call again
+// later.
+func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done bool, err error) {
+	if w.Backend == nil || w.Tasks == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
+		return false, errors.New("taskworker: backend, task state, bootstrap and metadata keys are required")
+	}
+	if err := checkAssignment(a); err != nil {
+		return false, err
+	}
+	terminal, err := w.Tasks.Terminal(ctx, a.Task.ID)
+	if err != nil {
+		return false, fmt.Errorf("ask Gitea about task %d: %w", a.Task.ID, err)
+	}
+	executor, err := w.Backend.Find(ctx, a.ID)
+	if err != nil {
+		return false, fmt.Errorf("find executor of assignment %s: %w", a.ID, err)
+	}
+	if terminal {
+		w.emit(EventTaskTerminal, a, executor)
+		if executor != nil {
+			if err := w.delete(ctx, a, executor); err != nil {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	if executor == nil {
+		w.emit(EventExecutorAbsent, a, nil)
+		if executor, err = w.create(ctx, a); err != nil {
+			return false, err
+		}
+		w.emit(EventExecutorCreated, a, executor)
+	}
+	bound, err := w.bind(ctx, a, executor)
+	if err != nil || !bound {
+		return false, err
+	}
+	if !executor.Phase.Terminal() {
+		return false, nil
+	}
+	if err := w.Tasks.Report(ctx, a.Task.ID, executor.Phase); err != nil {
+		return false, fmt.Errorf("report task %d as %s: %w", a.Task.ID, executor.Phase, err)
+	}
+	w.emit(EventTaskReported, a, executor)
+	if err := w.delete(ctx, a, executor); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func checkAssignment(a taskassignment.Assignment) error {
+	if a.ID == "" || a.Task.ID <= 0 {
+		return fmt.Errorf("taskworker: assignment %q of task %d is not valid", a.ID, a.Task.ID)
+	}
+	return nil
+}
+
+func (w Worker) create(ctx context.Context, a taskassignment.Assignment) (*Executor, error) {
+	env, err := w.Bootstrap.Environment(a)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap assignment %s: %w", a.ID, err)
+	}
+	spec := LaunchSpec{Metadata: w.Keys.Metadata(a), Environment: env}
+	executor, err := w.Backend.Create(ctx, a, spec)
+	if err != nil {
+		return nil, fmt.Errorf("create executor of assignment %s: %w", a.ID, err)
+	}
+	if executor == nil {
+		return nil, fmt.Errorf("create executor of assignment %s: backend returned no executor", a.ID)
+	}
+	return executor, nil
+}
+
+func (w Worker) bind(ctx context.Context, a taskassignment.Assignment, executor *Executor) (bool, error) {
+	if executor.IdentityTarget == "" {
+		w.emit(EventIdentityTargetPending, a, executor)
+		return false, nil
+	}
+	if err := w.Backend.BindIdentity(ctx, executor, a.Identity); err != nil {
+		return false, fmt.Errorf("bind identity of assignment %s to executor %s: %w", a.ID, executor.Name, err)
+	}
+	w.emit(EventIdentityBound, a, executor)
+	return true, nil
+}
+
+func (w Worker) delete(ctx context.Context, a taskassignment.Assignment, executor *Executor) error {
+	if err := w.Backend.Delete(ctx, executor); err != nil {
+		return fmt.Errorf("delete executor %s of assignment %s: %w", executor.Name, a.ID, err)
+	}
+	w.emit(EventExecutorDeleted, a, executor)
+	return nil
+}
