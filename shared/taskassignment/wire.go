@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -62,8 +61,8 @@ func Encode(a Assignment) ([]byte, error) {
 
 // Decode parses a message written by Encode and validates it in trust domain
 // td (see Assignment.Validate). Every error wraps ErrMalformed and names what
-// is wrong: an unknown version, a missing or unknown field, trailing data, or
-// an assignment that breaks an invariant.
+// is wrong: not one JSON object, an unknown version, a missing or unknown
+// field, or an assignment that breaks an invariant.
 func Decode(data []byte, td spiffeid.TrustDomain) (Assignment, error) {
 	a, err := decode(data, td)
 	if err != nil {
@@ -88,9 +87,6 @@ func decode(data []byte, td spiffeid.TrustDomain) (Assignment, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&w); err != nil {
 		return Assignment{}, fmt.Errorf("version %d: %w", WireVersion, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return Assignment{}, errors.New("trailing data after the message")
 	}
 	for _, f := range []struct {
 		name    string

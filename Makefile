@@ -1,0 +1,33 @@
+# gitea-dynamic-runner
+SHELL := /usr/bin/env bash
+GO ?= go
+BIN ?= bin
+FUNCTIONS := $(notdir $(wildcard functions/*))
+FUZZTIME ?= 5s
+BENCHTIME ?= 1s
+
+.PHONY: build test unit fuzz vet bench clean
+
+## build: compile every function into $(BIN)/
+build:
+	@mkdir -p $(BIN)
+	@for f in $(FUNCTIONS); do echo "go build ./functions/$$f"; $(GO) build -o $(BIN)/$$f ./functions/$$f || exit 1; done
+
+## test: vet, the race-enabled unit tests, and every fuzz target for FUZZTIME
+test: vet unit fuzz
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./...
+
+clean:
+	rm -rf $(BIN)

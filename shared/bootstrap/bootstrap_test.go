@@ -1,0 +1,137 @@
+package bootstrap
+
+import (
+	"bytes"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+)
+
+func assignment(t *testing.T, taskID int64) taskassignment.Assignment {
+	t.Helper()
+	id, err := taskidentity.New(spiffeid.RequireTrustDomainFromString("ci.example.org"), "alice/repo", "build", taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: taskID, Pool: "linux"}, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func newBootstrap(t *testing.T, fill byte) *Bootstrap {
+	t.Helper()
+	b, err := New(bytes.Repeat([]byte{fill}, MinKeyLength), "https://gateway.example.org:8443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestNewRefuses(t *testing.T) {
+	if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength-1), "https://g.example.org"); err == nil || !strings.Contains(err.Error(), "31 bytes") {
+		t.Fatalf("a 31-byte key: err = %v", err)
+	}
+	for _, u := range []string{"", "gateway:8443", "ftp://g.example.org", "https://"} {
+		if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength), u); err == nil {
+			t.Errorf("gateway URL %q accepted", u)
+		}
+	}
+}
+
+func TestEnvironmentIsDeterministic(t *testing.T) {
+	a := assignment(t, 42)
+	first, err := newBootstrap(t, 1).Environment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := newBootstrap(t, 1).Environment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(first, second) {
+		t.Fatalf("two Bootstraps with one key disagree:\n%v\n%v", first, second)
+	}
+	if len(first) != len(Variables()) {
+		t.Fatalf("environment has %d variables, Variables() lists %d", len(first), len(Variables()))
+	}
+	other, _ := newBootstrap(t, 2).Environment(a)
+	if other[EnvCapability] == first[EnvCapability] {
+		t.Fatal("another key gives the same capability")
+	}
+	next, _ := newBootstrap(t, 1).Environment(assignment(t, 43))
+	if next[EnvCapability] == first[EnvCapability] {
+		t.Fatal("another task gives the same capability")
+	}
+}
+
+func TestVerify(t *testing.T) {
+	b := newBootstrap(t, 1)
+	a := assignment(t, 42)
+	capability := b.Capability(a.ID, a.Task.ID, a.Identity.SPIFFEID)
+	tests := []struct {
+		name         string
+		assignmentID string
+		taskID       int64
+		spiffeID     string
+		capability   string
+		ok           bool
+	}{
+		{"own", a.ID, 42, a.Identity.SPIFFEID, capability, true},
+		{"another assignment", "linux-43", 42, a.Identity.SPIFFEID, capability, false},
+		{"another task", a.ID, 43, a.Identity.SPIFFEID, capability, false},
+		{"another SPIFFE ID", a.ID, 42, "spiffe://ci.example.org/repo/alice/repo/task/43", capability, false},
+		{"empty", a.ID, 42, a.Identity.SPIFFEID, "", false},
+		{"truncated", a.ID, 42, a.Identity.SPIFFEID, capability[:len(capability)-1], false},
+		{"forged", a.ID, 42, a.Identity.SPIFFEID, newBootstrap(t, 2).Capability(a.ID, 42, a.Identity.SPIFFEID), false},
+		// Field boundaries are length-prefixed: shifting text between fields changes the MAC.
+		{"shifted boundary", a.ID + "4", 2, a.Identity.SPIFFEID, b.Capability(a.ID, 42, a.Identity.SPIFFEID), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := b.Verify(tt.assignmentID, tt.taskID, tt.spiffeID, tt.capability)
+			if (err == nil) != tt.ok {
+				t.Fatalf("Verify() = %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrBadCapability) {
+				t.Fatalf("Verify() error %v is not ErrBadCapability", err)
+			}
+		})
+	}
+}
+
+func TestReadRoundTrip(t *testing.T) {
+	a := assignment(t, 42)
+	env, err := newBootstrap(t, 1).Environment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Values{AssignmentID: a.ID, TaskID: 42, SPIFFEID: a.Identity.SPIFFEID, Capability: env[EnvCapability], GatewayURL: "https://gateway.example.org:8443"}
+	if got != want {
+		t.Fatalf("Read() = %+v, want %+v", got, want)
+	}
+	for _, name := range Variables() {
+		partial := maps.Clone(env)
+		delete(partial, name)
+		if _, err := Read(func(k string) string { return partial[k] }); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("without %s: err = %v", name, err)
+		}
+	}
+	bad := maps.Clone(env)
+	bad[EnvTaskID] = "x"
+	_, err = Read(func(k string) string { return bad[k] })
+	if err == nil || strings.Contains(err.Error(), env[EnvCapability]) {
+		t.Fatalf("bad task ID: err = %v", err)
+	}
+}
