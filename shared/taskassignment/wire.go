@@ -16,6 +16,10 @@ import (
 // version it does not know rather than guessing.
 const WireVersion = 1
 
+// EventType is the CloudEvents type of an assignment carried as an event (the
+// Knative path); the event's data is the Encode form, as application/json.
+const EventType = "io.gitea-dynamic-runner.assignment.v1"
+
 // ErrMalformed marks a message that can never decode, whatever is retried:
 // its consumer should terminate it rather than redeliver it.
 var ErrMalformed = errors.New("malformed assignment message")

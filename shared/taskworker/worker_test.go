@@ -155,10 +155,16 @@ func TestHandle(t *testing.T) {
 			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseFailed) },
 			true, false, []string{"terminal:42", "find", bind, "report:42:failed", "delete:exec-linux-42"}, true},
 		{"report fails: no delete, not done",
-			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseSucceeded); r.fail["report"] = errBoom },
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseSucceeded)
+				r.fail["report"] = errBoom
+			},
 			false, true, []string{"terminal:42", "find", bind, "report:42:succeeded"}, false},
 		{"delete fails: not done",
-			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseFailed); r.fail["delete"] = errBoom },
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseFailed)
+				r.fail["delete"] = errBoom
+			},
 			false, true, []string{"terminal:42", "find", bind, "report:42:failed", "delete:exec-linux-42"}, false},
 		{"terminal delete fails: not done",
 			func(r *recorder, a taskassignment.Assignment) {
@@ -168,7 +174,10 @@ func TestHandle(t *testing.T) {
 			},
 			false, true, []string{"terminal:42", "find", "delete:exec-linux-42"}, false},
 		{"Gitea unreachable: nothing touched",
-			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseSucceeded); r.fail["terminal"] = errBoom },
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseSucceeded)
+				r.fail["terminal"] = errBoom
+			},
 			false, true, []string{"terminal:42"}, false},
 		{"find fails",
 			func(r *recorder, a taskassignment.Assignment) { r.fail["find"] = errBoom },
@@ -177,7 +186,10 @@ func TestHandle(t *testing.T) {
 			func(r *recorder, a taskassignment.Assignment) { r.fail["create"] = errBoom },
 			false, true, []string{"terminal:42", "find", "create"}, true},
 		{"bind fails: no report",
-			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseSucceeded); r.fail["bind"] = errBoom },
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseSucceeded)
+				r.fail["bind"] = errBoom
+			},
 			false, true, []string{"terminal:42", "find", bind}, false},
 	}
 	for _, tt := range tests {
@@ -238,7 +250,10 @@ func TestAccept(t *testing.T) {
 			func(r *recorder, a taskassignment.Assignment) { r.fail["create"] = errBoom },
 			false, true, []string{"find", "create"}, []EventName{EventExecutorAbsent}},
 		{"bind fails",
-			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseRunning); r.fail["bind"] = errBoom },
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseRunning)
+				r.fail["bind"] = errBoom
+			},
 			false, true, []string{"find", bind}, []EventName{EventExecutorFound}},
 	}
 	for _, tt := range tests {
@@ -271,8 +286,14 @@ func TestRepeatedCallsCreateOnce(t *testing.T) {
 		name string
 		run  func(w Worker, a taskassignment.Assignment) error
 	}{
-		{"Accept", func(w Worker, a taskassignment.Assignment) error { _, err := w.Accept(context.Background(), a); return err }},
-		{"Handle", func(w Worker, a taskassignment.Assignment) error { _, err := w.Handle(context.Background(), a); return err }},
+		{"Accept", func(w Worker, a taskassignment.Assignment) error {
+			_, err := w.Accept(context.Background(), a)
+			return err
+		}},
+		{"Handle", func(w Worker, a taskassignment.Assignment) error {
+			_, err := w.Handle(context.Background(), a)
+			return err
+		}},
 	} {
 		for _, target := range []string{"", "node-1"} {
 			t.Run(call.name+"/target="+target, func(t *testing.T) {

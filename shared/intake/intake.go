@@ -1,0 +1,89 @@
+// Package intake hands assignment messages from the queue to a worker. It is
+// the core of the `handle` function; its two trigger adapters are the KEDA job
+// mode (Job: pull a few messages, exit) and the Knative mode (Receiver: one
+// CloudEvent per HTTP request).
+//
+// Both adapters share one decision per message (see Outcome): acknowledge once
+// the backend holds every recovery fact, redeliver later when that is not yet
+// so or something failed, and terminate only a message that can never decode.
+package intake
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// Acceptor is what intake needs of a taskworker.Worker.
+type Acceptor interface {
+	Accept(ctx context.Context, a taskassignment.Assignment) (bool, error)
+}
+
+// Outcome is the fate of one message.
+type Outcome int
+
+const (
+	// Accepted: the backend holds the executor and its identity; acknowledge.
+	Accepted Outcome = iota
+	// NotYet: the executor exists but its identity target is pending;
+	// redeliver after a delay.
+	NotYet
+	// Failed: a transient error (backend, network, shutdown); redeliver
+	// after a backoff.
+	Failed
+	// Poison: the message can never decode; terminate it.
+	Poison
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Accepted:
+		return "accepted"
+	case NotYet:
+		return "not_yet"
+	case Failed:
+		return "failed"
+	case Poison:
+		return "poison"
+	}
+	return "unknown"
+}
+
+// Handler decides the fate of assignment messages.
+type Handler struct {
+	Worker      Acceptor
+	TrustDomain spiffeid.TrustDomain
+	Log         *slog.Logger
+}
+
+// Handle decodes one message body and offers it to the worker. The error,
+// when there is one, says why the outcome is Failed or Poison; it never
+// carries a credential (assignment messages hold none).
+func (h Handler) Handle(ctx context.Context, body []byte) (taskassignment.Assignment, Outcome, error) {
+	a, err := taskassignment.Decode(body, h.TrustDomain)
+	if err != nil {
+		return a, Poison, err
+	}
+	ok, err := h.Worker.Accept(ctx, a)
+	switch {
+	case err != nil:
+		return a, Failed, err
+	case !ok:
+		return a, NotYet, nil
+	}
+	return a, Accepted, nil
+}
+
+func (h Handler) log() *slog.Logger {
+	if h.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Log
+}
+
+// errShutdown is the cause a Job gives to messages it hands back on shutdown.
+var errShutdown = errors.New("handle is shutting down")

@@ -1,0 +1,433 @@
+package intake
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
+
+func assignment(t testing.TB, taskID int64) taskassignment.Assignment {
+	t.Helper()
+	id, err := taskidentity.New(td, "alice/repo", "build", taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: taskID, Pool: "linux"}, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func worker(t testing.TB, backend taskworker.Backend) taskworker.Worker {
+	t.Helper()
+	b, err := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://gateway.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := taskassignment.NewKeys("ci.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return taskworker.Worker{Backend: backend, Bootstrap: b, Keys: keys}
+}
+
+// acceptFunc adapts a function to Acceptor.
+type acceptFunc func(context.Context, taskassignment.Assignment) (bool, error)
+
+func (f acceptFunc) Accept(ctx context.Context, a taskassignment.Assignment) (bool, error) {
+	return f(ctx, a)
+}
+
+func encode(t testing.TB, a taskassignment.Assignment) []byte {
+	t.Helper()
+	data, err := taskassignment.Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestHandlerOutcomes(t *testing.T) {
+	good := encode(t, assignment(t, 1))
+	for _, tc := range []struct {
+		name   string
+		body   []byte
+		accept acceptFunc
+		want   Outcome
+	}{
+		{"accepted", good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, Accepted},
+		{"not yet", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, NotYet},
+		{"failed", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("api down") }, Failed},
+		{"poison", []byte("{"), func(context.Context, taskassignment.Assignment) (bool, error) { panic("must not be called") }, Poison},
+		{"poison from another trust domain", bytes.ReplaceAll(good, []byte("ci.example.org"), []byte("evil.example.org")),
+			func(context.Context, taskassignment.Assignment) (bool, error) { panic("must not be called") }, Poison},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, got, err := Handler{Worker: tc.accept, TrustDomain: td}.Handle(context.Background(), tc.body)
+			if got != tc.want {
+				t.Fatalf("Handle() = %v (%v), want %v", got, err, tc.want)
+			}
+			if (err != nil) != (tc.want == Failed || tc.want == Poison) {
+				t.Fatalf("Handle() error = %v for outcome %v", err, got)
+			}
+		})
+	}
+}
+
+// queue starts a server with the stream and the process backend's consumer.
+func queue(t *testing.T, capacity int) (*assignmentqueue.Queue, jetstream.Consumer, jetstream.JetStream) {
+	t.Helper()
+	_, url := jetstreamtest.Start(t)
+	_, js := jetstreamtest.Connect(t, url)
+	q := assignmentqueue.New(js, "")
+	ctx := context.Background()
+	if err := q.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, c, js
+}
+
+func publish(t *testing.T, q *assignmentqueue.Queue, a taskassignment.Assignment) {
+	t.Helper()
+	if _, err := q.Publish(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func outstanding(t *testing.T, q *assignmentqueue.Queue) int {
+	t.Helper()
+	n, err := q.Outstanding(context.Background(), taskassignment.BackendProcess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// logBuffer is a concurrency-safe log sink.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func job(c jetstream.Consumer, a Acceptor, log *logBuffer) Job {
+	h := Handler{Worker: a, TrustDomain: td}
+	if log != nil {
+		h.Log = slog.New(slog.NewTextHandler(log, nil))
+	}
+	return Job{Handler: h, Consumer: c, Batch: 1, Wait: 500 * time.Millisecond, NakDelay: 300 * time.Millisecond, ErrorDelay: 300 * time.Millisecond}
+}
+
+func TestJobAcceptsAndAcks(t *testing.T) {
+	q, c, _ := queue(t, 4)
+	backend := backendtest.NewMemory("node-1")
+	a := assignment(t, 7)
+	publish(t, q, a)
+	sum, err := job(c, worker(t, backend), nil).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum != (Summary{Fetched: 1, Accepted: 1}) {
+		t.Fatalf("summary = %+v", sum)
+	}
+	if e, _ := backend.Find(context.Background(), a.ID); e == nil {
+		t.Fatal("no executor after an accepted message")
+	}
+	if n := outstanding(t, q); n != 0 {
+		t.Fatalf("%d messages outstanding after the ack", n)
+	}
+}
+
+func TestJobWithoutMessagesIsAnEmptyRun(t *testing.T) {
+	_, c, _ := queue(t, 4)
+	sum, err := job(c, worker(t, backendtest.NewMemory("n")), nil).Run(context.Background())
+	if err != nil || sum != (Summary{}) {
+		t.Fatalf("Run() = %+v, %v", sum, err)
+	}
+}
+
+func TestJobTakesAtMostBatch(t *testing.T) {
+	q, c, _ := queue(t, 10)
+	for i := range 5 {
+		publish(t, q, assignment(t, int64(i+1)))
+	}
+	j := job(c, worker(t, backendtest.NewMemory("n")), nil)
+	j.Batch = 3
+	sum, err := j.Run(context.Background())
+	if err != nil || sum.Fetched != 3 || sum.Accepted != 3 {
+		t.Fatalf("Run() = %+v, %v", sum, err)
+	}
+	if n := outstanding(t, q); n != 2 {
+		t.Fatalf("%d outstanding, want 2", n)
+	}
+}
+
+func TestJobPoisonIsTerminatedOnce(t *testing.T) {
+	q, c, js := queue(t, 4)
+	if _, err := js.Publish(context.Background(), assignmentqueue.Subject(taskassignment.BackendProcess), []byte(`{"version":9}`)); err != nil {
+		t.Fatal(err)
+	}
+	var log logBuffer
+	calls := 0
+	accept := acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) { calls++; return true, nil })
+	sum, err := job(c, accept, &log).Run(context.Background())
+	if err != nil || sum != (Summary{Fetched: 1, Poison: 1}) || calls != 0 {
+		t.Fatalf("Run() = %+v, %v (accept called %d times)", sum, err, calls)
+	}
+	lines := strings.Count(log.String(), "\n")
+	if lines != 1 || !strings.Contains(log.String(), "stream_seq=1") || !strings.Contains(log.String(), "unsupported version 9") {
+		t.Fatalf("want one log line naming the stream sequence and the fault, got %d:\n%s", lines, log.String())
+	}
+	// Terminated: not delivered again, even after the nak and ack delays.
+	time.Sleep(400 * time.Millisecond)
+	sum, err = job(c, accept, nil).Run(context.Background())
+	if err != nil || sum.Fetched != 0 {
+		t.Fatalf("poison delivered again: %+v, %v", sum, err)
+	}
+	if n := outstanding(t, q); n != 0 {
+		t.Fatalf("%d outstanding after terminate", n)
+	}
+}
+
+func TestJobRedeliversNotYetAndFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first func() (bool, error)
+		want  Outcome
+	}{
+		{"identity target pending", func() (bool, error) { return false, nil }, NotYet},
+		{"backend error", func() (bool, error) { return false, errors.New("backend unavailable") }, Failed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, c, _ := queue(t, 4)
+			a := assignment(t, 3)
+			publish(t, q, a)
+			var (
+				mu         sync.Mutex
+				deliveries int
+			)
+			accept := acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				deliveries++
+				if deliveries == 1 {
+					return tc.first()
+				}
+				return true, nil
+			})
+			j := job(c, accept, nil)
+			sum, err := j.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want Summary
+			want.Fetched = 1
+			want.count(tc.want)
+			if sum != want {
+				t.Fatalf("first run = %+v, want %+v", sum, want)
+			}
+			// Not before the delay...
+			j.Wait = 100 * time.Millisecond
+			if sum, _ := j.Run(context.Background()); sum.Fetched != 0 {
+				t.Fatalf("redelivered before the nak delay: %+v", sum)
+			}
+			// ...but after it.
+			j.Wait = 2 * time.Second
+			if sum, err := j.Run(context.Background()); err != nil || sum.Accepted != 1 {
+				t.Fatalf("second run = %+v, %v", sum, err)
+			}
+			if n := outstanding(t, q); n != 0 {
+				t.Fatalf("%d outstanding", n)
+			}
+		})
+	}
+}
+
+// On SIGTERM (a cancelled context) the message in flight goes back at once.
+func TestJobShutdownHandsBackInFlight(t *testing.T) {
+	q, c, _ := queue(t, 4)
+	publish(t, q, assignment(t, 5))
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	blocked := acceptFunc(func(ctx context.Context, _ taskassignment.Assignment) (bool, error) {
+		close(started)
+		<-ctx.Done()
+		return false, ctx.Err()
+	})
+	done := make(chan Summary)
+	j := job(c, blocked, nil)
+	j.ErrorDelay = time.Hour // a shutdown must not use the error backoff
+	go func() {
+		sum, _ := j.Run(ctx)
+		done <- sum
+	}()
+	<-started
+	cancel()
+	if sum := <-done; sum.Failed != 1 {
+		t.Fatalf("summary = %+v", sum)
+	}
+	var delivered uint64
+	next := job(c, acceptFunc(func(ctx context.Context, a taskassignment.Assignment) (bool, error) { return true, nil }), nil)
+	next.Consumer = metadataPeek{c, &delivered}
+	next.Wait = time.Second
+	if sum, err := next.Run(context.Background()); err != nil || sum.Accepted != 1 {
+		t.Fatalf("the handed-back message did not come back at once: %+v, %v", sum, err)
+	}
+	if delivered != 2 {
+		t.Fatalf("delivered %d times, want 2", delivered)
+	}
+}
+
+// metadataPeek records the delivery count of the messages it fetches.
+type metadataPeek struct {
+	jetstream.Consumer
+	delivered *uint64
+}
+
+func (m metadataPeek) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := m.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return peekBatch{b, m.delivered}, nil
+}
+
+type peekBatch struct {
+	jetstream.MessageBatch
+	delivered *uint64
+}
+
+func (p peekBatch) Messages() <-chan jetstream.Msg {
+	out := make(chan jetstream.Msg)
+	go func() {
+		defer close(out)
+		for msg := range p.MessageBatch.Messages() {
+			if md, err := msg.Metadata(); err == nil {
+				*p.delivered = md.NumDelivered
+			}
+			out <- msg
+		}
+	}()
+	return out
+}
+
+func TestReceiverStatusCodes(t *testing.T) {
+	good := encode(t, assignment(t, 11))
+	for _, tc := range []struct {
+		name      string
+		eventType string
+		data      []byte
+		accept    acceptFunc
+		want      int
+	}{
+		{"accepted", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, http.StatusAccepted},
+		{"not yet", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, http.StatusServiceUnavailable},
+		{"failed", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, http.StatusInternalServerError},
+		{"poison", taskassignment.EventType, []byte(`{"version":1}`), nil, http.StatusBadRequest},
+		{"another type", "dev.example.other", good, nil, http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := Receiver{Handler: Handler{Worker: tc.accept, TrustDomain: td}}.NewHTTPHandler(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			client, err := cloudevents.NewClientHTTP()
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := cloudevents.NewEvent()
+			e.SetID("linux-11")
+			e.SetSource("dispatch/linux")
+			e.SetType(tc.eventType)
+			if err := e.SetData(cloudevents.ApplicationJSON, tc.data); err != nil {
+				t.Fatal(err)
+			}
+			res := client.Send(cloudevents.ContextWithTarget(context.Background(), srv.URL), e)
+			var httpRes *cehttp.Result
+			if !cloudevents.ResultAs(res, &httpRes) {
+				t.Fatalf("no HTTP result: %v", res)
+			}
+			if httpRes.StatusCode != tc.want {
+				t.Fatalf("status = %d (%v), want %d", httpRes.StatusCode, res, tc.want)
+			}
+		})
+	}
+}
+
+func TestReceiverAcceptsEndToEnd(t *testing.T) {
+	backend := backendtest.NewMemory("node-1")
+	h, err := Receiver{Handler: Handler{Worker: worker(t, backend), TrustDomain: td}}.NewHTTPHandler(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := assignment(t, 12)
+	for i := range 2 {
+		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(encode(t, a)))
+		for k, v := range map[string]string{
+			"Content-Type": "application/json", "Ce-Specversion": "1.0", "Ce-Id": a.ID,
+			"Ce-Source": "dispatch/linux", "Ce-Type": taskassignment.EventType,
+		} {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusAccepted {
+			t.Fatalf("delivery %d: status %d: %s", i+1, rec.Code, rec.Body)
+		}
+	}
+	if backend.Creates() != 1 {
+		t.Fatalf("%d creates for one assignment delivered twice", backend.Creates())
+	}
+}
+
+func ExampleOutcome() {
+	for _, o := range []Outcome{Accepted, NotYet, Failed, Poison} {
+		fmt.Println(o)
+	}
+	// Output:
+	// accepted
+	// not_yet
+	// failed
+	// poison
+}

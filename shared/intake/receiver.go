@@ -1,0 +1,65 @@
+package intake
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/client"
+	"github.com/cloudevents/sdk-go/v2/protocol"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// Receiver is the Knative mode: a NatsJetStreamChannel subscription delivers
+// one CloudEvent per HTTP request. Knative acknowledges a 2xx, redelivers
+// after a 5xx (with its backoff) and terminates the message on any other
+// 4xx, so:
+//
+//   - Accepted answers 202,
+//   - NotYet answers 503 (Service Unavailable: deliver again),
+//   - Failed answers 500,
+//   - Poison (including an event of another type) answers 400, the only
+//     answer that drops a message.
+type Receiver struct {
+	Handler Handler
+}
+
+// NewHTTPHandler returns the http.Handler to serve. ctx bounds the handler's
+// life.
+func (r Receiver) NewHTTPHandler(ctx context.Context) (http.Handler, error) {
+	p, err := cloudevents.NewHTTP()
+	if err != nil {
+		return nil, err
+	}
+	return client.NewHTTPReceiveHandler(ctx, p, r.receive)
+}
+
+func (r Receiver) receive(ctx context.Context, event cloudevents.Event) protocol.Result {
+	log := r.Handler.log()
+	attrs := []any{slog.String("event_id", event.ID()), slog.String("event_source", event.Source())}
+	if event.Type() != taskassignment.EventType {
+		log.Error("event of another type rejected", append(attrs, slog.String("event_type", event.Type()))...)
+		return cehttp.NewResult(http.StatusBadRequest, "event type %q is not %q", event.Type(), taskassignment.EventType)
+	}
+	a, outcome, err := r.Handler.Handle(ctx, event.Data())
+	if a.ID != "" {
+		attrs = append(attrs, slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
+	}
+	switch outcome {
+	case Accepted:
+		log.Info("assignment accepted", attrs...)
+		return cehttp.NewResult(http.StatusAccepted, "assignment %s accepted", a.ID)
+	case NotYet:
+		log.Info("assignment waits for its identity target", attrs...)
+		return cehttp.NewResult(http.StatusServiceUnavailable, "assignment %s: identity target pending", a.ID)
+	case Poison:
+		log.Error("malformed assignment event rejected", append(attrs, slog.Any("error", err))...)
+		return cehttp.NewResult(http.StatusBadRequest, "%v", err)
+	default:
+		log.Warn("assignment not accepted", append(attrs, slog.Any("error", err))...)
+		return cehttp.NewResult(http.StatusInternalServerError, "assignment %s: %v", a.ID, err)
+	}
+}
