@@ -135,3 +135,13 @@ func Read(getenv func(string) string) (Values, error) {
 		GatewayURL:   getenv(EnvGatewayURL),
 	}, nil
 }
+
+// Settings is embedded in the configuration of every function that issues or
+// checks capabilities.
+type Settings struct {
+	Key        secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	GatewayURL string        `envconfig:"GATEWAY_URL" required:"true" desc:"URL at which executors reach the gateway"`
+}
+
+// New returns the Bootstrap of s.
+func (s Settings) New() (*Bootstrap, error) { return New(s.Key, s.GatewayURL) }

@@ -146,3 +146,22 @@ func (k Keys) FromMetadata(labels, annotations map[string]string, td spiffeid.Tr
 	}
 	return a, nil
 }
+
+// Naming is the installation-wide naming every function must agree on.
+type Naming struct {
+	TrustDomain    string `envconfig:"TRUST_DOMAIN" required:"true" desc:"SPIFFE trust domain of executor identities"`
+	MetadataPrefix string `envconfig:"METADATA_PREFIX" default:"gitea-dynamic-runner.io" desc:"key prefix of executor labels and annotations"`
+}
+
+// Parse returns the trust domain and the metadata keys of n.
+func (n Naming) Parse() (spiffeid.TrustDomain, Keys, error) {
+	td, err := spiffeid.TrustDomainFromString(n.TrustDomain)
+	if err == nil && td.Name() != n.TrustDomain {
+		err = fmt.Errorf("want a bare name such as %q", td.Name())
+	}
+	if err != nil {
+		return spiffeid.TrustDomain{}, Keys{}, fmt.Errorf("trust domain %q: %w", n.TrustDomain, err)
+	}
+	keys, err := NewKeys(n.MetadataPrefix)
+	return td, keys, err
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+func TestREADMEDocumentsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := envdoc.Vars(envPrefix, &Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := envdoc.CheckDocumented(readme, vars); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A valid key, base64 of 32 bytes; tests check it never shows in an error.
+const goodKey = "c2VjcmV0LWtleS1tYXRlcmlhbC0wMTIzNDU2Nzg5YWI="
+
+func TestLoadConfig(t *testing.T) {
+	base := map[string]string{
+		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org",
+		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org",
+	}
+	for _, tc := range []struct {
+		name    string
+		set     map[string]string
+		wantErr string
+	}{
+		{"valid", nil, ""},
+		{"valid http", map[string]string{"GDR_MODE": "http"}, ""},
+		{"unknown mode", map[string]string{"GDR_MODE": "daemon"}, `GDR_MODE "daemon"`},
+		{"unknown backend", map[string]string{"GDR_BACKEND": "vm"}, `GDR_BACKEND: unknown backend "vm"`},
+		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "spiffe://x/y"}, "trust domain"},
+		{"bad prefix", map[string]string{"GDR_METADATA_PREFIX": "Not_A_Domain"}, "metadata key prefix"},
+		{"short key", map[string]string{"GDR_BOOTSTRAP_KEY": "c2hvcnQ="}, "5 bytes, need at least 32"},
+		{"key not base64", map[string]string{"GDR_BOOTSTRAP_KEY": "not base64!"}, "not valid base64"},
+		{"zero capacity", map[string]string{"GDR_CAPACITY": "0"}, "GDR_CAPACITY 0"},
+		{"zero batch", map[string]string{"GDR_BATCH": "0"}, "GDR_BATCH 0"},
+		{"bad duration", map[string]string{"GDR_FETCH_WAIT": "soon"}, "FETCH_WAIT"},
+		{"bad gateway URL", map[string]string{"GDR_GATEWAY_URL": "gateway:443"}, "gateway URL"},
+		{"setup needs no gateway", map[string]string{"GDR_MODE": "setup", "GDR_GATEWAY_URL": "x"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range base {
+				t.Setenv(k, v)
+			}
+			for k, v := range tc.set {
+				t.Setenv(k, v)
+			}
+			cfg, err := loadConfig()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(cfg.Key) != 32 || cfg.FetchWait.Seconds() != 2 {
+					t.Fatalf("config = %+v", cfg)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), goodKey) || strings.Contains(err.Error(), "secret-key-material") {
+				t.Fatalf("the error shows the key: %v", err)
+			}
+		})
+	}
+}

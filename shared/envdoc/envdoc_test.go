@@ -1,0 +1,83 @@
+package envdoc
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+type Inner struct {
+	URL string `envconfig:"NATS_URL" default:"nats://x:4222" desc:"where NATS is"`
+}
+
+type spec struct {
+	Inner
+	Mode  string        `envconfig:"MODE" default:"job" desc:"job or http"`
+	Key   string        `envconfig:"KEY" required:"true" desc:"a key"`
+	Wait  time.Duration `envconfig:"WAIT" default:"2s" desc:"how long"`
+	Plain string        `envconfig:"PLAIN" desc:"no default"`
+}
+
+func TestVars(t *testing.T) {
+	vars, err := Vars("GDR", &spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Var{
+		{Name: "GDR_NATS_URL", Default: "nats://x:4222", Desc: "where NATS is"},
+		{Name: "GDR_MODE", Default: "job", Desc: "job or http"},
+		{Name: "GDR_KEY", Required: true, Desc: "a key"},
+		{Name: "GDR_WAIT", Default: "2s", Desc: "how long"},
+		{Name: "GDR_PLAIN", Desc: "no default"},
+	}
+	if len(vars) != len(want) {
+		t.Fatalf("Vars() = %+v", vars)
+	}
+	for i := range want {
+		if vars[i] != want[i] {
+			t.Errorf("var %d = %+v, want %+v", i, vars[i], want[i])
+		}
+	}
+}
+
+func TestCheckDocumented(t *testing.T) {
+	vars, err := Vars("GDR", &spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, v := range vars {
+		rows = append(rows, Row(v))
+	}
+	doc := "# x\n| Variable | Default | What it does |\n|---|---|---|\n" + strings.Join(rows, "\n") + "\n"
+	if err := CheckDocumented([]byte(doc), vars); err != nil {
+		t.Fatal(err)
+	}
+	stale := strings.Replace(doc, "`2s`", "`5s`", 1)
+	if err := CheckDocumented([]byte(stale), vars); err == nil || !strings.Contains(err.Error(), "GDR_WAIT") {
+		t.Fatalf("a stale default passed: %v", err)
+	}
+	if err := CheckDocumented([]byte(strings.Replace(doc, "GDR_KEY", "GDR_KEYS", 1)), vars); err == nil {
+		t.Fatal("a missing row passed")
+	}
+	var usage strings.Builder
+	if err := Usage(&usage, "GDR", &spec{}); err != nil || !strings.Contains(usage.String(), "GDR_KEY") || !strings.Contains(usage.String(), "(required)") {
+		t.Fatalf("Usage() = %q, %v", usage.String(), err)
+	}
+}
+
+func TestProcessNamesMissingVariables(t *testing.T) {
+	t.Setenv("GDR_MODE", "http")
+	var s spec
+	err := Process("GDR", &s)
+	if err == nil || !strings.Contains(err.Error(), "GDR_KEY") {
+		t.Fatalf("Process() error = %v, want it to name GDR_KEY", err)
+	}
+	t.Setenv("GDR_KEY", "k")
+	if err := Process("GDR", &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Mode != "http" || s.Key != "k" || s.Wait != 2*time.Second || s.URL != "nats://x:4222" {
+		t.Fatalf("spec = %+v", s)
+	}
+}

@@ -1,0 +1,59 @@
+// Package natsconn opens the NATS connection every function uses to reach
+// JetStream, from one shared piece of configuration.
+package natsconn
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config is embedded in each function's configuration.
+type Config struct {
+	URL   string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
+	Creds string `envconfig:"NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
+}
+
+// Connect opens a connection named name (it shows in the server's
+// monitoring) and a JetStream context on it. The caller drains the
+// connection before it exits, so that acknowledgements in flight are sent.
+func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		opts = append(opts, nats.Timeout(time.Until(deadline)))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", Redact(cfg.URL), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("JetStream on %s: %w", Redact(cfg.URL), err)
+	}
+	return nc, js, nil
+}
+
+// Redact returns urls (comma-separated) without their user information, which
+// may hold a token or a password, for logs and errors.
+func Redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "<unparsable URL>"
+			continue
+		}
+		u.User = nil
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,42 @@
+package natsconn
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+)
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://s3cret-token@127.0.0.1:4222":     "nats://127.0.0.1:4222",
+		"nats://user:pa55@a:4222, nats://b:4222": "nats://a:4222,nats://b:4222",
+		"nats://127.0.0.1:4222":                  "nats://127.0.0.1:4222",
+		"nats://user:pa55@[::1]:4222":            "nats://[::1]:4222",
+		"nats://user:pa55@host:4222/%zz":         "<unparsable URL>",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestConnect(t *testing.T) {
+	_, url := jetstreamtest.Start(t)
+	nc, js, err := Connect(context.Background(), Config{URL: url}, "natsconn-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := js.AccountInfo(context.Background()); err != nil {
+		t.Fatalf("JetStream not usable: %v", err)
+	}
+}
+
+func TestConnectErrorHidesCredentials(t *testing.T) {
+	_, _, err := Connect(context.Background(), Config{URL: "nats://s3cret@127.0.0.1:1"}, "natsconn-test")
+	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("err = %v", err)
+	}
+}
