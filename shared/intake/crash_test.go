@@ -115,9 +115,7 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	if e, err := backend.Find(ctx, a.ID); err != nil || e == nil {
 		t.Fatalf("the killed child left no executor: %v", err)
 	}
-	if n := outstanding(t, q); n != 1 {
-		t.Fatalf("%d messages outstanding after the crash, want 1 (unacknowledged)", n)
-	}
+	expectOutstanding(t, q, 1)
 
 	var events []taskworker.EventName
 	w := worker(t, backend)
@@ -138,7 +136,5 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	if got := strings.Fields(string(creates)); len(got) != 1 || got[0] != a.ID {
 		t.Fatalf("creates = %q, want exactly one for %s", got, a.ID)
 	}
-	if n := outstanding(t, q); n != 0 {
-		t.Fatalf("%d messages outstanding at the end", n)
-	}
+	expectOutstanding(t, q, 0)
 }

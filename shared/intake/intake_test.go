@@ -122,13 +122,25 @@ func publish(t *testing.T, q *assignmentqueue.Queue, a taskassignment.Assignment
 	}
 }
 
-func outstanding(t *testing.T, q *assignmentqueue.Queue) int {
+// expectOutstanding waits until the backend's consumer has want messages
+// pending or unacknowledged: acks are asynchronous and the server updates its
+// counts a moment after.
+func expectOutstanding(t *testing.T, q *assignmentqueue.Queue, want int) {
 	t.Helper()
-	n, err := q.Outstanding(context.Background(), taskassignment.BackendProcess)
-	if err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		n, err := q.Outstanding(context.Background(), taskassignment.BackendProcess)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages outstanding, want %d", n, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return n
 }
 
 // logBuffer is a concurrency-safe log sink.
@@ -172,9 +184,7 @@ func TestJobAcceptsAndAcks(t *testing.T) {
 	if e, _ := backend.Find(context.Background(), a.ID); e == nil {
 		t.Fatal("no executor after an accepted message")
 	}
-	if n := outstanding(t, q); n != 0 {
-		t.Fatalf("%d messages outstanding after the ack", n)
-	}
+	expectOutstanding(t, q, 0)
 }
 
 func TestJobWithoutMessagesIsAnEmptyRun(t *testing.T) {
@@ -196,9 +206,7 @@ func TestJobTakesAtMostBatch(t *testing.T) {
 	if err != nil || sum.Fetched != 3 || sum.Accepted != 3 {
 		t.Fatalf("Run() = %+v, %v", sum, err)
 	}
-	if n := outstanding(t, q); n != 2 {
-		t.Fatalf("%d outstanding, want 2", n)
-	}
+	expectOutstanding(t, q, 2)
 }
 
 func TestJobPoisonIsTerminatedOnce(t *testing.T) {
@@ -223,9 +231,7 @@ func TestJobPoisonIsTerminatedOnce(t *testing.T) {
 	if err != nil || sum.Fetched != 0 {
 		t.Fatalf("poison delivered again: %+v, %v", sum, err)
 	}
-	if n := outstanding(t, q); n != 0 {
-		t.Fatalf("%d outstanding after terminate", n)
-	}
+	expectOutstanding(t, q, 0)
 }
 
 func TestJobRedeliversNotYetAndFailed(t *testing.T) {
@@ -275,9 +281,7 @@ func TestJobRedeliversNotYetAndFailed(t *testing.T) {
 			if sum, err := j.Run(context.Background()); err != nil || sum.Accepted != 1 {
 				t.Fatalf("second run = %+v, %v", sum, err)
 			}
-			if n := outstanding(t, q); n != 0 {
-				t.Fatalf("%d outstanding", n)
-			}
+			expectOutstanding(t, q, 0)
 		})
 	}
 }

@@ -10,10 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// settleTimeout bounds an acknowledgement, which must go out even when the
-// job's context is already cancelled.
-const settleTimeout = 5 * time.Second
-
 // Puller is the part of a jetstream.Consumer that Job uses.
 type Puller interface {
 	Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error)
@@ -53,12 +49,13 @@ func (s *Summary) count(o Outcome) {
 }
 
 // Run fetches and settles one batch. Every message it fetched is settled
-// before it returns: acknowledged (Accepted, confirmed by the server), naked
+// before it returns: acknowledged (Accepted), naked
 // with a delay (NotYet, Failed) or terminated (Poison). When ctx is cancelled
 // (SIGTERM), the message in flight and those not yet started are naked at
 // once, so another handler takes them without waiting for AckWait.
 //
-// The error is only for a run that could not fetch at all; outcomes of single
+// Settling publishes on the consumer's connection: drain it before the
+// process exits. The error is only for a run that could not fetch at all; outcomes of single
 // messages are in the Summary and the log. No message available is a
 // successful, empty run.
 func (j Job) Run(ctx context.Context) (Summary, error) {
@@ -101,11 +98,11 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 	}
 	switch outcome {
 	case Accepted:
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-		defer cancel()
-		if err := msg.DoubleAck(sctx); err != nil {
-			// Accept is idempotent: the redelivery finds the executor.
-			log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
+		// A plain ack: the caller drains its connection before it exits. An
+		// ack lost on the way costs a redelivery after AckWait, which Accept
+		// answers by finding the executor, never a second one.
+		if err := msg.Ack(); err != nil {
+			log.Warn("assignment accepted, acknowledgement not sent", append(attrs, slog.Any("error", err))...)
 			return Failed
 		}
 		log.Info("assignment accepted", attrs...)

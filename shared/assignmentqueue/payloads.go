@@ -1,0 +1,185 @@
+package assignmentqueue
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"errors"
+	"fmt"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+)
+
+// DefaultPayloadBucket is the conventional name of the payload bucket.
+const DefaultPayloadBucket = "CI_TASKS"
+
+const (
+	// payloadKeySize is the AES-256 key size the store requires.
+	payloadKeySize = 32
+	// sealVersion is the first byte of every stored value: the layout
+	// sealVersion | 12-byte nonce | AES-256-GCM ciphertext and tag, with the
+	// assignment ID as additional data.
+	sealVersion byte = 1
+)
+
+var (
+	// ErrPayloadNotFound means no payload is stored under the assignment ID:
+	// it was never put, was deleted, or outlived the bucket's TTL.
+	ErrPayloadNotFound = errors.New("task payload not found")
+	// ErrPayloadSealed means a stored value does not open to a task under
+	// this store's key for this assignment ID: another key sealed it, it was
+	// altered, or it was sealed for another assignment ID. No part of such a
+	// value is ever returned.
+	ErrPayloadSealed = errors.New("task payload does not open")
+)
+
+// Payloads stores the whole task of each assignment in a JetStream key-value
+// bucket, keyed by assignment ID and sealed with AES-256-GCM. A value is
+// bound to its key: it opens only under the store key that sealed it and only
+// for the assignment ID it was put under. Values expire after the bucket's
+// TTL. Safe for concurrent use.
+type Payloads struct {
+	kv     jetstream.KeyValue
+	bucket string
+	aead   cipher.AEAD
+}
+
+// EnsurePayloads creates bucket, or brings an existing one back to file
+// storage, one revision per key and a TTL of ttl (the longest a job may run,
+// after which its payload is useless), leaving the replica count of an
+// existing bucket as it is. It returns a store sealing values under key, which
+// must be exactly 32 bytes. ttl must be positive. Errors name the bucket and
+// never contain the key.
+func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, ttl time.Duration, key secretkey.Key) (*Payloads, error) {
+	if len(key) != payloadKeySize {
+		return nil, fmt.Errorf("payload store %q: key has %d bytes, need exactly %d", bucket, len(key), payloadKeySize)
+	}
+	if ttl <= 0 {
+		return nil, fmt.Errorf("payload store %q: TTL %v is not positive", bucket, ttl)
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
+	}
+	// The random-nonce GCM writes the 12-byte nonce ahead of the ciphertext
+	// and reads it back from there, which is exactly the stored layout after
+	// the version byte.
+	aead, err := cipher.NewGCMWithRandomNonce(block)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
+	}
+	cfg := jetstream.KeyValueConfig{
+		Bucket:  bucket,
+		TTL:     ttl,
+		Storage: jetstream.FileStorage,
+		History: 1,
+	}
+	existing, err := js.KeyValue(ctx, bucket)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("payload store %q: %w", bucket, err)
+	default:
+		st, err := existing.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("payload store %q: status: %w", bucket, err)
+		}
+		cfg.Replicas = st.Config().Replicas
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: ensure bucket: %w", bucket, err)
+	}
+	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
+}
+
+// Bucket returns the name of the store's bucket.
+func (p *Payloads) Bucket() string { return p.bucket }
+
+// Put stores task, secrets included, under assignmentID, replacing any value
+// already there (so re-dispatching an assignment is idempotent). Only the
+// sealed form reaches the server.
+func (p *Payloads) Put(ctx context.Context, assignmentID string, task *runnerv1.Task) error {
+	if assignmentID == "" {
+		return fmt.Errorf("payload store %q: put: empty assignment ID", p.bucket)
+	}
+	if task == nil {
+		return fmt.Errorf("payload store %q: put assignment %s: no task", p.bucket, assignmentID)
+	}
+	plain, err := proto.Marshal(task)
+	if err != nil {
+		// Marshal errors name fields, not values; keep only ours regardless.
+		return fmt.Errorf("payload store %q: put assignment %s: task %d does not marshal", p.bucket, assignmentID, task.GetId())
+	}
+	sealed := p.aead.Seal([]byte{sealVersion}, nil, plain, []byte(assignmentID))
+	clear(plain)
+	if _, err := p.kv.Put(ctx, assignmentID, sealed); err != nil {
+		return fmt.Errorf("payload store %q: put assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	return nil
+}
+
+// Get returns the task stored under assignmentID. It wraps ErrPayloadNotFound
+// if there is none, and ErrPayloadSealed if the stored value does not open
+// under this store's key for this ID or does not hold a task.
+func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error) {
+	if assignmentID == "" {
+		return nil, fmt.Errorf("payload store %q: get: empty assignment ID", p.bucket)
+	}
+	e, err := p.kv.Get(ctx, assignmentID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, ErrPayloadNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: get assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	value := e.Value()
+	if len(value) < 1+p.aead.Overhead() {
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w: value of %d bytes is too short", p.bucket, assignmentID, ErrPayloadSealed, len(value))
+	}
+	if value[0] != sealVersion {
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w: unknown seal version %d", p.bucket, assignmentID, ErrPayloadSealed, value[0])
+	}
+	plain, err := p.aead.Open(nil, nil, value[1:], []byte(assignmentID))
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w: authentication failed", p.bucket, assignmentID, ErrPayloadSealed)
+	}
+	task := new(runnerv1.Task)
+	err = proto.Unmarshal(plain, task)
+	clear(plain)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w: not a task", p.bucket, assignmentID, ErrPayloadSealed)
+	}
+	return task, nil
+}
+
+// Delete removes the payload of assignmentID and every earlier revision of
+// it. Deleting a payload that is not there succeeds.
+func (p *Payloads) Delete(ctx context.Context, assignmentID string) error {
+	if assignmentID == "" {
+		return fmt.Errorf("payload store %q: delete: empty assignment ID", p.bucket)
+	}
+	if err := p.kv.Purge(ctx, assignmentID); err != nil {
+		return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	return nil
+}
+
+// IDs returns the assignment ID of every stored payload, sorted and without
+// duplicates; an empty store yields an empty slice. IDs of deleted or expired
+// payloads are not listed.
+func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
+	ids, err := p.kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return []string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
+	}
+	return ids, nil
+}

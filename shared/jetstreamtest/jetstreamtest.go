@@ -1,0 +1,103 @@
+// Package jetstreamtest runs an embedded NATS server with JetStream for tests.
+//
+// Every server listens on 127.0.0.1 on a port of its own, keeps its store in
+// the test's temporary directory and is shut down when the test ends, so tests
+// that use it may run in parallel and leave nothing behind.
+package jetstreamtest
+
+import (
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// readyTimeout bounds how long Start waits for the server to accept clients.
+const readyTimeout = 10 * time.Second
+
+// Start runs a JetStream-enabled server on a random port of 127.0.0.1 with its
+// store under t.TempDir(), and returns it with its client URL. The server is
+// ready for connections on return and is shut down (and waited for) by
+// t.Cleanup. Start fails the test if the server does not come up.
+func Start(t testing.TB) (*server.Server, string) {
+	t.Helper()
+	return start(t, t.TempDir(), -1)
+}
+
+// Restart shuts s down and starts a new server on the same port with the same
+// store, so streams, consumers and messages written to disk survive and clients
+// connected to the old URL reconnect to the new server. The returned server is
+// shut down by t.Cleanup.
+func Restart(t testing.TB, s *server.Server) (*server.Server, string) {
+	t.Helper()
+	addr, ok := s.Addr().(*net.TCPAddr)
+	if !ok {
+		t.Fatalf("jetstreamtest: server has no TCP listener to restart on")
+	}
+	storeDir := s.StoreDir()
+	if storeDir == "" {
+		t.Fatalf("jetstreamtest: server has no JetStream store to restart with")
+	}
+	// The server keeps its store in <StoreDir option>/jetstream; hand the
+	// option back, not the directory it derived.
+	if filepath.Base(storeDir) == server.JetStreamStoreDir {
+		storeDir = filepath.Dir(storeDir)
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	return start(t, storeDir, addr.Port)
+}
+
+func start(t testing.TB, storeDir string, port int) (*server.Server, string) {
+	t.Helper()
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      port,
+		JetStream: true,
+		StoreDir:  storeDir,
+		NoLog:     true,
+		NoSigs:    true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("jetstreamtest: new server: %v", err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	s.Start()
+	if !s.ReadyForConnections(readyTimeout) {
+		t.Fatalf("jetstreamtest: server not ready for connections within %v", readyTimeout)
+	}
+	if !s.JetStreamEnabled() {
+		t.Fatalf("jetstreamtest: server started without JetStream")
+	}
+	return s, s.ClientURL()
+}
+
+// Connect opens a client connection to url and a JetStream context on it; both
+// are closed by t.Cleanup. The connection retries reconnects without limit
+// (every 50ms), so it survives Restart. opts are applied after those defaults.
+func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.Name(t.Name()),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		t.Fatalf("jetstreamtest: connect to %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstreamtest: jetstream context: %v", err)
+	}
+	return nc, js
+}

@@ -1,0 +1,96 @@
+package jetstreamtest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+)
+
+func TestStartServesJetStreamOnLoopback(t *testing.T) {
+	s, url := jetstreamtest.Start(t)
+	if !strings.HasPrefix(url, "nats://127.0.0.1:") {
+		t.Fatalf("client URL = %q, want nats://127.0.0.1:<port>", url)
+	}
+	if url == "nats://127.0.0.1:4222" {
+		t.Fatalf("client URL %q uses the default port, want a random one", url)
+	}
+	if !strings.HasPrefix(s.StoreDir(), os.TempDir()) {
+		t.Fatalf("store dir %q is not under the temporary directory %q", s.StoreDir(), os.TempDir())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, js := jetstreamtest.Connect(t, url)
+	if _, err := js.AccountInfo(ctx); err != nil {
+		t.Fatalf("account info: %v", err)
+	}
+}
+
+func TestServersAreIndependent(t *testing.T) {
+	_, url1 := jetstreamtest.Start(t)
+	_, url2 := jetstreamtest.Start(t)
+	if url1 == url2 {
+		t.Fatalf("two servers share URL %q", url1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, js1 := jetstreamtest.Connect(t, url1)
+	_, js2 := jetstreamtest.Connect(t, url2)
+	if _, err := js1.CreateStream(ctx, jetstream.StreamConfig{Name: "ONLY1", Subjects: []string{"only1"}}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js2.Stream(ctx, "ONLY1"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("stream on the other server: err = %v, want ErrStreamNotFound", err)
+	}
+}
+
+func TestCleanupShutsServerDown(t *testing.T) {
+	var url string
+	t.Run("inner", func(t *testing.T) {
+		_, url = jetstreamtest.Start(t)
+	})
+	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+		t.Fatalf("connected to %s after the test that started it ended", url)
+	}
+}
+
+func TestRestartKeepsStoreAndPort(t *testing.T) {
+	s, url := jetstreamtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, js := jetstreamtest.Connect(t, url)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js.Publish(ctx, "keep", []byte("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+
+	_, url2 := jetstreamtest.Restart(t, s)
+	if url2 != url {
+		t.Fatalf("restarted URL = %q, want %q", url2, url)
+	}
+	// The old connection reconnects; poll until the stream answers.
+	for {
+		st, err := js.Stream(ctx, "KEEP")
+		if err == nil {
+			if n := st.CachedInfo().State.Msgs; n != 1 {
+				t.Fatalf("messages after restart = %d, want 1", n)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("stream after restart: %v (connection %v)", err, nc.Status())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
