@@ -1,0 +1,147 @@
+package gitea
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+)
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err         error
+		wantCode    connect.Code
+		wantMessage string
+		retryable   bool
+	}{
+		{connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = Unauthenticated desc = unregistered runner")),
+			connect.CodeUnauthenticated, "unregistered runner", false},
+		{connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = Internal desc = update task: invalid runner for task")),
+			connect.CodeInternal, "update task: invalid runner for task", false},
+		{connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = AlreadyExists desc = log file has been archived")),
+			connect.CodeAlreadyExists, "log file has been archived", false},
+		{connect.NewError(connect.CodeUnknown, errors.New("runner registration token not found")),
+			connect.CodeUnknown, "runner registration token not found", false},
+		{connect.NewError(connect.CodeUnavailable, errors.New("dial tcp 127.0.0.1:1: connect: connection refused")),
+			connect.CodeUnavailable, "dial tcp 127.0.0.1:1: connect: connection refused", true},
+		{connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = NotACode desc = x")),
+			connect.CodeUnknown, "rpc error: code = NotACode desc = x", false},
+	} {
+		err := classify("UpdateTask", tc.err)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != tc.wantCode || e.Message != tc.wantMessage || e.Retryable() != tc.retryable {
+			t.Errorf("classify(%v) = %#v, want code %v message %q retryable %v", tc.err, err, tc.wantCode, tc.wantMessage, tc.retryable)
+		}
+		if CodeOf(fmt.Errorf("wrapped: %w", err)) != tc.wantCode {
+			t.Errorf("CodeOf(wrapped %v) = %v", err, CodeOf(err))
+		}
+		if !errors.Is(err, tc.err) {
+			t.Errorf("classify(%v) does not wrap the original", tc.err)
+		}
+	}
+	if classify("Declare", nil) != nil || CodeOf(nil) != 0 || CodeOf(errors.New("x")) != connect.CodeUnknown {
+		t.Fatal("nil or foreign errors misclassified")
+	}
+}
+
+// fakeRunnerService records headers and answers like Gitea does.
+type fakeRunnerService struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+	headers http.Header
+}
+
+func (f *fakeRunnerService) Declare(_ context.Context, req *connect.Request[runnerv1.DeclareRequest]) (*connect.Response[runnerv1.DeclareResponse], error) {
+	f.headers = req.Header().Clone()
+	if req.Header().Get("x-runner-token") != "tok-123" {
+		return nil, connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = Unauthenticated desc = unregistered runner"))
+	}
+	return connect.NewResponse(&runnerv1.DeclareResponse{}), nil
+}
+
+func TestClientAuthenticatesEveryCall(t *testing.T) {
+	fake := &fakeRunnerService{}
+	mux := http.NewServeMux()
+	path, handler := runnerv1connect.NewRunnerServiceHandler(fake)
+	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "uuid-1", Token: "tok-123"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Declare(context.Background(), []string{"ubuntu-latest"}); err != nil {
+		t.Fatal(err)
+	}
+	if fake.headers.Get("x-runner-uuid") != "uuid-1" {
+		t.Fatalf("headers = %v", fake.headers)
+	}
+	bad, _ := NewClient(srv.URL, srv.Client(), Credentials{UUID: "uuid-1", Token: "wrong"})
+	err = bad.Declare(context.Background(), nil)
+	if CodeOf(err) != connect.CodeUnauthenticated || strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("Declare with a wrong token: %v", err)
+	}
+}
+
+func TestNewClientRejects(t *testing.T) {
+	for _, tc := range []struct {
+		url   string
+		creds Credentials
+	}{
+		{"http://127.0.0.1:3000/", Credentials{UUID: "u"}},
+		{"127.0.0.1:3000", Credentials{UUID: "u", Token: "t"}},
+		{"http://admin:pw@127.0.0.1:3000/", Credentials{UUID: "u", Token: "t"}},
+	} {
+		if _, err := NewClient(tc.url, nil, tc.creds); err == nil {
+			t.Errorf("NewClient(%q) succeeded", tc.url)
+		} else if strings.Contains(err.Error(), "pw") {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+}
+
+func TestFileStore(t *testing.T) {
+	s := FileStore{Path: filepath.Join(t.TempDir(), "state", "linux.json")}
+	if _, err := s.Load(); !errors.Is(err, ErrNoCredentials) {
+		t.Fatalf("Load of a missing file: %v", err)
+	}
+	want := Credentials{ID: 3, UUID: "uuid-3", Token: "secret-token-3", Name: "linux"}
+	if err := s.Save(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil || got != want {
+		t.Fatalf("Load() = %+v, %v", got, err)
+	}
+	info, err := os.Stat(s.Path)
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("mode = %v, %v", info.Mode(), err)
+	}
+	if err := os.WriteFile(s.Path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Load of a corrupt file: %v", err)
+	}
+}
+
+func TestTokenNeverPrints(t *testing.T) {
+	c := Credentials{UUID: "u", Token: "secret-token"}
+	var logged strings.Builder
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("x", "creds", c, "token", c.Token)
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v %#v %s %v", c, c, c.Token, c.Token), logged.String()} {
+		if strings.Contains(s, "secret-token") {
+			t.Fatalf("token printed: %s", s)
+		}
+	}
+}

@@ -1,0 +1,87 @@
+package gitea
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+)
+
+// Token is a runner token. It never prints: fmt and slog show a placeholder;
+// only JSON (the credentials file) holds its value.
+type Token string
+
+func (Token) String() string { return "[redacted]" }
+
+// GoString keeps %#v from printing the value.
+func (Token) GoString() string { return "[redacted]" }
+
+// LogValue keeps the token out of structured logs.
+func (Token) LogValue() slog.Value { return slog.StringValue("[redacted]") }
+
+// Credentials identify one registered runner. UUID and Token authenticate
+// every call but Register.
+type Credentials struct {
+	ID    int64  `json:"id"`
+	UUID  string `json:"uuid"`
+	Token Token  `json:"token"`
+	Name  string `json:"name"`
+}
+
+// ErrNoCredentials means the pool has not been registered yet.
+var ErrNoCredentials = errors.New("runner credentials not found")
+
+// FileStore keeps a registration's credentials in one JSON file, readable by
+// its owner only.
+type FileStore struct{ Path string }
+
+// Load reads the credentials; a missing file wraps ErrNoCredentials.
+func (s FileStore) Load() (Credentials, error) {
+	data, err := os.ReadFile(s.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Credentials{}, fmt.Errorf("%s: %w", s.Path, ErrNoCredentials)
+	}
+	if err != nil {
+		return Credentials{}, err
+	}
+	var c Credentials
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Credentials{}, fmt.Errorf("credentials file %s is not valid JSON", s.Path)
+	}
+	if c.UUID == "" || c.Token == "" {
+		return Credentials{}, fmt.Errorf("credentials file %s has no uuid or token", s.Path)
+	}
+	return c, nil
+}
+
+// Save writes the credentials atomically (a crash leaves the old file or the
+// new one, never half of one), with mode 0600.
+func (s FileStore) Save(c Credentials) error {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(s.Path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(s.Path), ".credentials-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), s.Path)
+}

@@ -1,0 +1,90 @@
+package gitea
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode"
+
+	"connectrpc.com/connect"
+)
+
+// Error is a failed runner-protocol call.
+type Error struct {
+	// Op is the RPC: Register, Declare, FetchTask, UpdateTask or UpdateLog.
+	Op string
+	// Code is the real code: for an answer from Gitea, the gRPC code inside
+	// its message (Gitea's errors all reach a Connect client as "unknown");
+	// for a transport failure, the Connect code.
+	Code connect.Code
+	// Message is Gitea's description, or the transport error's.
+	Message string
+	err     error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("gitea %s: %s: %s", e.Op, e.Code, e.Message) }
+
+func (e *Error) Unwrap() error { return e.err }
+
+// Retryable reports whether the same call may succeed later unchanged: the
+// server or the network was unavailable, overloaded or too slow.
+func (e *Error) Retryable() bool {
+	switch e.Code {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeResourceExhausted, connect.CodeAborted:
+		return true
+	}
+	return false
+}
+
+// CodeOf returns the code of a runner-protocol error (connect.CodeUnknown for
+// an error from elsewhere, 0 for nil).
+func CodeOf(err error) connect.Code {
+	if err == nil {
+		return 0
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return connect.CodeUnknown
+}
+
+// grpcStatus matches Gitea's "rpc error: code = <Code> desc = <text>".
+var grpcStatus = regexp.MustCompile(`rpc error: code = ([A-Za-z]+) desc = (.*)`)
+
+// classify turns a Connect error into an *Error with the real code. A nil
+// error stays nil.
+func classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	e := &Error{Op: op, Code: connect.CodeOf(err), Message: err.Error(), err: err}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		e.Message = ce.Message()
+	}
+	if m := grpcStatus.FindStringSubmatch(e.Message); m != nil {
+		var code connect.Code
+		if code.UnmarshalText([]byte(snake(m[1]))) == nil {
+			e.Code = code
+			e.Message = m[2]
+		}
+	}
+	return e
+}
+
+// snake turns a gRPC code name (AlreadyExists) into Connect's (already_exists).
+func snake(name string) string {
+	var b strings.Builder
+	for i, r := range name {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,167 @@
+// Package runnerpool reads the runner pools an installation serves. A pool is
+// one Gitea runner registration: the labels it answers, the backend its jobs
+// run on with that backend's profile, and how many of its tasks may be in
+// flight at once. One registration holds many tasks, so a pool is not one
+// runner process: it is a queue of capacity slots.
+package runnerpool
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// DefaultJobTimeout is Gitea's ENDLESS_TASK_TIMEOUT: no task outlives it.
+const DefaultJobTimeout = 3 * time.Hour
+
+// Pool is one runner pool.
+type Pool struct {
+	// Name names the pool in assignment IDs and metadata: a DNS label of at
+	// most taskassignment.MaxPoolLength characters.
+	Name string `json:"name"`
+	// Labels are declared to Gitea; a job whose runs-on labels are all
+	// among them may be claimed by the pool.
+	Labels  []string               `json:"labels"`
+	Backend taskassignment.Backend `json:"backend"`
+	// Capacity is the most tasks of the pool claimed and not yet finished.
+	Capacity int `json:"capacity"`
+	// Credentials is the file holding the pool's registration; empty means
+	// <state dir>/<name>.json.
+	Credentials string `json:"credentials,omitempty"`
+	// JobTimeout bounds a job from claim to end (executor deadline, payload
+	// lifetime); empty means DefaultJobTimeout.
+	JobTimeout Duration `json:"jobTimeout,omitempty"`
+	// Profile is the backend's own settings for the pool's executors (a Pod
+	// template, a sandbox pool, ...), read by that backend.
+	Profile json.RawMessage `json:"profile,omitempty"`
+}
+
+// Duration is a time.Duration written as "90m" in the file.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"90m\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Timeout returns the pool's job timeout.
+func (p Pool) Timeout() time.Duration {
+	if p.JobTimeout <= 0 {
+		return DefaultJobTimeout
+	}
+	return time.Duration(p.JobTimeout)
+}
+
+// Matches reports whether a job with runs-on labels may run in the pool:
+// every one of them is one of the pool's labels (Gitea's rule).
+func (p Pool) Matches(runsOn []string) bool {
+	for _, l := range runsOn {
+		if !slices.Contains(p.Labels, l) {
+			return false
+		}
+	}
+	return len(runsOn) > 0
+}
+
+// Pools is the configured set, in file order.
+type Pools []Pool
+
+// Get returns the pool called name, or an error naming it.
+func (ps Pools) Get(name string) (Pool, error) {
+	for _, p := range ps {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	return Pool{}, fmt.Errorf("unknown runner pool %q", name)
+}
+
+type file struct {
+	Pools Pools `json:"pools"`
+}
+
+// Load reads the pools from a YAML or JSON file; stateDir completes
+// credential paths left empty. Unknown fields, duplicate names and invalid
+// pools are errors naming the pool and the field.
+func Load(path, stateDir string) (Pools, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("runner pools: %w", err)
+	}
+	ps, err := Parse(data, stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("runner pools %s: %w", path, err)
+	}
+	return ps, nil
+}
+
+// Parse is Load without the file.
+func Parse(data []byte, stateDir string) (Pools, error) {
+	var f file
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, err
+	}
+	if len(f.Pools) == 0 {
+		return nil, errors.New("no pools")
+	}
+	seen := map[string]bool{}
+	for i := range f.Pools {
+		p := &f.Pools[i]
+		if err := p.validate(); err != nil {
+			return nil, err
+		}
+		if seen[p.Name] {
+			return nil, fmt.Errorf("pool %q is defined twice", p.Name)
+		}
+		seen[p.Name] = true
+		if p.Credentials == "" {
+			if stateDir == "" {
+				return nil, fmt.Errorf("pool %q: no credentials file and no state directory", p.Name)
+			}
+			p.Credentials = filepath.Join(stateDir, p.Name+".json")
+		}
+	}
+	return f.Pools, nil
+}
+
+func (p Pool) validate() error {
+	if err := taskassignment.ValidatePool(p.Name); err != nil {
+		return fmt.Errorf("pool %q: %w", p.Name, err)
+	}
+	if len(p.Labels) == 0 {
+		return fmt.Errorf("pool %q: no labels", p.Name)
+	}
+	for _, l := range p.Labels {
+		if l == "" {
+			return fmt.Errorf("pool %q: empty label", p.Name)
+		}
+	}
+	if _, err := taskassignment.ParseBackend(string(p.Backend)); err != nil {
+		return fmt.Errorf("pool %q: %w", p.Name, err)
+	}
+	if p.Capacity < 1 {
+		return fmt.Errorf("pool %q: capacity %d is below 1", p.Name, p.Capacity)
+	}
+	if p.JobTimeout < 0 {
+		return fmt.Errorf("pool %q: negative job timeout", p.Name)
+	}
+	return nil
+}
