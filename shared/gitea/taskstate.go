@@ -92,4 +92,3 @@ func (s TaskState) Finalize(ctx context.Context, taskID int64, result runnerv1.R
 	}
 	return nil
 }
-
