@@ -6,6 +6,8 @@ import (
 	"crypto/cipher"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -164,22 +166,62 @@ func (p *Payloads) Delete(ctx context.Context, assignmentID string) error {
 	if assignmentID == "" {
 		return fmt.Errorf("payload store %q: delete: empty assignment ID", p.bucket)
 	}
-	if err := p.kv.Purge(ctx, assignmentID); err != nil {
-		return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
+	for _, key := range []string{startedPrefix + assignmentID, assignmentID} {
+		if err := p.kv.Purge(ctx, key); err != nil {
+			return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
+		}
 	}
 	return nil
+}
+
+// startedPrefix marks, beside a payload, that its executor has taken it. A
+// payload ID never starts with it: assignment IDs start with a pool name,
+// which has no dot.
+const startedPrefix = "started."
+
+// MarkStarted records that the executor of assignmentID has fetched its task
+// and reports on it from now on. Whoever keeps queued tasks alive stops
+// there: a bare heartbeat would undo the executor's step reports.
+func (p *Payloads) MarkStarted(ctx context.Context, assignmentID string) error {
+	if assignmentID == "" {
+		return fmt.Errorf("payload store %q: mark started: empty assignment ID", p.bucket)
+	}
+	if _, err := p.kv.Put(ctx, startedPrefix+assignmentID, []byte{1}); err != nil {
+		return fmt.Errorf("payload store %q: mark assignment %s started: %w", p.bucket, assignmentID, err)
+	}
+	return nil
+}
+
+// Started reports whether MarkStarted was called for assignmentID (and the
+// mark has not expired or been deleted with the payload).
+func (p *Payloads) Started(ctx context.Context, assignmentID string) (bool, error) {
+	_, err := p.kv.Get(ctx, startedPrefix+assignmentID)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("payload store %q: assignment %s started: %w", p.bucket, assignmentID, err)
+	}
+	return true, nil
 }
 
 // IDs returns the assignment ID of every stored payload, sorted and without
 // duplicates; an empty store yields an empty slice. IDs of deleted or expired
 // payloads are not listed.
 func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
-	ids, err := p.kv.Keys(ctx)
+	keys, err := p.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return []string{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
 	}
+	ids := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if !strings.HasPrefix(k, startedPrefix) {
+			ids = append(ids, k)
+		}
+	}
+	slices.Sort(ids)
 	return ids, nil
 }

@@ -370,3 +370,29 @@ func TestPayloadErrorsKeepSecrets(t *testing.T) {
 		t.Errorf("failed Puts stored %v (%v)", ids, err)
 	}
 }
+
+func TestPayloadStartedMark(t *testing.T) {
+	ctx, _, p, _ := newPayloads(t, testKey(1))
+	if err := p.Put(ctx, "linux-1", testTask(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if started, err := p.Started(ctx, "linux-1"); err != nil || started {
+		t.Fatalf("Started before MarkStarted = %v, %v", started, err)
+	}
+	if err := p.MarkStarted(ctx, "linux-1"); err != nil {
+		t.Fatal(err)
+	}
+	if started, err := p.Started(ctx, "linux-1"); err != nil || !started {
+		t.Fatalf("Started after MarkStarted = %v, %v", started, err)
+	}
+	ids, err := p.IDs(ctx)
+	if err != nil || !slices.Equal(ids, []string{"linux-1"}) {
+		t.Fatalf("IDs() = %v, %v: the mark is not a payload", ids, err)
+	}
+	if err := p.Delete(ctx, "linux-1"); err != nil {
+		t.Fatal(err)
+	}
+	if started, err := p.Started(ctx, "linux-1"); err != nil || started {
+		t.Fatalf("Started after Delete = %v, %v", started, err)
+	}
+}
