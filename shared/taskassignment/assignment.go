@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -79,6 +80,23 @@ func ID(pool string, taskID int64) (string, error) {
 		return "", fmt.Errorf("task ID %d is not positive", taskID)
 	}
 	return pool + "-" + strconv.FormatInt(taskID, 10), nil
+}
+
+// ParseID returns the pool and task ID an assignment ID was made of; it is
+// the inverse of ID.
+func ParseID(id string) (pool string, taskID int64, err error) {
+	i := strings.LastIndexByte(id, '-')
+	if i < 0 {
+		return "", 0, fmt.Errorf("assignment ID %q is not <pool>-<task ID>", id)
+	}
+	taskID, err = strconv.ParseInt(id[i+1:], 10, 64)
+	if err != nil || taskID <= 0 {
+		return "", 0, fmt.Errorf("assignment ID %q is not <pool>-<task ID>", id)
+	}
+	if again, err := ID(id[:i], taskID); err != nil || again != id {
+		return "", 0, fmt.Errorf("assignment ID %q is not <pool>-<task ID>", id)
+	}
+	return id[:i], taskID, nil
 }
 
 // Task is the part of a claimed Gitea task that travels with its assignment.

@@ -52,6 +52,27 @@ func TestIDIsDeterministicAndALabelValue(t *testing.T) {
 	}
 }
 
+func TestParseID(t *testing.T) {
+	for _, tc := range []struct {
+		id     string
+		pool   string
+		taskID int64
+	}{
+		{"linux-42", "linux", 42},
+		{"a-1-2", "a-1", 2},
+	} {
+		pool, taskID, err := ParseID(tc.id)
+		if err != nil || pool != tc.pool || taskID != tc.taskID {
+			t.Errorf("ParseID(%q) = %q, %d, %v", tc.id, pool, taskID, err)
+		}
+	}
+	for _, bad := range []string{"", "linux", "linux-", "-42", "linux-0", "linux-042", "Linux-42", "linux-x", "started.linux-42"} {
+		if _, _, err := ParseID(bad); err == nil {
+			t.Errorf("ParseID(%q) succeeded", bad)
+		}
+	}
+}
+
 func TestIDRejects(t *testing.T) {
 	for _, tc := range []struct {
 		pool    string

@@ -1,0 +1,296 @@
+// Package dispatcher claims Gitea tasks for runner pools and queues one
+// assignment per task; it also keeps the claimed tasks that wait for an
+// executor alive in Gitea. It is the core of the `dispatch` function.
+//
+// Per task the order is: claim (FetchTask), store the sealed payload, publish
+// the assignment. A crash after the payload is stored and before the publish
+// loses nothing: recover re-publishes a payload that has neither a message
+// nor an executor. The window that remains is between Gitea's FetchTask answer
+// and the payload write (milliseconds): a crash there leaves a task that
+// Gitea runs as claimed until its zombie reaper fails it after
+// ZOMBIE_TASK_TIMEOUT; the job ends failed and visible, never silently hung.
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+)
+
+// Runner is what dispatch needs of a pool's Gitea registration (gitea.Client).
+type Runner interface {
+	Declare(ctx context.Context, labels []string) error
+	FetchTask(ctx context.Context) (*runnerv1.Task, error)
+}
+
+// Tasks is what dispatch needs of gitea.TaskState for the same registration.
+type Tasks interface {
+	Result(ctx context.Context, taskID int64) (runnerv1.Result, error)
+	Finalize(ctx context.Context, taskID int64, result runnerv1.Result, reason string) error
+}
+
+// Queue is where assignments go (assignmentqueue.Queue).
+type Queue interface {
+	Publish(ctx context.Context, a taskassignment.Assignment) (*jetstream.PubAck, error)
+}
+
+// Payloads is where claimed tasks are kept (assignmentqueue.Payloads).
+type Payloads interface {
+	Put(ctx context.Context, assignmentID string, task *runnerv1.Task) error
+	IDs(ctx context.Context) ([]string, error)
+	Started(ctx context.Context, assignmentID string) (bool, error)
+	Delete(ctx context.Context, assignmentID string) error
+}
+
+// Pool is a configured pool with its registration.
+type Pool struct {
+	runnerpool.Pool
+	Runner Runner
+	Tasks  Tasks
+}
+
+// Dispatcher claims and queues tasks. Its only memory (per-pool locks, the
+// time of the last heartbeat per task) saves work; losing it loses nothing.
+// Safe for concurrent use: calls for one pool are serialized in-process.
+type Dispatcher struct {
+	TrustDomain spiffeid.TrustDomain
+	Queue       Queue
+	Payloads    Payloads
+	Log         *slog.Logger
+	// KeepAlive is the least time between two heartbeats this process sends
+	// for one waiting task. Gitea fails a task after ZOMBIE_TASK_TIMEOUT
+	// (default 10m) without one, so anything up to a few minutes is safe.
+	KeepAlive time.Duration
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+	beats map[int64]time.Time
+}
+
+// Result is what one Dispatch did.
+type Result struct {
+	Pool string
+	// Claimed are the tasks claimed and queued, in claim order.
+	Claimed []taskassignment.Assignment
+	// InFlight counts the pool's tasks claimed and not finished before the
+	// claims; Free is what capacity left.
+	InFlight, Free int
+	// KeptAlive counts heartbeats sent for waiting tasks; Ended counts
+	// waiting tasks found over in Gitea (cancelled, reaped) and dropped.
+	KeptAlive, Ended int
+	// Rejected counts claimed tasks that cannot run here and were failed in
+	// Gitea with a log line saying why.
+	Rejected int
+}
+
+func (d *Dispatcher) log() *slog.Logger {
+	if d.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.Log
+}
+
+func (d *Dispatcher) lock(pool string) func() {
+	d.mu.Lock()
+	if d.locks == nil {
+		d.locks = map[string]*sync.Mutex{}
+		d.beats = map[int64]time.Time{}
+	}
+	l, ok := d.locks[pool]
+	if !ok {
+		l = &sync.Mutex{}
+		d.locks[pool] = l
+	}
+	d.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// Dispatch runs one round for pool p: keep its waiting tasks alive (dropping
+// those Gitea has ended), then claim tasks until Gitea has none for the pool
+// or the pool is full. Free capacity is the pool's Capacity minus its tasks
+// in flight: every task claimed whose payload is still stored (queued, being
+// started or running; recover deletes payloads of finished tasks).
+//
+// An error stops the round: tasks claimed before it are queued and in the
+// Result. Nothing is claimed when Gitea or the payload store is unreachable.
+func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
+	defer d.lock(p.Name)()
+	res := Result{Pool: p.Name}
+	ids, err := d.Payloads.IDs(ctx)
+	if err != nil {
+		return res, fmt.Errorf("pool %s: tasks in flight: %w", p.Name, err)
+	}
+	inFlight := poolIDs(ids, p.Name)
+	for _, id := range inFlight {
+		kept, ended, err := d.keepAlive(ctx, p, id)
+		if err != nil {
+			return res, err
+		}
+		if kept {
+			res.KeptAlive++
+		}
+		if ended {
+			res.Ended++
+		}
+	}
+	res.InFlight = len(inFlight) - res.Ended
+	res.Free = max(p.Capacity-res.InFlight, 0)
+	if res.Free == 0 {
+		return res, nil
+	}
+	if err := p.Runner.Declare(ctx, p.Labels); err != nil {
+		return res, fmt.Errorf("pool %s: declare: %w", p.Name, err)
+	}
+	for len(res.Claimed) < res.Free {
+		task, err := p.Runner.FetchTask(ctx)
+		if err != nil {
+			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
+		}
+		if task == nil {
+			break
+		}
+		a, err := d.queue(ctx, p, task)
+		if errors.Is(err, errRejected) {
+			res.Rejected++
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Claimed = append(res.Claimed, a)
+	}
+	return res, nil
+}
+
+var errRejected = errors.New("task rejected")
+
+// queue stores and publishes one claimed task.
+func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
+	log := d.log().With(slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
+	a, err := d.assignment(p, task)
+	if err != nil {
+		// The task is ours now; leaving it would keep the job running until
+		// the zombie reaper. End it with the reason instead.
+		log.Error("claimed task cannot run here", slog.Any("error", err))
+		reason := fmt.Sprintf("gitea-dynamic-runner cannot run this task: %v", err)
+		if ferr := p.Tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_FAILURE, reason); ferr != nil {
+			return a, fmt.Errorf("pool %s: task %d: %w (and failing it in Gitea: %w)", p.Name, task.GetId(), err, ferr)
+		}
+		return a, errRejected
+	}
+	log = log.With(slog.String("assignment", a.ID))
+	if err := d.Payloads.Put(ctx, a.ID, task); err != nil {
+		reason := "gitea-dynamic-runner could not store the task for an executor; run the job again"
+		if ferr := p.Tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_FAILURE, reason); ferr != nil {
+			log.Error("claimed task neither stored nor failed; Gitea's zombie reaper will end it", slog.Any("error", ferr))
+		}
+		return a, fmt.Errorf("pool %s: store task %d: %w", p.Name, task.GetId(), err)
+	}
+	if _, err := d.Queue.Publish(ctx, a); err != nil {
+		// The payload is stored: recover re-publishes it.
+		return a, fmt.Errorf("pool %s: publish assignment %s (recover will re-publish it): %w", p.Name, a.ID, err)
+	}
+	d.beat(task.GetId())
+	log.Info("task claimed and queued", slog.String("repository", a.Identity.Repository),
+		slog.String("job", a.Identity.Task), slog.String("backend", string(a.Backend)))
+	return a, nil
+}
+
+func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
+	id, err := taskidentity.FromTask(d.TrustDomain, task)
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	image, err := JobImage(task.GetWorkflowPayload())
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	return taskassignment.New(p.Backend, taskassignment.Task{ID: task.GetId(), Pool: p.Name, Image: image}, id)
+}
+
+// keepAlive heartbeats one waiting task of the pool, at most every
+// KeepAlive. A task whose executor has started is left to it. A task Gitea
+// has ended is dropped (its payload deleted); one cancelled while waiting is
+// first finalized, which the "cancelling" handshake requires.
+func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string) (kept, ended bool, err error) {
+	_, taskID, err := taskassignment.ParseID(assignmentID)
+	if err != nil {
+		d.log().Warn("payload under a foreign key ignored", slog.String("key", assignmentID))
+		return false, false, nil
+	}
+	if !d.due(taskID) {
+		return false, false, nil
+	}
+	started, err := d.Payloads.Started(ctx, assignmentID)
+	if err != nil {
+		return false, false, fmt.Errorf("pool %s: keep-alive of %s: %w", p.Name, assignmentID, err)
+	}
+	if started {
+		return false, false, nil
+	}
+	result, err := p.Tasks.Result(ctx, taskID)
+	if err != nil {
+		return false, false, fmt.Errorf("pool %s: keep-alive of %s: %w", p.Name, assignmentID, err)
+	}
+	d.beat(taskID)
+	if result == runnerv1.Result_RESULT_UNSPECIFIED {
+		return true, false, nil
+	}
+	log := d.log().With(slog.String("pool", p.Name), slog.String("assignment", assignmentID), slog.String("result", result.String()))
+	if result == runnerv1.Result_RESULT_CANCELLED {
+		if err := p.Tasks.Finalize(ctx, taskID, result, "gitea-dynamic-runner: cancelled before an executor started"); err != nil {
+			return true, false, fmt.Errorf("pool %s: finalize cancelled %s: %w", p.Name, assignmentID, err)
+		}
+	}
+	if err := d.Payloads.Delete(ctx, assignmentID); err != nil {
+		return true, false, fmt.Errorf("pool %s: drop ended %s: %w", p.Name, assignmentID, err)
+	}
+	d.forget(taskID)
+	log.Info("waiting task ended in Gitea; dropped")
+	return true, true, nil
+}
+
+func (d *Dispatcher) due(taskID int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	last, ok := d.beats[taskID]
+	return !ok || time.Since(last) >= d.KeepAlive
+}
+
+func (d *Dispatcher) beat(taskID int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.beats == nil {
+		d.beats = map[int64]time.Time{}
+	}
+	d.beats[taskID] = time.Now()
+}
+
+func (d *Dispatcher) forget(taskID int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.beats, taskID)
+}
+
+// poolIDs returns the assignment IDs of pool among ids.
+func poolIDs(ids []string, pool string) []string {
+	var out []string
+	for _, id := range ids {
+		if p, _, err := taskassignment.ParseID(id); err == nil && p == pool {
+			out = append(out, id)
+		}
+	}
+	return out
+}
