@@ -1,0 +1,71 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// envPrefix prefixes every variable of every function.
+const envPrefix = "GDR"
+
+// Config is the configuration of dispatch, read from GDR_* variables.
+type Config struct {
+	natsconn.Config
+	taskassignment.Naming
+
+	GiteaURL          string        `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
+	PoolsFile         string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
+	StateDir          string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
+	Stream            string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	PayloadBucket     string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
+	PayloadKey        secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
+	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
+	HTTPAddr          string        `envconfig:"HTTP_ADDR" default:":8080" desc:"http mode: listen address"`
+	Interval          time.Duration `envconfig:"INTERVAL" default:"0s" desc:"serve: also dispatch every pool this often (0: only on webhooks and ticks)"`
+	RegistrationToken string        `envconfig:"REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
+	RunnerName        string        `envconfig:"RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
+	LogLevel          slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+// loadConfig reads and checks the configuration and the pools file. Its
+// errors name the variable or pool at fault and never echo a secret.
+func loadConfig() (Config, runnerpool.Pools, error) {
+	var c Config
+	if err := envdoc.Process(envPrefix, &c); err != nil {
+		return Config{}, nil, err
+	}
+	var errs []error
+	if _, _, err := c.Parse(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.PayloadKey) != 32 {
+		errs = append(errs, fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly 32", len(c.PayloadKey)))
+	}
+	if c.KeepAlive <= 0 {
+		errs = append(errs, fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive))
+	}
+	pools, err := runnerpool.Load(c.PoolsFile, c.StateDir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return c, pools, errors.Join(errs...)
+}
+
+// payloadTTL is how long a payload is kept: the longest job timeout of any
+// pool, and an hour for recover to see the task end.
+func payloadTTL(pools runnerpool.Pools) time.Duration {
+	var ttl time.Duration
+	for _, p := range pools {
+		ttl = max(ttl, p.Timeout())
+	}
+	return ttl + time.Hour
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
+)
+
+// maxDelivery bounds a webhook body; Gitea's workflow_job deliveries are a
+// few kilobytes.
+const maxDelivery = 1 << 20
+
+// service runs dispatch rounds on demand: per webhook, per tick, per interval.
+type service struct {
+	d      *dispatcher.Dispatcher
+	pools  []dispatcher.Pool
+	secret []byte
+	dedup  *webhook.Dedup
+	log    *slog.Logger
+}
+
+func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, log *slog.Logger) *service {
+	return &service{d: d, pools: pools, secret: secret, dedup: &webhook.Dedup{Size: 4096}, log: log}
+}
+
+// dispatchAll runs one round for each pool; an error of one pool does not
+// stop the others.
+func (s *service) dispatchAll(ctx context.Context, pools []dispatcher.Pool) error {
+	var errs []error
+	for _, p := range pools {
+		res, err := s.d.Dispatch(ctx, p)
+		attrs := []any{slog.String("pool", p.Name), slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
+			slog.Int("free", res.Free), slog.Int("kept_alive", res.KeptAlive), slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected)}
+		if err != nil {
+			s.log.Error("dispatch round failed", append(attrs, slog.Any("error", err))...)
+			errs = append(errs, err)
+			continue
+		}
+		s.log.Info("dispatch round", attrs...)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *service) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /webhook", s.webhook)
+	mux.HandleFunc("POST /{$}", s.tick)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	return mux
+}
+
+// webhook answers a Gitea delivery: 401 for a bad signature, 400 for a body
+// that is not a job delivery, 202 otherwise; a queued job triggers a round for
+// the pools its labels match (before the answer, so a caller that sees 202
+// knows the round ran).
+func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxDelivery))
+	if err != nil {
+		http.Error(w, "read body", http.StatusBadRequest)
+		return
+	}
+	if len(s.secret) > 0 {
+		if err := webhook.Verify(s.secret, body, r.Header.Get(webhook.HeaderSignature)); err != nil {
+			s.log.Warn("webhook delivery refused", slog.String("reason", err.Error()), slog.String("remote", r.RemoteAddr))
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+	}
+	if ev := r.Header.Get(webhook.HeaderEvent); ev != webhook.EventWorkflowJob {
+		http.Error(w, "ignored: not a workflow_job delivery", http.StatusAccepted)
+		return
+	}
+	job, err := webhook.Parse(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if job.Action != webhook.ActionQueued {
+		http.Error(w, "ignored: action "+job.Action, http.StatusAccepted)
+		return
+	}
+	if !s.dedup.First(job.JobID, job.Action) {
+		http.Error(w, "ignored: duplicate delivery", http.StatusAccepted)
+		return
+	}
+	var pools []dispatcher.Pool
+	for _, p := range s.pools {
+		if p.Matches(job.Labels) {
+			pools = append(pools, p)
+		}
+	}
+	if len(pools) == 0 {
+		http.Error(w, "ignored: no pool has these labels", http.StatusAccepted)
+		return
+	}
+	if err := s.dispatchAll(r.Context(), pools); err != nil {
+		http.Error(w, "dispatch failed; see the log", http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// tick runs a round for every pool (a PingSource event, or any POST to /).
+func (s *service) tick(w http.ResponseWriter, r *http.Request) {
+	if err := s.dispatchAll(r.Context(), s.pools); err != nil {
+		http.Error(w, "dispatch failed; see the log", http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// serve answers HTTP until ctx ends, and with interval > 0 also runs a round
+// for every pool that often.
+func (s *service) serve(ctx context.Context, addr string, interval time.Duration) error {
+	srv := &http.Server{Addr: addr, Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	s.log.Info("serving", slog.String("addr", addr), slog.Duration("interval", interval))
+	var tick <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-tick:
+			_ = s.dispatchAll(ctx, s.pools)
+		case <-ctx.Done():
+			shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}
+	}
+}

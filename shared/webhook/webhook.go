@@ -1,0 +1,117 @@
+// Package webhook reads Gitea's workflow_job webhook deliveries, which tell
+// dispatch that a job is waiting. A delivery is only a hint to poll: it can
+// arrive late (after the task was claimed), twice, or not at all, so nothing
+// depends on it but latency.
+package webhook
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Headers of a Gitea delivery.
+const (
+	HeaderEvent     = "X-Gitea-Event"
+	HeaderSignature = "X-Gitea-Signature"
+	// EventWorkflowJob is the X-Gitea-Event of a job delivery.
+	EventWorkflowJob = "workflow_job"
+	// ActionQueued is the action of a job that became waiting.
+	ActionQueued = "queued"
+)
+
+// ErrSignature means a delivery's signature is missing or wrong.
+var ErrSignature = errors.New("webhook signature does not match")
+
+// Verify checks, in constant time, that signature (X-Gitea-Signature: hex
+// HMAC-SHA256 of the raw body) was made with secret.
+func Verify(secret, body []byte, signature string) error {
+	got, err := hex.DecodeString(signature)
+	if err != nil || signature == "" {
+		return ErrSignature
+	}
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(body)
+	if !hmac.Equal(got, mac.Sum(nil)) {
+		return ErrSignature
+	}
+	return nil
+}
+
+// Sign returns the X-Gitea-Signature of body under secret.
+func Sign(secret, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(body)
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// Job is what dispatch uses of a workflow_job delivery.
+type Job struct {
+	Action     string
+	JobID      int64
+	RunID      int64
+	Labels     []string
+	Repository string
+}
+
+// Parse decodes a workflow_job delivery body.
+func Parse(body []byte) (Job, error) {
+	var p struct {
+		Action      string `json:"action"`
+		WorkflowJob *struct {
+			ID     int64    `json:"id"`
+			RunID  int64    `json:"run_id"`
+			Labels []string `json:"labels"`
+		} `json:"workflow_job"`
+		Repository struct {
+			FullName string `json:"full_name"`
+		} `json:"repository"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil {
+		return Job{}, fmt.Errorf("workflow_job delivery is not JSON: %w", err)
+	}
+	if p.Action == "" || p.WorkflowJob == nil || p.WorkflowJob.ID == 0 {
+		return Job{}, errors.New("workflow_job delivery has no action or job")
+	}
+	return Job{Action: p.Action, JobID: p.WorkflowJob.ID, RunID: p.WorkflowJob.RunID,
+		Labels: p.WorkflowJob.Labels, Repository: p.Repository.FullName}, nil
+}
+
+// Dedup remembers the last Size (job, action) pairs it saw. Gitea repeats
+// deliveries; a repeat needs no second poll.
+type Dedup struct {
+	Size int
+
+	mu    sync.Mutex
+	seen  map[dedupKey]bool
+	order []dedupKey
+}
+
+type dedupKey struct {
+	job    int64
+	action string
+}
+
+// First reports whether (jobID, action) is new, and remembers it.
+func (d *Dedup) First(jobID int64, action string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := dedupKey{jobID, action}
+	if d.seen[k] {
+		return false
+	}
+	if d.seen == nil {
+		d.seen = map[dedupKey]bool{}
+	}
+	d.seen[k] = true
+	d.order = append(d.order, k)
+	if size := max(d.Size, 1); len(d.order) > size {
+		delete(d.seen, d.order[0])
+		d.order = d.order[1:]
+	}
+	return true
+}
