@@ -6,7 +6,7 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 FUZZTIME ?= 5s
 BENCHTIME ?= 1s
 
-.PHONY: build test unit fuzz vet bench clean
+.PHONY: build test unit fuzz vet bench clean peers e2e
 
 ## build: compile every function into $(BIN)/
 build:
@@ -24,6 +24,15 @@ unit:
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+## peers: build the real peers the end-to-end tests start (once; cached outside the checkout)
+peers:
+	./scripts/peers/gitea.sh build
+
+## e2e: the end-to-end tests against real peers (build tag e2e)
+e2e: peers
+	$(GO) vet -tags e2e ./...
+	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:

@@ -459,4 +459,3 @@ type readCloser struct{ *bytes.Reader }
 func (readCloser) Close() error { return nil }
 
 func httpBody(b []byte) readCloser { return readCloser{bytes.NewReader(b)} }
-

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+func TestREADMEDocumentsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := envdoc.Vars(envPrefix, &Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := envdoc.CheckDocumented(readme, vars); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const testKey = "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=" // 32 bytes
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3, jobTimeout: 2h}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]string{
+		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
+		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": testKey,
+	}
+	for _, tc := range []struct {
+		name    string
+		set     map[string]string
+		wantErr string
+	}{
+		{"valid", nil, ""},
+		{"missing pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none.yaml")}, "runner pools"},
+		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY: key has 5 bytes"},
+		{"zero keep-alive", map[string]string{"GDR_KEEPALIVE": "0s"}, "GDR_KEEPALIVE"},
+		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range base {
+				t.Setenv(k, v)
+			}
+			for k, v := range tc.set {
+				t.Setenv(k, v)
+			}
+			cfg, ps, err := loadConfig()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ps) != 1 || ps[0].Credentials != filepath.Join(dir, "linux.json") || payloadTTL(ps) != 3*time.Hour || cfg.KeepAlive != time.Minute {
+					t.Fatalf("config = %+v, pools = %+v", cfg, ps)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), testKey) {
+				t.Fatalf("the error shows the key: %v", err)
+			}
+		})
+	}
+}
