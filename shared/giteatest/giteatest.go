@@ -1,0 +1,330 @@
+// Package giteatest runs a real, throwaway Gitea (v1.27.3) for end-to-end tests.
+//
+// The binary is built once, outside the checkout, by `make peers`
+// (scripts/peers/gitea.sh build). Binary finds it; Start launches one private instance per
+// call: 127.0.0.1 on a free port, SQLite and repositories in t.TempDir(), Actions enabled with
+// DEFAULT_ACTIONS_URL=self, webhooks to loopback allowed, and a site admin with an all-scope API
+// token. The instance is killed (its whole process group) when the test ends.
+//
+// What a test can rely on:
+//   - Server.URL is Gitea's ROOT_URL, with a trailing slash (as in a task's context.server_url);
+//     the runner service is at URL+"api/actions", the REST API at URL+"api/v1".
+//   - Every helper fails the test (t.Fatal) on any unexpected answer; none returns an error.
+//   - Start takes ~2 s (server ~1 s, admin seeding ~1 s). PushWorkflow takes ~1.5 s (Gitea runs
+//     its git hooks as subprocesses); the jobs then appear in Jobs, and become fetchable, ~0.2 s
+//     later with Options.ChannelQueue, else up to ~2 s later (the default queue backs off up to
+//     2 s). WaitJob polls every 100 ms.
+//   - Restart keeps the data (database, repositories, tokens) and the port; with ChannelQueue,
+//     queued webhooks and notifications in flight at Stop are lost.
+//   - Only the standard library is used here, so any package's tests may import it.
+//
+// REST endpoints (Gitea 1.27.3) the helpers use:
+//
+//	POST /api/v1/user/repos                                        CreateRepo
+//	POST /api/v1/admin/actions/runners/registration-token          RegistrationToken
+//	GET|PUT /api/v1/repos/{o}/{r}/contents/{path}                  PushWorkflow
+//	PUT /api/v1/repos/{o}/{r}/actions/secrets/{name}               SetSecret
+//	POST|PUT /api/v1/repos/{o}/{r}/actions/variables/{name}        SetVariable
+//	GET /api/v1/repos/{o}/{r}/actions/jobs?page=&limit=            Jobs (all runs, ascending id)
+//	GET /api/v1/repos/{o}/{r}/actions/jobs/{job_id}/logs           JobLogs
+//	POST /api/v1/admin/hooks                                       AddSystemWebhook
+//	POST /user/login, POST /{o}/{r}/actions/runs/{run_id}/cancel   CancelRun (web routes; no REST
+//	                                                               cancel exists in 1.27.3)
+package giteatest
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Version is the Gitea release the harness is written against and scripts/peers/gitea.sh builds.
+const Version = "v1.27.3"
+
+// Binary returns the Gitea binary and its static folder (options/, templates/, public/; the
+// binary has no bindata). GDR_GITEA_BIN overrides the binary (static defaults to the "static"
+// folder next to it, GDR_GITEA_STATIC overrides that); otherwise both come from the versioned
+// folder ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/gitea-v1.27.3 written by `make peers`.
+// If they are missing the test is skipped, except with CI=true, where it fails: CI must never
+// pass without the real peer.
+func Binary(t testing.TB) (bin, static string) {
+	t.Helper()
+	var missing string
+	if bin = os.Getenv("GDR_GITEA_BIN"); bin != "" {
+		static = os.Getenv("GDR_GITEA_STATIC")
+		if static == "" {
+			static = filepath.Join(filepath.Dir(bin), "static")
+		}
+	} else {
+		root := os.Getenv("GDR_PEERS")
+		if root == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				t.Fatalf("giteatest: no home directory and no GDR_PEERS: %v", err)
+			}
+			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
+		}
+		dir := filepath.Join(root, "gitea-"+Version)
+		bin, static = filepath.Join(dir, "gitea"), filepath.Join(dir, "static")
+		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+			missing = dir + " is not a complete build"
+		}
+	}
+	if missing == "" {
+		if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			missing = bin + " is not an executable file"
+		} else if _, err := os.Stat(filepath.Join(static, "options")); err != nil {
+			missing = static + " has no options/ folder"
+		}
+	}
+	if missing != "" {
+		msg := "giteatest: Gitea " + Version + " not built (" + missing + "): run `make peers`"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
+		}
+		t.Skip(msg)
+	}
+	return bin, static
+}
+
+// Options tune one instance. The zero value gives Gitea's defaults.
+type Options struct {
+	// ChannelQueue sets [queue] TYPE=channel: in-memory queues, so a pushed job becomes
+	// fetchable (and its webhooks leave) ~0.2 s after the push instead of up to 2 s. Not durable.
+	ChannelQueue bool
+	// ZombieTaskTimeout is [actions] ZOMBIE_TASK_TIMEOUT (Gitea's default 10m when zero).
+	ZombieTaskTimeout time.Duration
+	// ZombieSchedule is [cron.stop_zombie_tasks] SCHEDULE, e.g. "@every 2s" (default "@every 5m").
+	// The reaper also runs once at start.
+	ZombieSchedule string
+	// ExtraINI is appended verbatim to app.ini (go-ini merges a repeated section, and a repeated
+	// key overrides), e.g. "[actions]\nENDLESS_TASK_TIMEOUT = 30s\n".
+	ExtraINI string
+}
+
+// Server is one running Gitea instance owned by a test.
+type Server struct {
+	// URL is the ROOT_URL, "http://127.0.0.1:<port>/" (trailing slash).
+	URL string
+	// AdminUser and AdminPassword log in as the site admin; AdminToken is its all-scope API token.
+	AdminUser, AdminPassword, AdminToken string
+	// Dir is the instance's work path (app.ini in custom/conf, data/, gitea.log).
+	Dir string
+
+	bin, conf, logPath string
+	mu                 sync.Mutex
+	proc               *exec.Cmd
+	exited             chan struct{}
+	web                *http.Client // logged-in cookie client for web routes (CancelRun)
+}
+
+// Start starts a fresh instance and seeds the admin user. It returns once /api/healthz answers.
+func Start(t testing.TB, opts Options) *Server {
+	t.Helper()
+	bin, static := Binary(t)
+	dir := t.TempDir()
+	port := freePort(t)
+	s := &Server{
+		URL:           fmt.Sprintf("http://127.0.0.1:%d/", port),
+		AdminUser:     "gdr-admin",
+		AdminPassword: "Gdr-" + randomHex(t, 12),
+		Dir:           dir,
+		bin:           bin,
+		conf:          filepath.Join(dir, "custom", "conf", "app.ini"),
+		logPath:       filepath.Join(dir, "gitea.log"),
+	}
+	if err := os.MkdirAll(filepath.Dir(s.conf), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.conf, []byte(s.appINI(t, port, static, opts)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.kill()
+		if t.Failed() {
+			t.Logf("giteatest: tail of %s:\n%s", s.logPath, s.LogTail(60))
+		}
+	})
+	s.start(t)
+	s.seedAdmin(t)
+	return s
+}
+
+func (s *Server) appINI(t testing.TB, port int, static string, opts Options) string {
+	jwt := make([]byte, 32)
+	if _, err := rand.Read(jwt); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w("APP_NAME = gdr-e2e\nRUN_MODE = prod\nWORK_PATH = %s\nI_AM_BEING_UNSAFE_RUNNING_AS_ROOT = true", s.Dir)
+	w("\n[server]\nPROTOCOL = http\nHTTP_ADDR = 127.0.0.1\nHTTP_PORT = %d\nDOMAIN = 127.0.0.1\nROOT_URL = %s", port, s.URL)
+	w("DISABLE_SSH = true\nSTART_SSH_SERVER = false\nLFS_START_SERVER = false\nOFFLINE_MODE = true")
+	w("APP_DATA_PATH = %s\nSTATIC_ROOT_PATH = %s\nGRACEFUL_HAMMER_TIME = 2s", filepath.Join(s.Dir, "data"), static)
+	w("\n[database]\nDB_TYPE = sqlite3\nPATH = %s\nSQLITE_JOURNAL_MODE = WAL", filepath.Join(s.Dir, "data", "gitea.db"))
+	w("\n[repository]\nROOT = %s\nDEFAULT_BRANCH = main", filepath.Join(s.Dir, "data", "repos"))
+	w("\n[security]\nINSTALL_LOCK = true\nSECRET_KEY = %s\nINTERNAL_TOKEN = %s", randomHex(t, 32), randomHex(t, 32))
+	w("; webhooks may target 127.0.0.1 (the default \"external\" refuses loopback)\nALLOWED_HOST_LIST = loopback")
+	// JWT_SECRET also signs gitea_runtime_token: fixed here so tokens survive Restart.
+	w("\n[oauth2]\nENABLED = false\nJWT_SECRET = %s", base64.RawURLEncoding.EncodeToString(jwt))
+	w("\n[service]\nDISABLE_REGISTRATION = true\nENABLE_NOTIFY_MAIL = false\n\n[mailer]\nENABLED = false")
+	w("\n[indexer]\nISSUE_INDEXER_TYPE = db\n\n[cron.update_checker]\nENABLED = false")
+	w("\n[log]\nMODE = console\nLEVEL = Info\nROOT_PATH = %s", filepath.Join(s.Dir, "log"))
+	w("\n[actions]\nENABLED = true\nDEFAULT_ACTIONS_URL = self")
+	if opts.ZombieTaskTimeout > 0 {
+		w("ZOMBIE_TASK_TIMEOUT = %s", opts.ZombieTaskTimeout)
+	}
+	if opts.ZombieSchedule != "" {
+		w("\n[cron.stop_zombie_tasks]\nSCHEDULE = %s", opts.ZombieSchedule)
+	}
+	if opts.ChannelQueue {
+		w("\n[queue]\nTYPE = channel")
+	}
+	if opts.ExtraINI != "" {
+		w("\n%s", opts.ExtraINI)
+	}
+	return b.String()
+}
+
+// gitea returns a command running the binary on this instance's config.
+func (s *Server) gitea(args ...string) *exec.Cmd {
+	cmd := exec.Command(s.bin, append([]string{"--config", s.conf, "--work-path", s.Dir}, args...)...)
+	cmd.Dir = s.Dir
+	cmd.Env = append(os.Environ(),
+		"GITEA_I_AM_BEING_UNSAFE_RUNNING_AS_ROOT=true", "I_AM_BEING_UNSAFE_RUNNING_AS_ROOT=true")
+	return cmd
+}
+
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close() // the child holds its own descriptor
+	cmd := s.gitea("web")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: git children die with it
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("giteatest: start %s: %v", s.bin, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.mu.Lock()
+	s.proc, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if code, _, err := s.raw(http.MethodGet, "api/healthz", nil, ""); err == nil && code == http.StatusOK {
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("giteatest: gitea exited during start; log tail:\n%s", s.LogTail(40))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("giteatest: %sapi/healthz not OK after 60s; log tail:\n%s", s.URL, s.LogTail(40))
+		}
+	}
+}
+
+// kill stops exactly the process Start (or Restart) launched, with its process group:
+// SIGTERM, then SIGKILL after 5 s, and waits for it. Safe to call when already stopped.
+func (s *Server) kill() {
+	s.mu.Lock()
+	cmd, exited := s.proc, s.exited
+	s.proc, s.exited = nil, nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	pgid := cmd.Process.Pid // Setpgid: the group id is the leader's pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-exited
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL) // leftover children of the group, if any
+}
+
+// Stop stops the instance (a "Gitea down" period); the port then refuses connections.
+func (s *Server) Stop(t testing.TB) {
+	t.Helper()
+	s.kill()
+}
+
+// Restart starts the stopped instance again on the same port and data, and waits for health.
+// Web sessions do not survive it (CancelRun logs in again).
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.kill()
+	s.mu.Lock()
+	s.web = nil
+	s.mu.Unlock()
+	s.start(t)
+}
+
+// LogTail returns the last n lines of the instance's log (stdout and stderr of every start).
+func (s *Server) LogTail(n int) string {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (s *Server) seedAdmin(t testing.TB) {
+	t.Helper()
+	out, err := s.gitea("admin", "user", "create", "--username", s.AdminUser, "--password", s.AdminPassword,
+		"--email", s.AdminUser+"@example.invalid", "--admin", "--must-change-password=false",
+		"--access-token", "--access-token-name", "giteatest", "--access-token-scopes", "all").CombinedOutput()
+	if err != nil {
+		t.Fatalf("giteatest: gitea admin user create: %v\n%s", err, out)
+	}
+	const marker = "Access token was successfully created... "
+	for line := range strings.Lines(string(out)) {
+		if _, tok, ok := strings.Cut(line, marker); ok {
+			s.AdminToken = strings.TrimSpace(tok)
+		}
+	}
+	if s.AdminToken == "" {
+		t.Fatalf("giteatest: no access token in the output of gitea admin user create:\n%s", out)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func randomHex(t testing.TB, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
