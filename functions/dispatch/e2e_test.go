@@ -60,6 +60,11 @@ type e2e struct {
 func setup(t *testing.T, capacity int, opts giteatest.Options) *e2e {
 	t.Helper()
 	opts.ChannelQueue = true
+	return setupWith(t, capacity, opts)
+}
+
+func setupWith(t testing.TB, capacity int, opts giteatest.Options) *e2e {
+	t.Helper()
 	g := giteatest.Start(t, opts)
 	e := &e2e{gitea: g, repo: g.CreateRepo(t, "demo"), logs: &bytes.Buffer{}}
 	_, url := jetstreamtest.Start(t)

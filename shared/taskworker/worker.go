@@ -218,3 +218,13 @@ func (w Worker) delete(ctx context.Context, a taskassignment.Assignment, executo
 	w.emit(EventExecutorDeleted, a, executor)
 	return nil
 }
+
+// Recoverer is implemented by backends that can list what they hold, for
+// recover: every executor of this installation (the keys' runner marker),
+// rebuilt into its assignment from the executor's metadata alone.
+type Recoverer interface {
+	// RecoverAssignments returns one assignment per executor. An executor
+	// whose metadata does not rebuild (corrupt, another trust domain) is
+	// skipped and reported by the backend; it never fails the whole list.
+	RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error)
+}
