@@ -64,6 +64,15 @@ func New(key secretkey.Key, gatewayURL string) (*Bootstrap, error) {
 	return &Bootstrap{key: append([]byte(nil), key...), gatewayURL: gatewayURL}, nil
 }
 
+// NewVerifier returns a Bootstrap that only verifies capabilities (the
+// gateway's part); its Environment fails.
+func NewVerifier(key secretkey.Key) (*Bootstrap, error) {
+	if err := key.AtLeast("bootstrap capability key", MinKeyLength); err != nil {
+		return nil, err
+	}
+	return &Bootstrap{key: append([]byte(nil), key...)}, nil
+}
+
 // Capability returns the capability of the assignment (ID, task ID, SPIFFE ID).
 func (b *Bootstrap) Capability(assignmentID string, taskID int64, spiffeID string) string {
 	mac := hmac.New(sha256.New, b.key)
@@ -95,6 +104,9 @@ func (b *Bootstrap) Verify(assignmentID string, taskID int64, spiffeID, capabili
 func (b *Bootstrap) Environment(a taskassignment.Assignment) (map[string]string, error) {
 	if a.ID == "" || a.Task.ID <= 0 || a.Identity.SPIFFEID == "" {
 		return nil, fmt.Errorf("bootstrap: assignment %q of task %d has no identity", a.ID, a.Task.ID)
+	}
+	if b.gatewayURL == "" {
+		return nil, errors.New("bootstrap: a verifier issues no environment")
 	}
 	return map[string]string{
 		EnvAssignmentID: a.ID,

@@ -135,3 +135,21 @@ func TestReadRoundTrip(t *testing.T) {
 		t.Fatalf("bad task ID: err = %v", err)
 	}
 }
+
+func TestVerifierOnlyVerifies(t *testing.T) {
+	a := assignment(t, 42)
+	issuer := newBootstrap(t, 1)
+	v, err := NewVerifier(bytes.Repeat([]byte{1}, MinKeyLength))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Verify(a.ID, 42, a.Identity.SPIFFEID, issuer.Capability(a.ID, 42, a.Identity.SPIFFEID)); err != nil {
+		t.Fatalf("the verifier refused the issuer's capability: %v", err)
+	}
+	if _, err := v.Environment(a); err == nil {
+		t.Fatal("a verifier issued an environment")
+	}
+	if _, err := NewVerifier(make([]byte, 8)); err == nil {
+		t.Fatal("a short key was accepted")
+	}
+}

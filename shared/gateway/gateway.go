@@ -1,0 +1,254 @@
+// Package gateway lets an executor speak Gitea's runner protocol for its own
+// task and nothing else. The executor never holds a runner token: the
+// gateway forwards its calls with the credentials of the pool that claimed
+// the task, after authenticating the caller twice:
+//
+//   - SPIFFE mTLS: the caller's task comes from its verified X.509-SVID
+//     (spiffe://<td>/repo/<owner>/<name>/task/<id>), never from a request;
+//   - the capability (bootstrap.Verify) over (assignment ID, task ID, SPIFFE
+//     ID), sent in headers.
+//
+// It is stateless: any replica serves any executor.
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// The headers an executor authenticates with, besides its SVID.
+const (
+	HeaderAssignment = "X-Gdr-Assignment-Id"
+	HeaderCapability = "X-Gdr-Capability"
+)
+
+// Forwarder is a pool's registration toward Gitea (gitea.Client).
+type Forwarder interface {
+	UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error)
+	UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error)
+}
+
+// Payloads is where the claimed tasks are (assignmentqueue.Payloads).
+type Payloads interface {
+	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
+	MarkStarted(ctx context.Context, assignmentID string) error
+}
+
+// Verifier checks capabilities (bootstrap.Bootstrap).
+type Verifier interface {
+	Verify(assignmentID string, taskID int64, spiffeID, capability string) error
+}
+
+// Gateway serves executors.
+type Gateway struct {
+	TrustDomain spiffeid.TrustDomain
+	// Pools maps a pool name to its registration.
+	Pools        map[string]Forwarder
+	Payloads     Payloads
+	Capabilities Verifier
+	Log          *slog.Logger
+}
+
+// Authorizer accepts, at the TLS handshake, exactly the task identities of
+// the trust domain: spiffe://<td>/repo/...
+func (g *Gateway) Authorizer() tlsconfig.Authorizer {
+	return func(id spiffeid.ID, _ [][]*x509.Certificate) error {
+		if !id.MemberOf(g.TrustDomain) || !strings.HasPrefix(id.Path(), "/repo/") {
+			return fmt.Errorf("gateway: %s is not a task identity of %q", id, g.TrustDomain.Name())
+		}
+		return nil
+	}
+}
+
+// Handler returns the HTTP handler to serve behind a TLS listener configured
+// with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()).
+func (g *Gateway) Handler() http.Handler {
+	path, h := runnerv1connect.NewRunnerServiceHandler(service{g})
+	mux := http.NewServeMux()
+	mux.Handle(path, peerIdentity(h))
+	return mux
+}
+
+type peerKey struct{}
+
+// peerIdentity puts the verified SPIFFE ID of the TLS peer into the request
+// context. A request without one gets none, and is refused by every call.
+func peerIdentity(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			if id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0]); err == nil {
+				r = r.WithContext(context.WithValue(r.Context(), peerKey{}, id))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// caller is an authenticated executor.
+type caller struct {
+	assignmentID string
+	pool         string
+	taskID       int64
+	spiffeID     string
+}
+
+// authenticate checks both factors. Unauthenticated (401) when a factor is
+// missing or wrong; nothing in the error comes from the capability.
+func (g *Gateway) authenticate(ctx context.Context, h http.Header) (caller, error) {
+	id, ok := ctx.Value(peerKey{}).(spiffeid.ID)
+	if !ok {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no verified client certificate"))
+	}
+	taskID, err := taskOf(g.TrustDomain, id)
+	if err != nil {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	assignmentID, capability := h.Get(HeaderAssignment), h.Get(HeaderCapability)
+	if assignmentID == "" || capability == "" {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("missing %s or %s", HeaderAssignment, HeaderCapability))
+	}
+	pool, idTask, err := taskassignment.ParseID(assignmentID)
+	if err != nil || idTask != taskID {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("assignment %q is not task %d's", assignmentID, taskID))
+	}
+	if err := g.Capabilities.Verify(assignmentID, taskID, id.String(), capability); err != nil {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("assignment %s: %w", assignmentID, err))
+	}
+	return caller{assignmentID: assignmentID, pool: pool, taskID: taskID, spiffeID: id.String()}, nil
+}
+
+// taskOf reads the task ID out of a task identity.
+func taskOf(td spiffeid.TrustDomain, id spiffeid.ID) (int64, error) {
+	segs := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	if !id.MemberOf(td) || len(segs) != 5 || segs[0] != "repo" || segs[3] != "task" {
+		return 0, fmt.Errorf("%s is not a task identity", id)
+	}
+	n, err := strconv.ParseInt(segs[4], 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s is not a task identity", id)
+	}
+	return n, nil
+}
+
+func (g *Gateway) log() *slog.Logger {
+	if g.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return g.Log
+}
+
+func (g *Gateway) forwarder(c caller) (Forwarder, error) {
+	f, ok := g.Pools[c.pool]
+	if !ok {
+		return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("pool %q is not served here", c.pool))
+	}
+	return f, nil
+}
+
+// fromGitea passes Gitea's answer through with its real code and message.
+func fromGitea(err error) error {
+	var e *gitea.Error
+	if errors.As(err, &e) {
+		return connect.NewError(e.Code, errors.New(e.Message))
+	}
+	return connect.NewError(connect.CodeUnavailable, err)
+}
+
+func notYours(c caller, taskID int64) error {
+	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("task %d is not the task of %s", taskID, c.spiffeID))
+}
+
+// service implements the runner service for executors.
+type service struct{ g *Gateway }
+
+var _ runnerv1connect.RunnerServiceHandler = service{}
+
+func (service) Register(context.Context, *connect.Request[runnerv1.RegisterRequest]) (*connect.Response[runnerv1.RegisterResponse], error) {
+	return nil, connect.NewError(connect.CodePermissionDenied, errors.New("executors do not register"))
+}
+
+func (service) Declare(context.Context, *connect.Request[runnerv1.DeclareRequest]) (*connect.Response[runnerv1.DeclareResponse], error) {
+	return nil, connect.NewError(connect.CodePermissionDenied, errors.New("executors do not declare"))
+}
+
+// FetchTask returns the caller's own task, every time it asks, and marks it
+// started (from then on dispatch stops its keep-alive heartbeats).
+func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	c, err := s.g.authenticate(ctx, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	task, err := s.g.Payloads.Get(ctx, c.assignmentID)
+	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
+	}
+	if err != nil {
+		s.g.log().Error("payload unavailable", slog.String("assignment", c.assignmentID), slog.Any("error", err))
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: payload unavailable", c.taskID))
+	}
+	if task.GetId() != c.taskID {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("the payload of %s holds another task", c.assignmentID))
+	}
+	if err := s.g.Payloads.MarkStarted(ctx, c.assignmentID); err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: %w", c.taskID, err))
+	}
+	s.g.log().Info("task handed to its executor", slog.String("assignment", c.assignmentID), slog.Int64("task", c.taskID))
+	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task}), nil
+}
+
+// UpdateTask forwards the caller's own task state; any other task is 403.
+func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
+	c, err := s.g.authenticate(ctx, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if id := req.Msg.GetState().GetId(); id != c.taskID {
+		return nil, notYours(c, id)
+	}
+	f, err := s.g.forwarder(c)
+	if err != nil {
+		return nil, err
+	}
+	res, err := f.UpdateTask(ctx, req.Msg)
+	if err != nil {
+		return nil, fromGitea(err)
+	}
+	return connect.NewResponse(res), nil
+}
+
+// UpdateLog forwards the caller's own log rows; any other task is 403.
+func (s service) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error) {
+	c, err := s.g.authenticate(ctx, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if id := req.Msg.GetTaskId(); id != c.taskID {
+		return nil, notYours(c, id)
+	}
+	f, err := s.g.forwarder(c)
+	if err != nil {
+		return nil, err
+	}
+	res, err := f.UpdateLog(ctx, req.Msg)
+	if err != nil {
+		return nil, fromGitea(err)
+	}
+	return connect.NewResponse(res), nil
+}

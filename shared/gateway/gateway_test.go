@@ -1,0 +1,262 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+)
+
+var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
+
+// recordingGitea is a pool registration that records what reaches Gitea.
+type recordingGitea struct {
+	mu    sync.Mutex
+	tasks []int64
+	logs  []int64
+	fail  error
+}
+
+func (r *recordingGitea) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tasks = append(r.tasks, req.GetState().GetId())
+	if r.fail != nil {
+		return nil, r.fail
+	}
+	return &runnerv1.UpdateTaskResponse{State: &runnerv1.TaskState{Id: req.GetState().GetId()}}, nil
+}
+
+func (r *recordingGitea) UpdateLog(_ context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, req.GetTaskId())
+	if r.fail != nil {
+		return nil, r.fail
+	}
+	return &runnerv1.UpdateLogResponse{AckIndex: req.GetIndex() + int64(len(req.GetRows()))}, nil
+}
+
+type fixture struct {
+	url      string
+	ca       *svidca.CA
+	boot     *bootstrap.Bootstrap
+	gitea    *recordingGitea
+	payloads *assignmentqueue.Payloads
+}
+
+func start(t *testing.T) fixture {
+	t.Helper()
+	ctx := context.Background()
+	ca, err := svidca.New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, url := jetstreamtest.Start(t)
+	_, js := jetstreamtest.Connect(t, url)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{5}, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, err := bootstrap.New(bytes.Repeat([]byte{6}, 32), "https://unused.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordingGitea{}
+	g := &Gateway{TrustDomain: td, Pools: map[string]Forwarder{"linux": rec}, Payloads: payloads, Capabilities: boot}
+	server, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", tlsconfig.MTLSServerConfig(server, ca, g.Authorizer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: g.Handler()}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	for _, id := range []int64{7, 8} {
+		c, _ := structpb.NewStruct(map[string]any{"repository": "alice/repo", "job": "build", "token": "tok"})
+		if err := payloads.Put(ctx, "linux-"+strconv.FormatInt(id, 10), &runnerv1.Task{Id: id, Context: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fixture{url: "https://" + ln.Addr().String(), ca: ca, boot: boot, gitea: rec, payloads: payloads}
+}
+
+func taskID(n int64) spiffeid.ID {
+	return spiffeid.RequireFromPath(td, "/repo/alice/repo/task/"+strconv.FormatInt(n, 10))
+}
+
+// client returns a client holding task n's SVID and the capability of
+// (assignment, capTask).
+func (f fixture) client(t *testing.T, n int64, assignment string, capability string) runnerv1connect.RunnerServiceClient {
+	t.Helper()
+	svid, err := f.ca.Mint(taskID(n), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewClient(f.url, Credentials{SVID: svid, Bundle: f.ca, AssignmentID: assignment, Capability: capability}, tlsconfig.AuthorizeMemberOf(td))
+}
+
+func (f fixture) own(t *testing.T, n int64) runnerv1connect.RunnerServiceClient {
+	id := "linux-" + strconv.FormatInt(n, 10)
+	return f.client(t, n, id, f.boot.Capability(id, n, taskID(n).String()))
+}
+
+func code(err error) connect.Code { return connect.CodeOf(err) }
+
+func TestOwnTaskIsServed(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	c := f.own(t, 7)
+	res, err := c.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if err != nil || res.Msg.GetTask().GetId() != 7 {
+		t.Fatalf("FetchTask = %v, %v", res, err)
+	}
+	if started, err := f.payloads.Started(ctx, "linux-7"); err != nil || !started {
+		t.Fatalf("the task was not marked started: %v, %v", started, err)
+	}
+	if _, err := c.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 7}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7, Rows: []*runnerv1.LogRow{{Content: "x"}}})); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.gitea.tasks) != 1 || len(f.gitea.logs) != 1 {
+		t.Fatalf("forwarded tasks=%v logs=%v", f.gitea.tasks, f.gitea.logs)
+	}
+}
+
+func TestAnotherTaskIsForbidden(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	c := f.own(t, 7)
+	_, err := c.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 8}}))
+	if code(err) != connect.CodePermissionDenied {
+		t.Fatalf("UpdateTask of task 8 by task 7: %v", err)
+	}
+	_, err = c.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 8}))
+	if code(err) != connect.CodePermissionDenied {
+		t.Fatalf("UpdateLog of task 8 by task 7: %v", err)
+	}
+	if len(f.gitea.tasks)+len(f.gitea.logs) != 0 {
+		t.Fatal("a forbidden call reached Gitea")
+	}
+	if _, err := c.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{})); code(err) != connect.CodePermissionDenied {
+		t.Fatalf("Register: %v", err)
+	}
+}
+
+func TestBadCapabilityIsUnauthenticated(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	forged, _ := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://x.example.org")
+	for name, c := range map[string]runnerv1connect.RunnerServiceClient{
+		"forged capability":  f.client(t, 7, "linux-7", forged.Capability("linux-7", 7, taskID(7).String())),
+		"missing capability": f.client(t, 7, "linux-7", ""),
+		"missing assignment": f.client(t, 7, "", f.boot.Capability("linux-7", 7, taskID(7).String())),
+		// Task 8's capability is of no use with task 7's SVID, and the reverse.
+		"another task's capability": f.client(t, 7, "linux-8", f.boot.Capability("linux-8", 8, taskID(8).String())),
+		"stolen capability":         f.client(t, 8, "linux-7", f.boot.Capability("linux-7", 7, taskID(7).String())),
+	} {
+		_, err := c.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+		if code(err) != connect.CodeUnauthenticated {
+			t.Errorf("%s: FetchTask = %v, want unauthenticated", name, err)
+		}
+		_, err = c.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 7}}))
+		if code(err) != connect.CodeUnauthenticated {
+			t.Errorf("%s: UpdateTask = %v, want unauthenticated", name, err)
+		}
+	}
+	if len(f.gitea.tasks) != 0 {
+		t.Fatal("an unauthenticated call reached Gitea")
+	}
+}
+
+func TestHTTPStatusCodes(t *testing.T) {
+	f := start(t)
+	svid, _ := f.ca.Mint(taskID(7), time.Hour)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsconfig.MTLSClientConfig(svid, f.ca, tlsconfig.AuthorizeMemberOf(td))}}
+	for _, tc := range []struct {
+		capability string
+		body       string
+		want       int
+	}{
+		{"forged", `{"state":{"id":"7"}}`, http.StatusUnauthorized},
+		{f.boot.Capability("linux-7", 7, taskID(7).String()), `{"state":{"id":"8"}}`, http.StatusForbidden},
+		{f.boot.Capability("linux-7", 7, taskID(7).String()), `{"state":{"id":"7"}}`, http.StatusOK},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, f.url+runnerv1connect.RunnerServiceUpdateTaskProcedure, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(HeaderAssignment, "linux-7")
+		req.Header.Set(HeaderCapability, tc.capability)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("capability %.8q body %s: status %d, want %d", tc.capability, tc.body, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+func TestOtherTrustDomainFailsTheHandshake(t *testing.T) {
+	f := start(t)
+	other := spiffeid.RequireTrustDomainFromString("evil.example.org")
+	otherCA, _ := svidca.New(other)
+	svid, _ := otherCA.Mint(spiffeid.RequireFromPath(other, "/repo/alice/repo/task/7"), time.Hour)
+	c := NewClient(f.url, Credentials{SVID: svid, Bundle: f.ca, AssignmentID: "linux-7", Capability: "x"}, tlsconfig.AuthorizeMemberOf(td))
+	_, err := c.FetchTask(context.Background(), connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if err == nil || code(err) == connect.CodeUnauthenticated || code(err) == connect.CodePermissionDenied {
+		t.Fatalf("FetchTask with a foreign SVID = %v, want a failed handshake", err)
+	}
+	// A non-task identity of the right trust domain fails it too.
+	svid, _ = f.ca.Mint(spiffeid.RequireFromPath(td, "/dispatch"), time.Hour)
+	c = NewClient(f.url, Credentials{SVID: svid, Bundle: f.ca, AssignmentID: "linux-7", Capability: "x"}, tlsconfig.AuthorizeMemberOf(td))
+	if _, err := c.FetchTask(context.Background(), connect.NewRequest(&runnerv1.FetchTaskRequest{})); err == nil {
+		t.Fatal("a non-task identity was served")
+	}
+}
+
+func TestGiteaErrorsPassThrough(t *testing.T) {
+	f := start(t)
+	f.gitea.fail = &gitea.Error{Op: "UpdateLog", Code: connect.CodeAlreadyExists, Message: "log file has been archived"}
+	_, err := f.own(t, 7).UpdateLog(context.Background(), connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7}))
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeAlreadyExists || ce.Message() != "log file has been archived" {
+		t.Fatalf("UpdateLog = %v", err)
+	}
+}
+
+func TestFetchOfAFinishedTaskIsNotFound(t *testing.T) {
+	f := start(t)
+	if err := f.payloads.Delete(context.Background(), "linux-7"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.own(t, 7).FetchTask(context.Background(), connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if code(err) != connect.CodeNotFound {
+		t.Fatalf("FetchTask = %v", err)
+	}
+}
