@@ -58,22 +58,12 @@ type Payloads struct {
 // must be exactly 32 bytes. ttl must be positive. Errors name the bucket and
 // never contain the key.
 func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, ttl time.Duration, key secretkey.Key) (*Payloads, error) {
-	if len(key) != payloadKeySize {
-		return nil, fmt.Errorf("payload store %q: key has %d bytes, need exactly %d", bucket, len(key), payloadKeySize)
+	aead, err := newAEAD(bucket, key)
+	if err != nil {
+		return nil, err
 	}
 	if ttl <= 0 {
 		return nil, fmt.Errorf("payload store %q: TTL %v is not positive", bucket, ttl)
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
-	}
-	// The random-nonce GCM writes the 12-byte nonce ahead of the ciphertext
-	// and reads it back from there, which is exactly the stored layout after
-	// the version byte.
-	aead, err := cipher.NewGCMWithRandomNonce(block)
-	if err != nil {
-		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
 	}
 	cfg := jetstream.KeyValueConfig{
 		Bucket:  bucket,
@@ -98,6 +88,39 @@ func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, 
 		return nil, fmt.Errorf("payload store %q: ensure bucket: %w", bucket, err)
 	}
 	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
+}
+
+// OpenPayloads returns the store of an existing bucket without changing its
+// configuration (the gateway and recover read what dispatch created). The
+// key requirements are those of EnsurePayloads.
+func OpenPayloads(ctx context.Context, js jetstream.JetStream, bucket string, key secretkey.Key) (*Payloads, error) {
+	aead, err := newAEAD(bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: %w", bucket, err)
+	}
+	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
+}
+
+func newAEAD(bucket string, key secretkey.Key) (cipher.AEAD, error) {
+	if len(key) != payloadKeySize {
+		return nil, fmt.Errorf("payload store %q: key has %d bytes, need exactly %d", bucket, len(key), payloadKeySize)
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
+	}
+	// The random-nonce GCM writes the 12-byte nonce ahead of the ciphertext
+	// and reads it back from there, which is exactly the stored layout after
+	// the version byte.
+	aead, err := cipher.NewGCMWithRandomNonce(block)
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: cipher: %w", bucket, err)
+	}
+	return aead, nil
 }
 
 // Bucket returns the name of the store's bucket.

@@ -396,3 +396,23 @@ func TestPayloadStartedMark(t *testing.T) {
 		t.Fatalf("Started after Delete = %v, %v", started, err)
 	}
 }
+
+func TestOpenPayloads(t *testing.T) {
+	ctx, js, p, _ := newPayloads(t, testKey(1))
+	if err := p.Put(ctx, "linux-1", testTask(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if task, err := reader.Get(ctx, "linux-1"); err != nil || task.GetId() != 1 {
+		t.Fatalf("Get through OpenPayloads = %v, %v", task, err)
+	}
+	if _, err := assignmentqueue.OpenPayloads(ctx, js, "NO_SUCH_BUCKET", testKey(1)); err == nil {
+		t.Fatal("OpenPayloads of a missing bucket succeeded")
+	}
+	if _, err := assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(1)[:16]); err == nil {
+		t.Fatal("OpenPayloads with a 16-byte key succeeded")
+	}
+}
