@@ -29,7 +29,7 @@ type Config struct {
 	PayloadKey        secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
-	HTTPAddr          string        `envconfig:"HTTP_ADDR" default:":8080" desc:"http mode: listen address"`
+	HTTPAddr          string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
 	Interval          time.Duration `envconfig:"INTERVAL" default:"0s" desc:"serve: also dispatch every pool this often (0: only on webhooks and ticks)"`
 	RegistrationToken string        `envconfig:"REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
 	RunnerName        string        `envconfig:"RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`

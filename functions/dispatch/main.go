@@ -147,19 +147,13 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if err != nil {
 		return nil, nil, err
 	}
+	clients, err := gitea.PoolClients(cfg.GiteaURL, hc, pools)
+	if err != nil {
+		return nil, nil, err
+	}
 	var dps []dispatcher.Pool
 	for _, p := range pools {
-		creds, err := gitea.FileStore{Path: p.Credentials}.Load()
-		if errors.Is(err, gitea.ErrNoCredentials) {
-			return nil, nil, fmt.Errorf("pool %s is not registered: run `dispatch register` (%w)", p.Name, err)
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
-		}
-		client, err := gitea.NewClient(cfg.GiteaURL, hc, creds)
-		if err != nil {
-			return nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
-		}
+		client := clients[p.Name]
 		dps = append(dps, dispatcher.Pool{Pool: p, Runner: client, Tasks: gitea.TaskState{Client: client}})
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")

@@ -29,7 +29,7 @@ type Config struct {
 	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
 	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back"`
 	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed comes back"`
-	HTTPAddr   string        `envconfig:"HTTP_ADDR" default:":8080" desc:"http mode: listen address"`
+	HTTPAddr   string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
 	LogLevel   slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 

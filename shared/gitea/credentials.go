@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
 // Token is a runner token. It never prints: fmt and slog show a placeholder;
@@ -84,4 +87,25 @@ func (s FileStore) Save(c Credentials) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), s.Path)
+}
+
+// PoolClients returns a client per pool, from each pool's credentials file. A
+// pool without credentials is an error telling to run `dispatch register`.
+func PoolClients(rootURL string, hc *http.Client, pools runnerpool.Pools) (map[string]*Client, error) {
+	clients := make(map[string]*Client, len(pools))
+	for _, p := range pools {
+		creds, err := FileStore{Path: p.Credentials}.Load()
+		if errors.Is(err, ErrNoCredentials) {
+			return nil, fmt.Errorf("pool %s is not registered: run `dispatch register` (%w)", p.Name, err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+		c, err := NewClient(rootURL, hc, creds)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+		clients[p.Name] = c
+	}
+	return clients, nil
 }

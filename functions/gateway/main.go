@@ -1,0 +1,182 @@
+// Command gateway lets executors report their own task to Gitea and nothing
+// else (see package gateway). It serves the runner protocol over SPIFFE mTLS:
+// its own X.509-SVID and the trust bundle come from the SPIFFE Workload API
+// (SPIFFE_ENDPOINT_SOCKET), or from files (GDR_SVID_*).
+//
+// Exit status: 0 after a clean shutdown, 1 when it could not serve, 2 for bad
+// configuration.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+const envPrefix = "GDR"
+
+// Config is the configuration of gateway, read from GDR_* variables.
+type Config struct {
+	natsconn.Config
+	taskassignment.Naming
+
+	GiteaURL      string        `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
+	PoolsFile     string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
+	StateDir      string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
+	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
+	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	BootstrapKey  secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	HTTPAddr      string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
+	SVIDCert      string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
+	SVIDKey       string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
+	SVIDBundle    string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
+	LogLevel      slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: gateway\n\nConfigured by environment variables:\n")
+		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
+	}
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx))
+}
+
+func loadConfig() (Config, runnerpool.Pools, error) {
+	var c Config
+	if err := envdoc.Process(envPrefix, &c); err != nil {
+		return Config{}, nil, err
+	}
+	var errs []error
+	if _, _, err := c.Parse(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.PayloadKey) != 32 {
+		errs = append(errs, fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly 32", len(c.PayloadKey)))
+	}
+	if err := c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength); err != nil {
+		errs = append(errs, err)
+	}
+	if (c.SVIDCert == "") != (c.SVIDKey == "") || (c.SVIDCert == "") != (c.SVIDBundle == "") {
+		errs = append(errs, errors.New("GDR_SVID_CERT, GDR_SVID_KEY and GDR_SVID_BUNDLE go together"))
+	}
+	pools, err := runnerpool.Load(c.PoolsFile, c.StateDir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return c, pools, errors.Join(errs...)
+}
+
+func run(ctx context.Context) int {
+	cfg, pools, err := loadConfig()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gateway: configuration: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With(slog.String("function", "gateway"))
+	if err := serve(ctx, cfg, pools, log); err != nil {
+		log.Error("gateway could not serve", slog.Any("error", err))
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Logger) error {
+	td, _, err := cfg.Parse()
+	if err != nil {
+		return err
+	}
+	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, pools)
+	if err != nil {
+		return err
+	}
+	forwarders := make(map[string]gateway.Forwarder, len(clients))
+	for name, c := range clients {
+		forwarders[name] = c
+	}
+	verifier, err := bootstrap.NewVerifier(cfg.BootstrapKey)
+	if err != nil {
+		return err
+	}
+	nc, js, err := natsconn.Connect(ctx, cfg.Config, "gateway")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = nc.Drain() }()
+	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
+	if err != nil {
+		return err
+	}
+	svids, bundles, closeSource, err := spiffeSource(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer closeSource()
+	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer()))) }()
+	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return srv.Shutdown(shutdown)
+}
+
+// spiffeSource returns the gateway's SVID and bundle sources: files when
+// configured, else the Workload API, which keeps both rotated.
+func spiffeSource(ctx context.Context, cfg Config) (x509svid.Source, x509bundle.Source, func(), error) {
+	if cfg.SVIDCert != "" {
+		svid, err := x509svid.Load(cfg.SVIDCert, cfg.SVIDKey)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("GDR_SVID_CERT/GDR_SVID_KEY: %w", err)
+		}
+		td, _, _ := cfg.Parse()
+		bundle, err := x509bundle.Load(td, cfg.SVIDBundle)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("GDR_SVID_BUNDLE: %w", err)
+		}
+		return svid, bundle, func() {}, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	src, err := workloadapi.NewX509Source(wctx)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("SPIFFE Workload API: %w", err)
+	}
+	return src, src, func() { _ = src.Close() }, nil
+}
