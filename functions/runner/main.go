@@ -1,0 +1,177 @@
+// Command runner runs inside an executor and executes its one Gitea task.
+//
+// It reads its bootstrap values (CI_*: assignment, SPIFFE ID, capability,
+// gateway URL, and optionally an SVID handed to it), then re-executes itself
+// with them removed from the environment and passed through a pipe: act's
+// host mode copies the runner's whole environment into every step, and
+// unsetting a variable would leave it in /proc/<pid>/environ. It gets its
+// X.509-SVID (from the values or the SPIFFE Workload API), fetches its task
+// from the gateway over mTLS, runs it with act in host mode and reports it.
+//
+// Exit status: 0 once a result is reported (whatever the result), 1 when it
+// could not report, 2 when it could not start (bootstrap, identity, task).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+const envPrefix = "GDR"
+
+// Config is the configuration of runner that the executor image sets (not
+// the per-task CI_* values), read from GDR_* variables.
+type Config struct {
+	WorkDir  string     `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
+	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+// The optional bootstrap values beyond bootstrap.Variables.
+const (
+	// EnvSVID* carry a minted X.509-SVID (PEM) where no SPIRE agent can
+	// attest the executor (local processes, sandboxes).
+	EnvSVIDCert   = "CI_SVID_CERT"
+	EnvSVIDKey    = "CI_SVID_KEY"
+	EnvSVIDBundle = "CI_SVID_BUNDLE"
+	// EnvJobImage is the image the backend runs the executor in when the job
+	// asked for `container:` (so the job may run on the host).
+	EnvJobImage = "CI_JOB_IMAGE"
+	// envSocket is the SPIFFE Workload API socket; read, then kept from steps.
+	envSocket = "SPIFFE_ENDPOINT_SOCKET"
+)
+
+// values is everything the re-executed runner needs from its first self.
+type values struct {
+	bootstrap.Values
+	SVIDCert, SVIDKey, SVIDBundle string
+	JobImage                      string
+	Socket                        string
+}
+
+func main() {
+	fd := flag.Int("bootstrap-fd", -1, "internal: read the bootstrap values from this file descriptor")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: runner\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
+		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
+	}
+	flag.Parse()
+	if *fd < 0 {
+		os.Exit(scrubAndReexec())
+	}
+	v, err := readValues(*fd)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		os.Exit(2)
+	}
+	var cfg Config
+	if err := envdoc.Process(envPrefix, &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: configuration: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
+		With(slog.String("function", "runner"), slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, cfg, v, log))
+}
+
+// secretVars are removed from the environment before any step can see it.
+func secretVars() []string {
+	return append(bootstrap.Variables(), EnvSVIDCert, EnvSVIDKey, EnvSVIDBundle, EnvJobImage, envSocket)
+}
+
+// scrubAndReexec reads the bootstrap values, and executes this program again
+// with an environment without them, handing them over through a pipe.
+func scrubAndReexec() int {
+	b, err := bootstrap.Read(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	v := values{Values: b, SVIDCert: os.Getenv(EnvSVIDCert), SVIDKey: os.Getenv(EnvSVIDKey),
+		SVIDBundle: os.Getenv(EnvSVIDBundle), JobImage: os.Getenv(EnvJobImage), Socket: os.Getenv(envSocket)}
+	data, err := json.Marshal(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
+		return 2
+	}
+	// The values are a few kilobytes: far below the pipe's buffer, so the
+	// write completes before anyone reads.
+	if _, err := w.Write(data); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
+		return 2
+	}
+	_ = w.Close()
+	fd := int(r.Fd())
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
+		fmt.Fprintf(os.Stderr, "runner: keep the bootstrap pipe across exec: %v\n", errno)
+		return 2
+	}
+	env := make([]string, 0, len(os.Environ()))
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !isSecretVar(name) {
+			env = append(env, kv)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	err = syscall.Exec(self, []string{os.Args[0], fmt.Sprintf("-bootstrap-fd=%d", fd)}, env)
+	fmt.Fprintf(os.Stderr, "runner: re-exec: %v\n", err)
+	return 2
+}
+
+func isSecretVar(name string) bool {
+	for _, s := range secretVars() {
+		if name == s {
+			return true
+		}
+	}
+	return false
+}
+
+func readValues(fd int) (values, error) {
+	f := os.NewFile(uintptr(fd), "bootstrap")
+	if f == nil {
+		return values{}, fmt.Errorf("bootstrap descriptor %d is not open", fd)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return values{}, fmt.Errorf("read the bootstrap values: %w", err)
+	}
+	var v values
+	if err := json.Unmarshal(data, &v); err != nil {
+		return values{}, errors.New("the bootstrap values do not decode")
+	}
+	for _, name := range secretVars() {
+		if _, ok := os.LookupEnv(name); ok {
+			return values{}, fmt.Errorf("%s is still in the environment after the re-exec", name)
+		}
+	}
+	return v, nil
+}
+
+// startTimeout bounds getting an identity and the task.
+const startTimeout = 2 * time.Minute

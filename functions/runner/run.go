@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"connectrpc.com/connect"
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/reporter"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
+)
+
+func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
+	id, err := spiffeid.FromString(v.SPIFFEID)
+	if err != nil {
+		log.Error("bad SPIFFE ID", slog.Any("error", err))
+		return 2
+	}
+	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	svid, bundle, closeSource, err := identity(startCtx, v, id)
+	if err != nil {
+		log.Error("no identity", slog.Any("error", err))
+		return 2
+	}
+	defer closeSource()
+	client := gateway.NewClient(v.GatewayURL, gateway.Credentials{
+		SVID: svid, Bundle: bundle, AssignmentID: v.AssignmentID, Capability: v.Capability,
+	}, tlsconfig.AuthorizeMemberOf(id.TrustDomain()))
+	task, err := fetch(startCtx, client, log)
+	if err != nil {
+		log.Error("no task", slog.Any("error", err))
+		return 2
+	}
+	if task.GetId() != v.TaskID {
+		log.Error("the gateway handed out another task", slog.Int64("got", task.GetId()))
+		return 2
+	}
+	return execute(ctx, cfg, v, protocol{client}, task, log)
+}
+
+// execute runs the task and reports it; the exit status says whether the
+// result reached Gitea.
+func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task *runnerv1.Task, log *slog.Logger) int {
+	job, prepErr := taskrun.Prepare(task, v.JobImage)
+	steps := 0
+	if prepErr == nil {
+		steps = job.Steps()
+	}
+	rep := reporter.New(ctx, c, task, steps, reporter.Options{})
+	rep.Start()
+	var lastWords string
+	if prepErr != nil {
+		lastWords = prepErr.Error()
+	} else {
+		dir := taskrun.TaskDir(cfg.WorkDir, task.GetId())
+		err := job.Run(ctx, rep, taskrun.Options{WorkDir: dir + "/work", CacheDir: dir + "/cache"})
+		var ue *taskrun.UnsupportedError
+		if errors.As(err, &ue) || (err != nil && rep.JobContext().Err() == nil) {
+			lastWords = err.Error()
+		}
+	}
+	if err := rep.Close(lastWords); err != nil {
+		log.Error("the result did not reach Gitea", slog.Any("error", err))
+		return 1
+	}
+	log.Info("task reported", slog.String("result", rep.Result().String()))
+	return 0
+}
+
+// identity returns the executor's SVID and trust bundle: handed over in the
+// bootstrap values, or from the Workload API, which may take a moment to
+// know the executor (its registration entry propagates).
+func identity(ctx context.Context, v values, id spiffeid.ID) (x509svid.Source, x509bundle.Source, func(), error) {
+	if v.SVIDCert != "" {
+		svid, err := x509svid.Parse([]byte(v.SVIDCert), []byte(v.SVIDKey))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("handed-over SVID: %w", err)
+		}
+		bundle, err := x509bundle.Parse(id.TrustDomain(), []byte(v.SVIDBundle))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("handed-over bundle: %w", err)
+		}
+		if svid.ID != id {
+			return nil, nil, nil, fmt.Errorf("the handed-over SVID is %s, not %s", svid.ID, id)
+		}
+		return svid, bundle, func() {}, nil
+	}
+	var opts []workloadapi.X509SourceOption
+	if v.Socket != "" {
+		opts = append(opts, workloadapi.WithClientOptions(workloadapi.WithAddr(v.Socket)))
+	}
+	opts = append(opts, workloadapi.WithDefaultX509SVIDPicker(func(svids []*x509svid.SVID) *x509svid.SVID {
+		for _, s := range svids {
+			if s.ID == id {
+				return s
+			}
+		}
+		return svids[0]
+	}))
+	for {
+		src, err := workloadapi.NewX509Source(ctx, opts...)
+		if err == nil {
+			got, err := src.GetX509SVID()
+			if err == nil && got.ID == id {
+				return src, src, func() { _ = src.Close() }, nil
+			}
+			_ = src.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, nil, fmt.Errorf("SPIFFE Workload API: no SVID for %s: %w", id, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// fetch asks the gateway for the task, retrying while it is unreachable.
+func fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, log *slog.Logger) (*runnerv1.Task, error) {
+	for {
+		res, err := c.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+		if err == nil {
+			if res.Msg.GetTask() == nil {
+				return nil, errors.New("the gateway answered without a task")
+			}
+			return res.Msg.GetTask(), nil
+		}
+		switch connect.CodeOf(err) {
+		case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeUnknown:
+		default:
+			return nil, err
+		}
+		log.Warn("gateway unreachable; retrying", slog.Any("error", err))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("fetch task: %w (last error: %w)", ctx.Err(), err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// protocol adapts the connect client to reporter.Client.
+type protocol struct{ c runnerv1connect.RunnerServiceClient }
+
+func (p protocol) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
+	res, err := p.c.UpdateTask(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+func (p protocol) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
+	res, err := p.c.UpdateLog(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
