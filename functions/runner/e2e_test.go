@@ -184,7 +184,7 @@ func (w *world) start(t testing.TB, a taskassignment.Assignment) (*exec.Cmd, *by
 	}
 	cmd := exec.Command(runnerBinary(t))
 	cmd.Env = append(os.Environ(), "GDR_WORK_DIR="+t.TempDir(),
-		EnvSVIDCert+"="+string(cert), EnvSVIDKey+"="+string(key), EnvSVIDBundle+"="+string(bundle))
+		bootstrap.EnvSVIDCert+"="+string(cert), bootstrap.EnvSVIDKey+"="+string(key), bootstrap.EnvSVIDBundle+"="+string(bundle))
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

@@ -39,19 +39,8 @@ type Config struct {
 	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
-// The optional bootstrap values beyond bootstrap.Variables.
-const (
-	// EnvSVID* carry a minted X.509-SVID (PEM) where no SPIRE agent can
-	// attest the executor (local processes, sandboxes).
-	EnvSVIDCert   = "CI_SVID_CERT"
-	EnvSVIDKey    = "CI_SVID_KEY"
-	EnvSVIDBundle = "CI_SVID_BUNDLE"
-	// EnvJobImage is the image the backend runs the executor in when the job
-	// asked for `container:` (so the job may run on the host).
-	EnvJobImage = "CI_JOB_IMAGE"
-	// envSocket is the SPIFFE Workload API socket; read, then kept from steps.
-	envSocket = "SPIFFE_ENDPOINT_SOCKET"
-)
+// envSocket is the SPIFFE Workload API socket; read, then kept from steps.
+const envSocket = "SPIFFE_ENDPOINT_SOCKET"
 
 // values is everything the re-executed runner needs from its first self.
 type values struct {
@@ -90,7 +79,7 @@ func main() {
 
 // secretVars are removed from the environment before any step can see it.
 func secretVars() []string {
-	return append(bootstrap.Variables(), EnvSVIDCert, EnvSVIDKey, EnvSVIDBundle, EnvJobImage, envSocket)
+	return append(bootstrap.Variables(), bootstrap.EnvSVIDCert, bootstrap.EnvSVIDKey, bootstrap.EnvSVIDBundle, bootstrap.EnvJobImage, envSocket)
 }
 
 // scrubAndReexec reads the bootstrap values, and executes this program again
@@ -101,8 +90,8 @@ func scrubAndReexec() int {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 2
 	}
-	v := values{Values: b, SVIDCert: os.Getenv(EnvSVIDCert), SVIDKey: os.Getenv(EnvSVIDKey),
-		SVIDBundle: os.Getenv(EnvSVIDBundle), JobImage: os.Getenv(EnvJobImage), Socket: os.Getenv(envSocket)}
+	v := values{Values: b, SVIDCert: os.Getenv(bootstrap.EnvSVIDCert), SVIDKey: os.Getenv(bootstrap.EnvSVIDKey),
+		SVIDBundle: os.Getenv(bootstrap.EnvSVIDBundle), JobImage: os.Getenv(bootstrap.EnvJobImage), Socket: os.Getenv(envSocket)}
 	data, err := json.Marshal(v)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)

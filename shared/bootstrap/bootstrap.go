@@ -37,6 +37,19 @@ const (
 	EnvGatewayURL   = "CI_GATEWAY_URL"
 )
 
+// Optional executor variables a backend adds to the environment itself.
+const (
+	// EnvSVIDCert, EnvSVIDKey and EnvSVIDBundle carry a minted X.509-SVID,
+	// its key and the trust bundle (PEM) where no SPIRE agent can attest
+	// the executor (local processes, sandboxes).
+	EnvSVIDCert   = "CI_SVID_CERT"
+	EnvSVIDKey    = "CI_SVID_KEY"
+	EnvSVIDBundle = "CI_SVID_BUNDLE"
+	// EnvJobImage is set by a backend that runs the executor in the image
+	// of the job's `container:`: the job may then run on the host.
+	EnvJobImage = "CI_JOB_IMAGE"
+)
+
 // Variables lists every variable Environment sets.
 func Variables() []string {
 	return []string{EnvAssignmentID, EnvTaskID, EnvSPIFFEID, EnvCapability, EnvGatewayURL}
