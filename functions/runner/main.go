@@ -35,8 +35,9 @@ const envPrefix = "GDR"
 // Config is the configuration of runner that the executor image sets (not
 // the per-task CI_* values), read from GDR_* variables.
 type Config struct {
-	WorkDir  string     `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
-	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	WorkDir    string     `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
+	StatusFile string     `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
+	LogLevel   slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 // envSocket is the SPIFFE Workload API socket; read, then kept from steps.
@@ -73,8 +74,23 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
 		With(slog.String("function", "runner"), slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx, cfg, v, log))
+	code := run(ctx, cfg, v, log)
+	stop()
+	if cfg.StatusFile != "" {
+		if err := writeStatus(cfg.StatusFile, code); err != nil {
+			log.Error("write the exit status", slog.Any("error", err))
+		}
+	}
+	os.Exit(code)
+}
+
+// writeStatus records the exit status atomically.
+func writeStatus(path string, code int) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d\n", code)), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // secretVars are removed from the environment before any step can see it.

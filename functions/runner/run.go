@@ -151,7 +151,9 @@ func fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, log *slog
 }
 
 // protocol adapts the connect client to reporter.Client.
-type protocol struct{ c runnerv1connect.RunnerServiceClient }
+type protocol struct {
+	c runnerv1connect.RunnerServiceClient
+}
 
 func (p protocol) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	res, err := p.c.UpdateTask(ctx, connect.NewRequest(req))

@@ -190,3 +190,9 @@ func serial() *big.Int {
 	}
 	return n
 }
+
+// BundlePEM returns the trust bundle in PEM, for an executor to verify the
+// gateway with.
+func (c *CA) BundlePEM() ([]byte, error) {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), nil
+}

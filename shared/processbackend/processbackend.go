@@ -1,0 +1,333 @@
+// Package processbackend runs executors as local child processes (local
+// mode). Every executor's metadata lives in a state directory, one JSON file
+// per assignment, so the backend works across a restart of everything: a
+// child runs in its own process group and outlives its parent, and writes
+// its exit status to a file the backend reads back.
+//
+// There is no isolation beyond the operating system's user: a process
+// executor is for one machine that trusts its workflows.
+package processbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+// Minter mints an executor's X.509-SVID (svidca.CA): no SPIRE agent attests
+// a local process.
+type Minter interface {
+	Mint(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error)
+	TrustDomain() spiffeid.TrustDomain
+}
+
+// Backend is the process backend.
+type Backend struct {
+	// Dir holds one subdirectory per executor.
+	Dir string
+	// Runner is the runner binary.
+	Runner string
+	// Keys and TrustDomain rebuild assignments for recover.
+	Keys        taskassignment.Keys
+	TrustDomain spiffeid.TrustDomain
+	// Minter gives each executor its SVID, valid for SVIDTTL.
+	Minter  Minter
+	SVIDTTL time.Duration
+	// Env is added to every executor's environment (PATH, HOME, ...); the
+	// launch environment comes on top.
+	Env []string
+	// OnCorrupt hears of executors whose metadata does not rebuild.
+	OnCorrupt func(name string, err error)
+	Log       *slog.Logger
+}
+
+// record is an executor's metadata file.
+type record struct {
+	Name        string            `json:"name"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	PID         int               `json:"pid"`
+	// Start is the process's start time in clock ticks since boot
+	// (/proc/<pid>/stat field 22): with the PID, it tells our process from
+	// a later one that reused the PID.
+	Start uint64 `json:"start"`
+}
+
+func (b *Backend) dir(id string) string     { return filepath.Join(b.Dir, id) }
+func (b *Backend) meta(id string) string    { return filepath.Join(b.dir(id), "executor.json") }
+func (b *Backend) status(id string) string  { return filepath.Join(b.dir(id), "status") }
+func (b *Backend) logFile(id string) string { return filepath.Join(b.dir(id), "runner.log") }
+
+// Find returns the executor of the assignment, or nil.
+func (b *Backend) Find(_ context.Context, assignmentID string) (*taskworker.Executor, error) {
+	rec, err := b.read(assignmentID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return b.executor(assignmentID, rec), nil
+}
+
+func (b *Backend) read(id string) (record, error) {
+	data, err := os.ReadFile(b.meta(id))
+	if err != nil {
+		return record{}, err
+	}
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return record{}, fmt.Errorf("executor %s: metadata is not JSON", id)
+	}
+	return rec, nil
+}
+
+// executor observes the process: its status file, else whether it lives.
+func (b *Backend) executor(id string, rec record) *taskworker.Executor {
+	e := &taskworker.Executor{Name: rec.Name, IdentityTarget: "local", Phase: taskworker.PhaseRunning}
+	if data, err := os.ReadFile(b.status(id)); err == nil {
+		if code, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && code == 0 {
+			e.Phase = taskworker.PhaseSucceeded
+		} else {
+			e.Phase = taskworker.PhaseFailed
+		}
+		return e
+	}
+	if rec.PID == 0 {
+		e.Phase = taskworker.PhasePending
+		return e
+	}
+	if !alive(rec.PID, rec.Start) {
+		// Gone without a status: killed, or crashed.
+		e.Phase = taskworker.PhaseFailed
+	}
+	return e
+}
+
+// Create starts the runner for a with spec's environment, and records it
+// before it starts: a crash between the two leaves a record without a
+// process, which Find reports pending and Create starts.
+func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec taskworker.LaunchSpec) (*taskworker.Executor, error) {
+	rec, err := b.read(a.ID)
+	switch {
+	case err == nil && rec.PID != 0:
+		return b.executor(a.ID, rec), nil
+	case err == nil, errors.Is(err, fs.ErrNotExist):
+	default:
+		return nil, err
+	}
+	rec = record{Name: "process-" + a.ID, Labels: spec.Metadata.Labels, Annotations: spec.Metadata.Annotations}
+	if err := os.MkdirAll(b.dir(a.ID), 0o700); err != nil {
+		return nil, err
+	}
+	if err := b.write(a.ID, rec); err != nil {
+		return nil, err
+	}
+	env := append([]string(nil), b.Env...)
+	for k, v := range spec.Environment {
+		if k == bootstrap.EnvJobImage {
+			continue // a process runs no image: `container:` jobs are refused by the runner
+		}
+		env = append(env, k+"="+v)
+	}
+	if b.Minter != nil {
+		svidEnv, err := b.mint(a)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, svidEnv...)
+	}
+	env = append(env, "GDR_STATUS_FILE="+b.status(a.ID), "GDR_WORK_DIR="+filepath.Join(b.dir(a.ID), "work"))
+	logf, err := os.OpenFile(b.logFile(a.ID), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(b.Runner)
+	cmd.Env = env
+	cmd.Dir = b.dir(a.ID)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group: it outlives us, and Delete ends all of it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the runner of %s: %w", a.ID, err)
+	}
+	rec.PID = cmd.Process.Pid
+	rec.Start = startTime(rec.PID)
+	// Reap it when it ends while we run; after a restart, init does.
+	go func() { _ = cmd.Wait() }()
+	if err := b.write(a.ID, rec); err != nil {
+		return nil, err
+	}
+	return b.executor(a.ID, rec), nil
+}
+
+func (b *Backend) mint(a taskassignment.Assignment) ([]string, error) {
+	id, err := spiffeid.FromString(a.Identity.SPIFFEID)
+	if err != nil {
+		return nil, err
+	}
+	ttl := b.SVIDTTL
+	if ttl <= 0 {
+		ttl = 4 * time.Hour
+	}
+	svid, err := b.Minter.Mint(id, ttl)
+	if err != nil {
+		return nil, err
+	}
+	cert, key, err := svid.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := bundlePEM(b.Minter)
+	if err != nil {
+		return nil, err
+	}
+	return []string{bootstrap.EnvSVIDCert + "=" + string(cert), bootstrap.EnvSVIDKey + "=" + string(key), bootstrap.EnvSVIDBundle + "=" + string(bundle)}, nil
+}
+
+// bundler is the part of svidca.CA that gives the trust bundle in PEM.
+type bundler interface {
+	BundlePEM() ([]byte, error)
+}
+
+func bundlePEM(m Minter) ([]byte, error) {
+	if bb, ok := m.(bundler); ok {
+		return bb.BundlePEM()
+	}
+	return nil, errors.New("processbackend: the minter gives no bundle")
+}
+
+func (b *Backend) write(id string, rec record) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := b.meta(id) + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, b.meta(id))
+}
+
+// BindIdentity checks that the executor was created for this identity: its
+// SVID was minted at Create from the same record.
+func (b *Backend) BindIdentity(_ context.Context, e *taskworker.Executor, id taskidentity.Identity) error {
+	assignmentID := strings.TrimPrefix(e.Name, "process-")
+	rec, err := b.read(assignmentID)
+	if err != nil {
+		return err
+	}
+	if rec.Annotations[b.Keys.SPIFFEID] != id.SPIFFEID {
+		return fmt.Errorf("executor %s was created for another identity", e.Name)
+	}
+	return nil
+}
+
+// Delete ends the executor's process group and removes its files.
+func (b *Backend) Delete(_ context.Context, e *taskworker.Executor) error {
+	assignmentID := strings.TrimPrefix(e.Name, "process-")
+	rec, err := b.read(assignmentID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil && rec.PID != 0 && alive(rec.PID, rec.Start) {
+		_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
+	}
+	if err := os.RemoveAll(b.dir(assignmentID)); err != nil {
+		return fmt.Errorf("remove executor %s: %w", e.Name, err)
+	}
+	return nil
+}
+
+// RecoverAssignments rebuilds the assignment of every executor.
+func (b *Backend) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	entries, err := os.ReadDir(b.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []taskassignment.Assignment
+	for _, ent := range entries {
+		if !ent.IsDir() {
+			continue
+		}
+		rec, err := b.read(ent.Name())
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			var a taskassignment.Assignment
+			if a, err = b.Keys.FromMetadata(rec.Labels, rec.Annotations, b.TrustDomain); err == nil {
+				out = append(out, a)
+				continue
+			}
+		}
+		if b.OnCorrupt != nil {
+			b.OnCorrupt(ent.Name(), err)
+		}
+	}
+	return out, nil
+}
+
+// alive reports whether pid runs and is the process that started at start.
+func alive(pid int, start uint64) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	st := startTime(pid)
+	if st == 0 || (start != 0 && st != start) {
+		return false
+	}
+	// A zombie (exited, not yet reaped) is not alive.
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 && s[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+// startTime reads a process's start time (clock ticks since boot), 0 if
+// unknown.
+func startTime(pid int) uint64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is field 3 (state); start time is field 22.
+	if len(fields) < 20 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(fields[19], 10, 64)
+	return v
+}

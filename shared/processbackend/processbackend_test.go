@@ -1,0 +1,174 @@
+package processbackend
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
+
+// fakeRunner writes a script that behaves as the runner's end: it dumps its
+// environment, then runs the body.
+func fakeRunner(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "runner.sh")
+	script := "#!/bin/sh\nenv > \"$GDR_WORK_DIR.env\"\n" + body + "\n"
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func setup(t *testing.T, body string) (*Backend, taskassignment.Assignment, taskworker.LaunchSpec) {
+	t.Helper()
+	keys, _ := taskassignment.NewKeys("ci.example.org")
+	ca, err := svidca.New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{Dir: t.TempDir(), Runner: fakeRunner(t, body), Keys: keys, TrustDomain: td, Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}}
+	id, _ := taskidentity.New(td, "alice/repo", "build", 9)
+	a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: 9, Pool: "local", Image: "golang:1.26"}, id)
+	boot, _ := bootstrap.New([]byte(strings.Repeat("k", 32)), "https://127.0.0.1:1")
+	env, _ := boot.Environment(a)
+	env[bootstrap.EnvJobImage] = "golang:1.26"
+	return b, a, taskworker.LaunchSpec{Metadata: keys.Metadata(a), Environment: env}
+}
+
+func waitPhase(t *testing.T, b *Backend, id string, want taskworker.Phase) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e, err := b.Find(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e != nil && e.Phase == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("executor %s: %+v, want phase %s", id, e, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestLifecycle(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body string
+		want taskworker.Phase
+	}{
+		{"reported, exit 0", `printf 0 > "$GDR_STATUS_FILE"`, taskworker.PhaseSucceeded},
+		{"could not report", `printf 1 > "$GDR_STATUS_FILE"`, taskworker.PhaseFailed},
+		{"died without a status", `exit 0`, taskworker.PhaseFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, a, spec := setup(t, tc.body)
+			ctx := context.Background()
+			if e, err := b.Find(ctx, a.ID); err != nil || e != nil {
+				t.Fatalf("Find before Create = %v, %v", e, err)
+			}
+			e, err := b.Create(ctx, a, spec)
+			if err != nil || e.IdentityTarget == "" {
+				t.Fatalf("Create = %+v, %v", e, err)
+			}
+			waitPhase(t, b, a.ID, tc.want)
+			if err := b.BindIdentity(ctx, e, a.Identity); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	b, a, spec := setup(t, `printf 0 > "$GDR_STATUS_FILE"`)
+	if _, err := b.Create(context.Background(), a, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, b, a.ID, taskworker.PhaseSucceeded)
+	env, err := os.ReadFile(filepath.Join(b.dir(a.ID), "work.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{bootstrap.EnvCapability + "=", bootstrap.EnvSVIDCert + "=-----BEGIN CERTIFICATE", bootstrap.EnvAssignmentID + "=" + a.ID} {
+		if !strings.Contains(string(env), want) {
+			t.Errorf("the executor's environment lacks %q", want)
+		}
+	}
+	if strings.Contains(string(env), bootstrap.EnvJobImage) {
+		t.Error("a process executor was told it runs the job's image")
+	}
+	meta, _ := os.ReadFile(b.meta(a.ID))
+	if strings.Contains(string(meta), spec.Environment[bootstrap.EnvCapability]) {
+		t.Fatal("the capability is in the metadata")
+	}
+}
+
+func TestCreateIsIdempotentAndDeleteKills(t *testing.T) {
+	b, a, spec := setup(t, `sleep 60`)
+	ctx := context.Background()
+	first, err := b.Create(ctx, a, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := b.read(a.ID)
+	if _, err := b.Create(ctx, a, spec); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := b.read(a.ID)
+	if again.PID != rec.PID {
+		t.Fatalf("a second Create started another process: %d then %d", rec.PID, again.PID)
+	}
+	waitPhase(t, b, a.ID, taskworker.PhaseRunning)
+	if err := b.Delete(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(rec.PID, rec.Start) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d survived Delete", rec.PID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if e, err := b.Find(ctx, a.ID); err != nil || e != nil {
+		t.Fatalf("Find after Delete = %v, %v", e, err)
+	}
+	if err := b.Delete(ctx, first); err != nil {
+		t.Fatalf("second Delete: %v", err)
+	}
+}
+
+func TestRecoverAssignments(t *testing.T) {
+	b, a, spec := setup(t, `printf 0 > "$GDR_STATUS_FILE"`)
+	if _, err := b.Create(context.Background(), a, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(b.dir("local-10"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.meta("local-10"), []byte(`{"labels":{"x":"y"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var corrupt []string
+	b.OnCorrupt = func(name string, err error) { corrupt = append(corrupt, name) }
+	got, err := b.RecoverAssignments(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != a || len(corrupt) != 1 || corrupt[0] != "local-10" {
+		t.Fatalf("recovered %+v, corrupt %v", got, corrupt)
+	}
+}
