@@ -145,7 +145,9 @@ func serve(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Lo
 	}
 	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer()))) }()
+	go func() {
+		errc <- srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
+	}()
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
 	select {
 	case err := <-errc:
