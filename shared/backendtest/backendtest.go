@@ -14,15 +14,20 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
-// Memory is a Backend in memory, safe for concurrent use.
+// Memory is a Backend and Recoverer in memory, safe for concurrent use.
 type Memory struct {
 	// Target is the identity target a created executor gets ("" = pending).
 	Target string
+	// Keys and TrustDomain rebuild assignments in RecoverAssignments.
+	Keys        taskassignment.Keys
+	TrustDomain spiffeid.TrustDomain
 
 	mu        sync.Mutex
 	executors map[string]taskworker.Executor
@@ -74,6 +79,27 @@ func (m *Memory) Delete(_ context.Context, e *taskworker.Executor) error {
 		}
 	}
 	return nil
+}
+
+// RecoverAssignments rebuilds the assignment of every executor from the
+// metadata it was created with (executors added with Set have none and are
+// skipped).
+func (m *Memory) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []taskassignment.Assignment
+	for id := range m.executors {
+		spec, ok := m.specs[id]
+		if !ok {
+			continue
+		}
+		a, err := m.Keys.FromMetadata(spec.Metadata.Labels, spec.Metadata.Annotations, m.TrustDomain)
+		if err != nil {
+			return nil, fmt.Errorf("executor of %s: %w", id, err)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // Set replaces the executor of an assignment (to move it to a phase or give

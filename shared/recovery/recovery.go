@@ -1,0 +1,259 @@
+// Package recovery finishes, reports and cleans up whatever the backends
+// hold; it is the core of the `recover` function. One Run:
+//
+//  1. every executor a backend holds, rebuilt from its metadata, goes through
+//     taskworker.Worker.Handle with its pool's Gitea registration: Gitea
+//     says the task is over -> the executor is deleted (this is how
+//     cancellations clean up); the executor Succeeded or Failed -> reported,
+//     then deleted. When Handle is done, the task's payload is deleted;
+//  2. a payload with neither a queued message nor an executor (a crash
+//     between dispatch's payload write and its publish, or a message that
+//     ran out of deliveries) is re-published, unless Gitea says the task is
+//     over, in which case the payload is deleted.
+//
+// Every step is idempotent: Run may be repeated, or run by two processes.
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+// Backend is a backend recover can scan.
+type Backend interface {
+	taskworker.Backend
+	taskworker.Recoverer
+}
+
+// Pool is a configured pool with its registration's task state.
+type Pool struct {
+	runnerpool.Pool
+	Tasks taskworker.TaskState
+}
+
+// Queue is the assignment queue (assignmentqueue.Queue).
+type Queue interface {
+	Queued(ctx context.Context, b taskassignment.Backend, td spiffeid.TrustDomain) (map[string]bool, int, error)
+	Publish(ctx context.Context, a taskassignment.Assignment) (*jetstream.PubAck, error)
+}
+
+// Payloads is the payload store (assignmentqueue.Payloads).
+type Payloads interface {
+	IDs(ctx context.Context) ([]string, error)
+	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
+	Delete(ctx context.Context, assignmentID string) error
+}
+
+// Recovery scans backends and payloads.
+type Recovery struct {
+	TrustDomain spiffeid.TrustDomain
+	Keys        taskassignment.Keys
+	Bootstrap   taskworker.Bootstrap
+	Backends    map[taskassignment.Backend]Backend
+	Pools       map[string]Pool
+	Queue       Queue
+	Payloads    Payloads
+	// Concurrency bounds the assignments handled at once (default 8).
+	Concurrency int
+	Log         *slog.Logger
+}
+
+// Summary counts one Run's outcomes.
+type Summary struct {
+	// Executors found, and what Handle made of them.
+	Executors, Done, Pending, Failed int
+	// UnknownPool counts executors of a pool not configured here: left alone.
+	UnknownPool int
+	// Republished payloads that had neither a message nor an executor;
+	// PayloadsDeleted of tasks that are over.
+	Republished, PayloadsDeleted int
+}
+
+func (r *Recovery) log() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}
+
+// Run does one pass. Its error means a backend or the payload store could not
+// be listed at all; single assignments that fail are counted and logged, and
+// retried by the next Run.
+func (r *Recovery) Run(ctx context.Context) (Summary, error) {
+	var (
+		sum  Summary
+		mu   sync.Mutex
+		errs []error
+		seen = map[string]bool{}
+	)
+	count := func(f func(*Summary)) {
+		mu.Lock()
+		defer mu.Unlock()
+		f(&sum)
+	}
+	n := r.Concurrency
+	if n <= 0 {
+		n = 8
+	}
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for kind, backend := range r.Backends {
+		assignments, err := backend.RecoverAssignments(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("backend %s: list executors: %w", kind, err))
+			continue
+		}
+		for _, a := range assignments {
+			seen[a.ID] = true
+			count(func(s *Summary) { s.Executors++ })
+			pool, ok := r.Pools[a.Task.Pool]
+			if !ok {
+				count(func(s *Summary) { s.UnknownPool++ })
+				continue
+			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				r.handle(ctx, backend, pool, a, count)
+			}()
+		}
+	}
+	wg.Wait()
+	if err := r.orphans(ctx, seen, &sum); err != nil {
+		errs = append(errs, err)
+	}
+	return sum, errors.Join(errs...)
+}
+
+func (r *Recovery) handle(ctx context.Context, backend Backend, pool Pool, a taskassignment.Assignment, count func(func(*Summary))) {
+	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
+	w := taskworker.Worker{Backend: backend, Tasks: pool.Tasks, Bootstrap: r.Bootstrap, Keys: r.Keys,
+		OnEvent: func(e taskworker.Event) { log.Debug(string(e.Name), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase))) }}
+	done, err := w.Handle(ctx, a)
+	switch {
+	case err != nil:
+		log.Warn("recover could not handle the assignment", slog.Any("error", err))
+		count(func(s *Summary) { s.Failed++ })
+	case done:
+		if err := r.Payloads.Delete(ctx, a.ID); err != nil {
+			log.Warn("delete the payload of a finished task", slog.Any("error", err))
+		}
+		log.Info("assignment finished and cleaned up")
+		count(func(s *Summary) { s.Done++ })
+	default:
+		count(func(s *Summary) { s.Pending++ })
+	}
+}
+
+// orphans re-publishes payloads with neither a message nor an executor, and
+// deletes those of tasks Gitea has ended.
+func (r *Recovery) orphans(ctx context.Context, withExecutor map[string]bool, sum *Summary) error {
+	ids, err := r.Payloads.IDs(ctx)
+	if err != nil {
+		return fmt.Errorf("list payloads: %w", err)
+	}
+	queued := map[taskassignment.Backend]map[string]bool{}
+	var errs []error
+	for _, id := range ids {
+		if withExecutor[id] {
+			continue
+		}
+		poolName, taskID, err := taskassignment.ParseID(id)
+		if err != nil {
+			continue
+		}
+		pool, ok := r.Pools[poolName]
+		if !ok {
+			continue
+		}
+		if queued[pool.Backend] == nil {
+			q, _, err := r.Queue.Queued(ctx, pool.Backend, r.TrustDomain)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("queued assignments of %s: %w", pool.Backend, err))
+				continue
+			}
+			queued[pool.Backend] = q
+		}
+		if queued[pool.Backend][id] {
+			continue
+		}
+		backend, ok := r.Backends[pool.Backend]
+		if !ok {
+			continue
+		}
+		// The listing may be stale: an executor created since is no orphan.
+		if e, err := backend.Find(ctx, id); err != nil || e != nil {
+			continue
+		}
+		log := r.log().With(slog.String("assignment", id), slog.Int64("task", taskID))
+		terminal, err := pool.Tasks.Terminal(ctx, taskID)
+		if err != nil {
+			log.Warn("ask Gitea about an orphan payload", slog.Any("error", err))
+			continue
+		}
+		if terminal {
+			if err := r.Payloads.Delete(ctx, id); err == nil {
+				sum.PayloadsDeleted++
+			}
+			continue
+		}
+		a, err := r.rebuild(ctx, pool, id)
+		if err != nil {
+			log.Error("orphan payload cannot be rebuilt", slog.Any("error", err))
+			continue
+		}
+		if _, err := r.Queue.Publish(ctx, a); err != nil {
+			errs = append(errs, fmt.Errorf("re-publish %s: %w", id, err))
+			continue
+		}
+		log.Info("orphan payload re-published")
+		sum.Republished++
+	}
+	return errors.Join(errs...)
+}
+
+// rebuild makes the assignment of a stored payload, as dispatch did.
+func (r *Recovery) rebuild(ctx context.Context, pool Pool, id string) (taskassignment.Assignment, error) {
+	task, err := r.Payloads.Get(ctx, id)
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	identity, err := taskidentity.FromTask(r.TrustDomain, task)
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	image, err := dispatcher.JobImage(task.GetWorkflowPayload())
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	a, err := taskassignment.New(pool.Backend, taskassignment.Task{ID: task.GetId(), Pool: pool.Name, Image: image}, identity)
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	if a.ID != id {
+		return taskassignment.Assignment{}, fmt.Errorf("payload %s holds task %d", id, task.GetId())
+	}
+	return a, nil
+}
+
+// Attrs renders the summary as the attributes of one log line.
+func (s Summary) Attrs() []any {
+	return []any{slog.Int("executors", s.Executors), slog.Int("done", s.Done), slog.Int("pending", s.Pending),
+		slog.Int("failed", s.Failed), slog.Int("unknown_pool", s.UnknownPool),
+		slog.Int("republished", s.Republished), slog.Int("payloads_deleted", s.PayloadsDeleted)}
+}

@@ -1,0 +1,201 @@
+package recovery
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
+
+// giteaView is Gitea's side: which tasks are over, and what was reported.
+type giteaView struct {
+	mu       sync.Mutex
+	over     map[int64]bool
+	reported map[int64]taskworker.Phase
+}
+
+func (g *giteaView) Terminal(_ context.Context, id int64) (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.over[id], nil
+}
+
+func (g *giteaView) Report(_ context.Context, id int64, p taskworker.Phase) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reported[id] = p
+	g.over[id] = true
+	return nil
+}
+
+type fixture struct {
+	r        *Recovery
+	backend  *backendtest.Memory
+	gitea    *giteaView
+	queue    *assignmentqueue.Queue
+	payloads *assignmentqueue.Payloads
+	boot     *bootstrap.Bootstrap
+}
+
+func setup(t *testing.T) fixture {
+	t.Helper()
+	ctx := context.Background()
+	_, url := jetstreamtest.Start(t)
+	_, js := jetstreamtest.Connect(t, url)
+	q := assignmentqueue.New(js, "")
+	if err := q.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 10); err != nil {
+		t.Fatal(err)
+	}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{2}, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := taskassignment.NewKeys("ci.example.org")
+	boot, _ := bootstrap.New(bytes.Repeat([]byte{3}, 32), "https://gw.example.org")
+	mem := backendtest.NewMemory("local")
+	mem.Keys, mem.TrustDomain = keys, td
+	g := &giteaView{over: map[int64]bool{}, reported: map[int64]taskworker.Phase{}}
+	r := &Recovery{
+		TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.Backend]Backend{taskassignment.BackendProcess: mem},
+		Pools: map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
+		Queue: q, Payloads: payloads,
+	}
+	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot}
+}
+
+func task(t *testing.T, id int64) *runnerv1.Task {
+	t.Helper()
+	c, _ := structpb.NewStruct(map[string]any{"repository": "alice/repo", "job": "build"})
+	return &runnerv1.Task{Id: id, Context: c, WorkflowPayload: []byte("jobs:\n  build:\n    runs-on: x\n")}
+}
+
+// claimed stores a payload for task id as dispatch would, and returns its
+// assignment; with executor, also creates the executor as handle would.
+func (f fixture) claimed(t *testing.T, id int64, executor bool) taskassignment.Assignment {
+	t.Helper()
+	identity, _ := taskidentity.New(td, "alice/repo", "build", id)
+	a, err := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: id, Pool: "linux"}, identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.payloads.Put(context.Background(), a.ID, task(t, id)); err != nil {
+		t.Fatal(err)
+	}
+	if executor {
+		w := taskworker.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys}
+		if _, err := w.Accept(context.Background(), a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a
+}
+
+func (f fixture) setPhase(a taskassignment.Assignment, p taskworker.Phase) {
+	e, _ := f.backend.Find(context.Background(), a.ID)
+	e.Phase = p
+	f.backend.Set(a.ID, *e)
+}
+
+func (f fixture) hasPayload(t *testing.T, id string) bool {
+	t.Helper()
+	ids, err := f.payloads.IDs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestRun(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	succeeded := f.claimed(t, 1, true)
+	f.setPhase(succeeded, taskworker.PhaseSucceeded)
+	running := f.claimed(t, 2, true)
+	f.setPhase(running, taskworker.PhaseRunning)
+	cancelled := f.claimed(t, 3, true)
+	f.gitea.over[3] = true
+	orphan := f.claimed(t, 4, false)
+	endedOrphan := f.claimed(t, 5, false)
+	f.gitea.over[5] = true
+	queued := f.claimed(t, 6, false)
+	if _, err := f.queue.Publish(ctx, queued); err != nil {
+		t.Fatal(err)
+	}
+
+	sum, err := f.r.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, PayloadsDeleted: 1}
+	if sum != want {
+		t.Fatalf("summary = %+v, want %+v", sum, want)
+	}
+	if f.gitea.reported[1] != taskworker.PhaseSucceeded || len(f.gitea.reported) != 1 {
+		t.Fatalf("reported = %v", f.gitea.reported)
+	}
+	for _, tc := range []struct {
+		a                taskassignment.Assignment
+		executor, stored bool
+	}{
+		{succeeded, false, false}, {running, true, true}, {cancelled, false, false},
+		{orphan, false, true}, {endedOrphan, false, false}, {queued, false, true},
+	} {
+		e, _ := f.backend.Find(ctx, tc.a.ID)
+		if (e != nil) != tc.executor || f.hasPayload(t, tc.a.ID) != tc.stored {
+			t.Errorf("%s: executor %v payload %v, want %v %v", tc.a.ID, e != nil, f.hasPayload(t, tc.a.ID), tc.executor, tc.stored)
+		}
+	}
+	q, _, err := f.queue.Queued(ctx, taskassignment.BackendProcess, td)
+	if err != nil || !q[orphan.ID] || !q[queued.ID] || len(q) != 2 {
+		t.Fatalf("queued after Run = %v, %v", q, err)
+	}
+
+	// A second run changes nothing more.
+	again, err := f.r.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != (Summary{Executors: 1, Pending: 1}) {
+		t.Fatalf("second run = %+v", again)
+	}
+}
+
+func TestUnknownPoolIsLeftAlone(t *testing.T) {
+	f := setup(t)
+	a := f.claimed(t, 1, true)
+	f.setPhase(a, taskworker.PhaseFailed)
+	delete(f.r.Pools, "linux")
+	sum, err := f.r.Run(context.Background())
+	if err != nil || sum.UnknownPool != 1 || sum.Done != 0 {
+		t.Fatalf("Run() = %+v, %v", sum, err)
+	}
+	if e, _ := f.backend.Find(context.Background(), a.ID); e == nil {
+		t.Fatal("the executor of an unknown pool was touched")
+	}
+}
