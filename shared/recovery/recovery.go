@@ -143,7 +143,9 @@ func (r *Recovery) Run(ctx context.Context) (Summary, error) {
 func (r *Recovery) handle(ctx context.Context, backend Backend, pool Pool, a taskassignment.Assignment, count func(func(*Summary))) {
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
 	w := taskworker.Worker{Backend: backend, Tasks: pool.Tasks, Bootstrap: r.Bootstrap, Keys: r.Keys,
-		OnEvent: func(e taskworker.Event) { log.Debug(string(e.Name), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase))) }}
+		OnEvent: func(e taskworker.Event) {
+			log.Debug(string(e.Name), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
+		}}
 	done, err := w.Handle(ctx, a)
 	switch {
 	case err != nil:

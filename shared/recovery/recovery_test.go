@@ -78,8 +78,8 @@ func setup(t *testing.T) fixture {
 	r := &Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]Backend{taskassignment.BackendProcess: mem},
-		Pools: map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
-		Queue: q, Payloads: payloads,
+		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
+		Queue:    q, Payloads: payloads,
 	}
 	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot}
 }
