@@ -1,4 +1,4 @@
-package main
+package executor
 
 import (
 	"os"
@@ -12,7 +12,7 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vars, err := envdoc.Vars(envPrefix, &Config{})
+	vars, err := envdoc.Vars(EnvPrefix, &Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,192 @@
+// Package executor is the runner that runs inside an executor and executes
+// its one Gitea task; functions/runner (and local mode) only call Main.
+//
+// It reads its bootstrap values (CI_*: assignment, SPIFFE ID, capability,
+// gateway URL, and optionally an SVID handed to it), then re-executes itself
+// with them removed from the environment and passed through a pipe: act's
+// host mode copies the runner's whole environment into every step, and
+// unsetting a variable would leave it in /proc/<pid>/environ. It gets its
+// X.509-SVID (from the values or the SPIFFE Workload API), fetches its task
+// from the gateway over mTLS, runs it with act in host mode and reports it.
+//
+// Exit status: 0 once a result is reported (whatever the result), 1 when it
+// could not report, 2 when it could not start (bootstrap, identity, task).
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+// EnvPrefix prefixes the runner's own configuration variables.
+const EnvPrefix = "GDR"
+
+// Config is the configuration of runner that the executor image sets (not
+// the per-task CI_* values), read from GDR_* variables.
+type Config struct {
+	WorkDir    string     `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
+	StatusFile string     `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
+	LogLevel   slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+// envSocket is the SPIFFE Workload API socket; read, then kept from steps.
+const envSocket = "SPIFFE_ENDPOINT_SOCKET"
+
+// values is everything the re-executed runner needs from its first self.
+type values struct {
+	bootstrap.Values
+	SVIDCert, SVIDKey, SVIDBundle string
+	JobImage                      string
+	Socket                        string
+}
+
+// Main runs the runner with the command line args (without the program
+// name) and returns its exit status. self is the argument list that starts
+// this same runner again (the program and, for a multi-command binary, its
+// subcommand): the runner re-executes itself with it.
+func Main(self []string, args []string) int {
+	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+	fd := fs.Int("bootstrap-fd", -1, "internal: read the bootstrap values from this file descriptor")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: runner\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
+		_ = envdoc.Usage(fs.Output(), EnvPrefix, &Config{})
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *fd < 0 {
+		return scrubAndReexec(self)
+	}
+	v, err := readValues(*fd)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	var cfg Config
+	if err := envdoc.Process(EnvPrefix, &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: configuration: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
+		With(slog.String("function", "runner"), slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	code := run(ctx, cfg, v, log)
+	stop()
+	if cfg.StatusFile != "" {
+		if err := writeStatus(cfg.StatusFile, code); err != nil {
+			log.Error("write the exit status", slog.Any("error", err))
+		}
+	}
+	return code
+}
+
+// writeStatus records the exit status atomically.
+func writeStatus(path string, code int) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d\n", code)), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// secretVars are removed from the environment before any step can see it.
+func secretVars() []string {
+	return append(bootstrap.Variables(), bootstrap.EnvSVIDCert, bootstrap.EnvSVIDKey, bootstrap.EnvSVIDBundle, bootstrap.EnvJobImage, envSocket)
+}
+
+// scrubAndReexec reads the bootstrap values, and executes this program again
+// with an environment without them, handing them over through a pipe.
+func scrubAndReexec(self []string) int {
+	b, err := bootstrap.Read(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	v := values{Values: b, SVIDCert: os.Getenv(bootstrap.EnvSVIDCert), SVIDKey: os.Getenv(bootstrap.EnvSVIDKey),
+		SVIDBundle: os.Getenv(bootstrap.EnvSVIDBundle), JobImage: os.Getenv(bootstrap.EnvJobImage), Socket: os.Getenv(envSocket)}
+	data, err := json.Marshal(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
+		return 2
+	}
+	// The values are a few kilobytes: far below the pipe's buffer, so the
+	// write completes before anyone reads.
+	if _, err := w.Write(data); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
+		return 2
+	}
+	_ = w.Close()
+	fd := int(r.Fd())
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
+		fmt.Fprintf(os.Stderr, "runner: keep the bootstrap pipe across exec: %v\n", errno)
+		return 2
+	}
+	env := make([]string, 0, len(os.Environ()))
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !isSecretVar(name) {
+			env = append(env, kv)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	argv := append(append([]string(nil), self...), fmt.Sprintf("-bootstrap-fd=%d", fd))
+	err = syscall.Exec(exe, argv, env)
+	fmt.Fprintf(os.Stderr, "runner: re-exec: %v\n", err)
+	return 2
+}
+
+func isSecretVar(name string) bool {
+	for _, s := range secretVars() {
+		if name == s {
+			return true
+		}
+	}
+	return false
+}
+
+func readValues(fd int) (values, error) {
+	f := os.NewFile(uintptr(fd), "bootstrap")
+	if f == nil {
+		return values{}, fmt.Errorf("bootstrap descriptor %d is not open", fd)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return values{}, fmt.Errorf("read the bootstrap values: %w", err)
+	}
+	var v values
+	if err := json.Unmarshal(data, &v); err != nil {
+		return values{}, errors.New("the bootstrap values do not decode")
+	}
+	for _, name := range secretVars() {
+		if _, ok := os.LookupEnv(name); ok {
+			return values{}, fmt.Errorf("%s is still in the environment after the re-exec", name)
+		}
+	}
+	return v, nil
+}
+
+// startTimeout bounds getting an identity and the task.
+const startTimeout = 2 * time.Minute
