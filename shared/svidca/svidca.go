@@ -8,6 +8,7 @@
 package svidca
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -195,4 +196,14 @@ func serial() *big.Int {
 // gateway with.
 func (c *CA) BundlePEM() ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), nil
+}
+
+// MintX509SVID is Mint with the bundle, in the shape the OpenSandbox
+// backend's Minter takes.
+func (c *CA) MintX509SVID(_ context.Context, id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, *x509bundle.Bundle, error) {
+	svid, err := c.Mint(id, ttl)
+	if err != nil {
+		return nil, nil, err
+	}
+	return svid, c.Bundle(), nil
 }
