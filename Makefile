@@ -6,7 +6,7 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 FUZZTIME ?= 5s
 BENCHTIME ?= 1s
 
-.PHONY: build test unit fuzz vet bench clean peers e2e
+.PHONY: build test unit fuzz vet bench clean peers e2e run try-gitea
 
 ## build: compile every function into $(BIN)/
 build:
@@ -24,6 +24,14 @@ unit:
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+## run: the local quick start: make run GITEA_URL=http://127.0.0.1:3000/ TOKEN=<registration token>
+run:
+	$(GO) run ./functions/local --gitea-url "$(GITEA_URL)" $(if $(TOKEN),--registration-token "$(TOKEN)") $(if $(LABELS),--labels "$(LABELS)")
+
+## try-gitea: a throwaway Gitea on 127.0.0.1:3000 to try local mode against
+try-gitea:
+	./scripts/try-gitea.sh up
 
 ## peers: build the real peers the end-to-end tests start (once; cached outside the checkout)
 peers:

@@ -43,8 +43,9 @@ type Minter interface {
 type Backend struct {
 	// Dir holds one subdirectory per executor.
 	Dir string
-	// Runner is the runner binary.
-	Runner string
+	// Runner is the runner binary, started with RunnerArgs.
+	Runner     string
+	RunnerArgs []string
 	// Keys and TrustDomain rebuild assignments for recover.
 	Keys        taskassignment.Keys
 	TrustDomain spiffeid.TrustDomain
@@ -161,7 +162,7 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(b.Runner)
+	cmd := exec.Command(b.Runner, b.RunnerArgs...)
 	cmd.Env = env
 	cmd.Dir = b.dir(a.ID)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+const envPrefix = "GDR"
+
+// Config is local mode's configuration: GDR_LOCAL_* variables, each
+// overridden by its flag.
+type Config struct {
+	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
+	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (flag --registration-token)"`
+	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
+	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors (flag --state-dir)"`
+	Capacity          int           `envconfig:"LOCAL_CAPACITY" default:"2" desc:"local: jobs run at once (flag --capacity)"`
+	GatewayAddr       string        `envconfig:"LOCAL_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
+	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
+	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
+	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
+	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover runs"`
+	LogLevel          slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+// loadConfig reads the environment, then the flags in args over it.
+func loadConfig(args []string) (Config, error) {
+	var c Config
+	if err := envdoc.Process(envPrefix, &c); err != nil {
+		return Config{}, err
+	}
+	fs := flag.NewFlagSet("local", flag.ContinueOnError)
+	fs.StringVar(&c.GiteaURL, "gitea-url", c.GiteaURL, "Gitea's root URL")
+	fs.StringVar(&c.RegistrationToken, "registration-token", c.RegistrationToken, "runner registration token (first start only)")
+	fs.StringVar(&c.Labels, "labels", c.Labels, "comma-separated runner labels")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory")
+	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "jobs run at once")
+	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "the gateway's address")
+	fs.StringVar(&c.WebhookAddr, "webhook-addr", c.WebhookAddr, "serve the workflow_job webhook here")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: local --gitea-url URL [--registration-token TOKEN] [flags]\n\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nEnvironment equivalents:\n")
+		_ = envdoc.Usage(fs.Output(), envPrefix, &Config{})
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	var errs []error
+	if c.GiteaURL == "" {
+		errs = append(errs, errors.New("--gitea-url (GDR_LOCAL_GITEA_URL) is required"))
+	} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("--gitea-url %q is not an http(s) URL", c.GiteaURL))
+	} else if !strings.HasSuffix(c.GiteaURL, "/") {
+		c.GiteaURL += "/"
+	}
+	if len(c.labels()) == 0 {
+		errs = append(errs, errors.New("--labels is empty"))
+	}
+	if c.Capacity < 1 {
+		errs = append(errs, fmt.Errorf("--capacity %d: want at least 1", c.Capacity))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("--state-dir is empty"))
+	}
+	return c, errors.Join(errs...)
+}
+
+func (c Config) labels() []string {
+	var out []string
+	for _, l := range strings.Split(c.Labels, ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
+)
+
+// Local mode's fixed naming: one pool, one trust domain, one machine.
+const (
+	poolName    = "local"
+	trustDomain = "gdr.local"
+	prefix      = "gitea-dynamic-runner.io"
+	jobTimeout  = 3 * time.Hour
+)
+
+// local is one running local mode.
+type local struct {
+	cfg Config
+	log *slog.Logger
+
+	ns      *server.Server
+	nc      *nats.Conn
+	gw      *http.Server
+	kick    chan struct{} // a webhook asks for a dispatch round now
+	hook    *http.Server
+	loops   sync.WaitGroup
+	d       *dispatcher.Dispatcher
+	pool    dispatcher.Pool
+	job     intake.Job
+	recover *recovery.Recovery
+}
+
+// start brings everything up, failing fast, and in an order that writes
+// nothing to the state directory before Gitea has accepted the registration.
+func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
+	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
+	client, err := l.registration(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := l.keys()
+	if err != nil {
+		return nil, err
+	}
+	td := spiffeid.RequireTrustDomainFromString(trustDomain)
+	metaKeys, err := taskassignment.NewKeys(prefix)
+	if err != nil {
+		return nil, err
+	}
+	js, err := l.startNATS()
+	if err != nil {
+		return nil, err
+	}
+	q := assignmentqueue.New(js, "")
+	if err := q.EnsureStream(ctx); err != nil {
+		return nil, l.fail(err)
+	}
+	consumer, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, cfg.Capacity)
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, jobTimeout+time.Hour, keys.Payload)
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	ca, err := svidca.LoadOrCreate(filepath.Join(cfg.StateDir, "ca"), td)
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	boot, err := bootstrap.New(keys.Bootstrap, "https://"+cfg.GatewayAddr)
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	if err := l.startGateway(td, ca, payloads, boot, client); err != nil {
+		return nil, l.fail(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	backend := &processbackend.Backend{
+		Dir: filepath.Join(cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
+		Keys: metaKeys, TrustDomain: td, Minter: ca, SVIDTTL: jobTimeout + time.Hour, Env: executorEnv(),
+		OnCorrupt: func(name string, err error) {
+			log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
+		},
+	}
+	tasks := gitea.TaskState{Client: client}
+	p := runnerpool.Pool{Name: poolName, Labels: cfg.labels(), Backend: taskassignment.BackendProcess, Capacity: cfg.Capacity}
+	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
+	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: time.Minute}
+	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys,
+		OnEvent: func(e taskworker.Event) {
+			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
+		}}
+	l.job = intake.Job{
+		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Log: log},
+		Consumer: consumer, Batch: cfg.Capacity, Wait: time.Second, NakDelay: 2 * time.Second, ErrorDelay: 5 * time.Second,
+	}
+	l.recover = &recovery.Recovery{
+		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
+		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
+		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
+		Queue:    q, Payloads: payloads, Log: log,
+	}
+	if cfg.WebhookAddr != "" {
+		if err := l.startWebhook(); err != nil {
+			return nil, l.fail(err)
+		}
+	}
+	l.every(ctx, cfg.RecoverInterval, nil, l.recoverOnce)
+	l.every(ctx, cfg.PollInterval, l.kick, l.dispatchOnce)
+	l.loop(ctx, l.handleOnce)
+	return l, nil
+}
+
+// registration loads the pool's credentials, or registers with the token,
+// and checks them with Gitea before anything else is written.
+func (l *local) registration(ctx context.Context) (*gitea.Client, error) {
+	hc := &http.Client{Timeout: 30 * time.Second}
+	store := gitea.FileStore{Path: filepath.Join(l.cfg.StateDir, "credentials.json")}
+	creds, err := store.Load()
+	fresh := false
+	switch {
+	case errors.Is(err, gitea.ErrNoCredentials):
+		if l.cfg.RegistrationToken == "" {
+			return nil, fmt.Errorf("this is the first start with state directory %s: --registration-token is required", l.cfg.StateDir)
+		}
+		creds, err = gitea.Register(ctx, l.cfg.GiteaURL, hc, gitea.Registration{
+			Token: l.cfg.RegistrationToken, Name: "gitea-dynamic-runner-local", Labels: l.cfg.labels(),
+		})
+		if err != nil {
+			return nil, explain(l.cfg.GiteaURL, "register", err)
+		}
+		fresh = true
+	case err != nil:
+		return nil, err
+	}
+	client, err := gitea.NewClient(l.cfg.GiteaURL, hc, creds)
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Declare(ctx, l.cfg.labels()); err != nil {
+		if gitea.CodeOf(err) == connect.CodeUnauthenticated {
+			return nil, fmt.Errorf("Gitea no longer knows the runner registered in %s: delete it and start again with --registration-token", store.Path)
+		}
+		return nil, explain(l.cfg.GiteaURL, "declare", err)
+	}
+	if fresh {
+		if err := store.Save(creds); err != nil {
+			return nil, err
+		}
+		l.log.Info("registered with Gitea", slog.Int64("runner_id", creds.ID), slog.String("credentials", store.Path))
+	}
+	return client, nil
+}
+
+// explain turns a failed call into a sentence about Gitea.
+func explain(url, what string, err error) error {
+	var e *gitea.Error
+	if errors.As(err, &e) {
+		switch e.Code {
+		case connect.CodeUnavailable, connect.CodeDeadlineExceeded:
+			return fmt.Errorf("cannot reach Gitea at %s: %s", url, e.Message)
+		case connect.CodeUnknown, connect.CodeNotFound, connect.CodeInvalidArgument, connect.CodePermissionDenied, connect.CodeUnauthenticated:
+			if what == "register" {
+				return fmt.Errorf("Gitea at %s refused the registration token: %s", url, e.Message)
+			}
+		}
+	}
+	return fmt.Errorf("Gitea at %s: %s: %w", url, what, err)
+}
+
+type keyFile struct {
+	Bootstrap secretkey.Key `json:"-"`
+	Payload   secretkey.Key `json:"-"`
+	B         []byte        `json:"bootstrap"`
+	P         []byte        `json:"payload"`
+}
+
+// keys loads the capability and payload keys, or creates them once.
+func (l *local) keys() (keyFile, error) {
+	path := filepath.Join(l.cfg.StateDir, "keys.json")
+	data, err := os.ReadFile(path)
+	var k keyFile
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		k.B, k.P = make([]byte, 32), make([]byte, 32)
+		if _, err := io.ReadFull(rand.Reader, k.B); err != nil {
+			return k, err
+		}
+		if _, err := io.ReadFull(rand.Reader, k.P); err != nil {
+			return k, err
+		}
+		data, err := json.Marshal(k)
+		if err != nil {
+			return k, err
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return k, err
+		}
+	case err != nil:
+		return k, err
+	default:
+		if err := json.Unmarshal(data, &k); err != nil || len(k.B) != 32 || len(k.P) != 32 {
+			return k, fmt.Errorf("%s is corrupt", path)
+		}
+	}
+	k.Bootstrap, k.Payload = k.B, k.P
+	return k, nil
+}
+
+func (l *local) startNATS() (jetstream.JetStream, error) {
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "gdr-local", JetStream: true, StoreDir: filepath.Join(l.cfg.StateDir, "nats"),
+		DontListen: true, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded NATS did not start")
+	}
+	l.ns = ns
+	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name("gdr-local"))
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	l.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	return js, nil
+}
+
+func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *assignmentqueue.Payloads, boot *bootstrap.Bootstrap, client *gitea.Client) error {
+	svid, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), 30*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	g := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{poolName: client},
+		Payloads: payloads, Capabilities: boot, Log: l.log}
+	ln, err := net.Listen("tcp", l.cfg.GatewayAddr)
+	if err != nil {
+		return fmt.Errorf("the gateway cannot listen on %s (is another local mode running? --gateway-addr picks another): %w", l.cfg.GatewayAddr, err)
+	}
+	l.gw = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = l.gw.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer()))) }()
+	return nil
+}
+
+func (l *local) startWebhook() error {
+	secret := []byte(l.cfg.WebhookSecret)
+	dedup := &webhook.Dedup{Size: 4096}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /webhook", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, "read body", http.StatusBadRequest)
+			return
+		}
+		if len(secret) > 0 && webhook.Verify(secret, body, r.Header.Get(webhook.HeaderSignature)) != nil {
+			http.Error(w, webhook.ErrSignature.Error(), http.StatusUnauthorized)
+			return
+		}
+		job, err := webhook.Parse(body)
+		if err == nil && job.Action == webhook.ActionQueued && dedup.First(job.JobID, job.Action) && l.pool.Matches(job.Labels) {
+			select {
+			case l.kick <- struct{}{}:
+			default:
+			}
+		}
+		w.WriteHeader(http.StatusAccepted)
+	})
+	ln, err := net.Listen("tcp", l.cfg.WebhookAddr)
+	if err != nil {
+		return fmt.Errorf("webhook: %w", err)
+	}
+	l.hook = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = l.hook.Serve(ln) }()
+	return nil
+}
+
+// every runs f now, then every interval and whenever kick fires, until ctx
+// ends.
+func (l *local) every(ctx context.Context, interval time.Duration, kick <-chan struct{}, f func(context.Context)) {
+	l.loops.Add(1)
+	go func() {
+		defer l.loops.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			f(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-kick:
+			}
+		}
+	}()
+}
+
+// loop runs f back to back until ctx ends.
+func (l *local) loop(ctx context.Context, f func(context.Context)) {
+	l.loops.Add(1)
+	go func() {
+		defer l.loops.Done()
+		for ctx.Err() == nil {
+			f(ctx)
+		}
+	}()
+}
+
+func (l *local) dispatchOnce(ctx context.Context) {
+	res, err := l.d.Dispatch(ctx, l.pool)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("dispatch round failed", slog.Any("error", err))
+		}
+		return
+	}
+	if len(res.Claimed) > 0 || res.Ended > 0 || res.Rejected > 0 {
+		l.log.Info("dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
+			slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected))
+	}
+}
+
+func (l *local) handleOnce(ctx context.Context) {
+	if _, err := l.job.Run(ctx); err != nil && ctx.Err() == nil {
+		l.log.Warn("handle run failed", slog.Any("error", err))
+		time.Sleep(time.Second)
+	}
+}
+
+func (l *local) recoverOnce(ctx context.Context) {
+	sum, err := l.recover.Run(ctx)
+	if err != nil && ctx.Err() == nil {
+		l.log.Warn("recover failed", slog.Any("error", err))
+	}
+	if sum != (recovery.Summary{}) {
+		l.log.Info("recover", sum.Attrs()...)
+	}
+}
+
+// wait blocks until ctx ends, then stops everything this process runs.
+// Executors go on: they are processes of their own.
+func (l *local) wait(ctx context.Context) {
+	<-ctx.Done()
+	l.loops.Wait()
+	l.shutdown()
+}
+
+func (l *local) shutdown() {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if l.hook != nil {
+		_ = l.hook.Shutdown(c)
+	}
+	if l.gw != nil {
+		_ = l.gw.Shutdown(c)
+	}
+	if l.nc != nil {
+		_ = l.nc.Drain()
+	}
+	if l.ns != nil {
+		l.ns.Shutdown()
+		l.ns.WaitForShutdown()
+	}
+}
+
+// fail stops what start has started and returns err.
+func (l *local) fail(err error) error {
+	l.shutdown()
+	return err
+}
+
+// executorEnv is the environment executors start from: ours, without our
+// own configuration (the registration token, the webhook secret).
+func executorEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GDR_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
