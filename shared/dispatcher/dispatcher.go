@@ -222,8 +222,10 @@ func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Ass
 
 // keepAlive heartbeats one waiting task of the pool, at most every
 // KeepAlive. A task whose executor has started is left to it. A task Gitea
-// has ended is dropped (its payload deleted); one cancelled while waiting is
-// first finalized, which the "cancelling" handshake requires.
+// has ended (cancelled while waiting, reaped) is dropped: its payload is
+// deleted, and recover deletes any executor it has. (Registrations do not
+// declare "cancelling", so a cancelled task is done at once and needs no
+// final report from us.)
 func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string) (kept, ended bool, err error) {
 	_, taskID, err := taskassignment.ParseID(assignmentID)
 	if err != nil {
@@ -249,11 +251,6 @@ func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string)
 		return true, false, nil
 	}
 	log := d.log().With(slog.String("pool", p.Name), slog.String("assignment", assignmentID), slog.String("result", result.String()))
-	if result == runnerv1.Result_RESULT_CANCELLED {
-		if err := p.Tasks.Finalize(ctx, taskID, result, "gitea-dynamic-runner: cancelled before an executor started"); err != nil {
-			return true, false, fmt.Errorf("pool %s: finalize cancelled %s: %w", p.Name, assignmentID, err)
-		}
-	}
 	if err := d.Payloads.Delete(ctx, assignmentID); err != nil {
 		return true, false, fmt.Errorf("pool %s: drop ended %s: %w", p.Name, assignmentID, err)
 	}

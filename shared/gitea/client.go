@@ -22,10 +22,14 @@ import (
 // Version is what this runner declares to Gitea.
 const Version = "gitea-dynamic-runner"
 
-// CapabilityCancelling makes Gitea hand a cancelled task back as
-// "cancelling", so the executor can stop and report it; whoever keeps a
-// queued task alive must then finalize it (see TaskState.Finalize).
-const CapabilityCancelling = "cancelling"
+// capabilities are what every registration declares. Deliberately not
+// "cancelling": with it, a cancelled task stays "cancelling" (and Gitea
+// answers CANCELLED) until its runner reports, and recover, which deletes the
+// executor of a task Gitea calls over, would kill the runner in the middle of
+// that handshake and leave the task cancelling until the zombie reaper.
+// Without it a cancel ends the task at once: the runner still sees it on its
+// next heartbeat and stops, and its remaining log rows are still accepted.
+var capabilities = []string{}
 
 // Client is one registration's connection to Gitea. It is safe for
 // concurrent use.
@@ -96,7 +100,7 @@ func Register(ctx context.Context, rootURL string, hc *http.Client, r Registrati
 	rpc := runnerv1connect.NewRunnerServiceClient(httpClient(hc), endpoint)
 	res, err := rpc.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
 		Name: r.Name, Token: r.Token, Version: Version, Labels: r.Labels,
-		Capabilities: []string{CapabilityCancelling},
+		Capabilities: capabilities,
 	}))
 	if err != nil {
 		return Credentials{}, classify("Register", err)
@@ -109,10 +113,11 @@ func Register(ctx context.Context, rootURL string, hc *http.Client, r Registrati
 }
 
 // Declare sets the runner's labels and capabilities. Gitea overwrites both
-// with what is sent, so every call sends the full set.
+// with what is sent, so every call sends the full set (and so switches off a
+// "cancelling" an older registration had).
 func (c *Client) Declare(ctx context.Context, labels []string) error {
 	_, err := c.rpc.Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{
-		Version: Version, Labels: labels, Capabilities: []string{CapabilityCancelling},
+		Version: Version, Labels: labels, Capabilities: capabilities,
 	}))
 	return classify("Declare", err)
 }

@@ -1,0 +1,297 @@
+//go:build e2e
+
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
+)
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+func localBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gdr-local-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "local")
+		if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// instance is one local mode process.
+type instance struct {
+	cmd    *exec.Cmd
+	output *bytes.Buffer
+	done   chan struct{}
+}
+
+// syncBuffer is a concurrency-safe output sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startLocal starts local mode with args and returns it; it is killed (by
+// PID) when the test ends.
+func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(localBinary(t), args...)
+	cmd.Env = append(os.Environ(), "GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=2s", "GDR_LOG_LEVEL=debug")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+type setup struct {
+	gitea   *giteatest.Server
+	repo    string
+	token   string
+	state   string
+	gateway string
+}
+
+func newSetup(t *testing.T) setup {
+	t.Helper()
+	g := giteatest.Start(t, giteatest.Options{ChannelQueue: true})
+	return setup{gitea: g, repo: g.CreateRepo(t, "demo"), token: g.RegistrationToken(t),
+		state: filepath.Join(t.TempDir(), "state"), gateway: freeAddr(t)}
+}
+
+func (s setup) args(withToken bool) []string {
+	a := []string{"--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", s.gateway, "--capacity", "3"}
+	if withToken {
+		a = append(a, "--registration-token", s.token)
+	}
+	return a
+}
+
+// keepRunnerLogs copies each executor's runner.log while it exists (recover
+// deletes it with the executor), for failure messages.
+func (s setup) keepRunnerLogs(t *testing.T) *syncBuffer {
+	t.Helper()
+	logs := &syncBuffer{}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	seen := map[string]string{}
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			paths, _ := filepath.Glob(filepath.Join(s.state, "executors", "*", "runner.log"))
+			for _, p := range paths {
+				if data, err := os.ReadFile(p); err == nil && len(data) > len(seen[p]) {
+					fmt.Fprintf(logs, "== %s\n%s\n", p, data[len(seen[p]):])
+					seen[p] = string(data)
+				}
+			}
+		}
+	}()
+	return logs
+}
+
+func (s setup) waitJob(t *testing.T, name string, pred func(giteatest.Job) bool, timeout time.Duration, out *syncBuffer) giteatest.Job {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, j := range s.gitea.Jobs(t, s.repo) {
+			if j.Name == name && pred(j) {
+				return j
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s never reached the state; jobs %+v\nlocal mode said:\n%s", name, s.gitea.Jobs(t, s.repo), out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func completed(j giteatest.Job) bool { return j.Status == "completed" }
+
+func TestE2ELocalRunsSucceedingFailingAndCancelledJobs(t *testing.T) {
+	s := newSetup(t)
+	var out syncBuffer
+	runners := s.keepRunnerLogs(t)
+	defer func() {
+		if t.Failed() {
+			t.Logf("runner logs:\n%s", runners)
+		}
+	}()
+	startLocal(t, &out, s.args(true)...)
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", `name: ci
+on: [push]
+jobs:
+  ok:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo all good
+  broken:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo about to fail
+      - run: exit 7
+  slow:
+    runs-on: ubuntu-latest
+    steps:
+      - run: sleep 300
+`)
+	ok := s.waitJob(t, "ok", completed, 60*time.Second, &out)
+	if ok.Conclusion != "success" || len(ok.Steps) != 1 || ok.Steps[0].Conclusion != "success" {
+		t.Fatalf("ok = %+v", ok)
+	}
+	if logs := s.gitea.JobLogs(t, s.repo, ok.ID); !strings.Contains(logs, "all good") {
+		t.Fatalf("ok's log:\n%s", logs)
+	}
+	broken := s.waitJob(t, "broken", completed, 60*time.Second, &out)
+	if broken.Conclusion != "failure" || len(broken.Steps) != 2 || broken.Steps[0].Conclusion != "success" || broken.Steps[1].Conclusion != "failure" {
+		t.Fatalf("broken = %+v", broken)
+	}
+	slow := s.waitJob(t, "slow", func(j giteatest.Job) bool {
+		return j.Status == "in_progress" && len(j.Steps) == 1 && j.Steps[0].Status == "in_progress"
+	}, 60*time.Second, &out)
+	s.gitea.CancelRun(t, s.repo, slow.RunID)
+	slow = s.waitJob(t, "slow", completed, 60*time.Second, &out)
+	if slow.Conclusion != "cancelled" {
+		t.Fatalf("slow = %+v", slow)
+	}
+	// recover cleans the executors up.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		entries, _ := os.ReadDir(filepath.Join(s.state, "executors"))
+		if len(entries) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("executors left behind: %d\n%s", len(entries), out.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func TestE2ELocalSurvivesSIGKILL(t *testing.T) {
+	s := newSetup(t)
+	var out syncBuffer
+	first := startLocal(t, &out, s.args(true)...)
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", `name: ci
+on: [push]
+jobs:
+  long:
+    runs-on: ubuntu-latest
+    steps:
+      - run: sleep 6
+      - run: echo finished-once
+`)
+	s.waitJob(t, "long", func(j giteatest.Job) bool {
+		return j.Status == "in_progress" && len(j.Steps) > 0 && j.Steps[0].Status == "in_progress"
+	}, 60*time.Second, &out)
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	time.Sleep(time.Second)
+	startLocal(t, &out, s.args(false)...)
+	long := s.waitJob(t, "long", completed, 90*time.Second, &out)
+	if long.Conclusion != "success" {
+		t.Fatalf("long = %+v\n%s", long, out.String())
+	}
+	logs := s.gitea.JobLogs(t, s.repo, long.ID)
+	if n := strings.Count(logs, "finished-once"); n != 1 {
+		t.Fatalf("the job's last step ran %d times:\n%s", n, logs)
+	}
+	if jobs := s.gitea.Jobs(t, s.repo); len(jobs) != 1 || jobs[0].RunAttempt > 1 {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if c := strings.Count(out.String(), "task handed to its executor"); c != 1 {
+		t.Fatalf("the task was handed out %d times:\n%s", c, out.String())
+	}
+}
+
+func TestE2ELocalFailsFastOnBadInput(t *testing.T) {
+	s := newSetup(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unreachable Gitea", []string{"--gitea-url", "http://127.0.0.1:1/", "--registration-token", "x", "--state-dir", s.state, "--gateway-addr", s.gateway}, "cannot reach Gitea at http://127.0.0.1:1/"},
+		{"wrong registration token", []string{"--gitea-url", s.gitea.URL, "--registration-token", "not-a-token", "--state-dir", s.state, "--gateway-addr", s.gateway}, "refused the registration token"},
+		{"no token on a first start", []string{"--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", s.gateway}, "--registration-token is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(localBinary(t), tc.args...)
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("local = %v:\n%s\nwant it to say %q", err, out, tc.want)
+			}
+			t.Logf("failed in %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(out)))
+			if _, err := os.Stat(filepath.Join(s.state, "credentials.json")); err == nil {
+				t.Fatal("credentials were written after a failed start")
+			}
+		})
+	}
+	// Nothing left confuses the next, correct start.
+	var out syncBuffer
+	startLocal(t, &out, s.args(true)...)
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", "name: ci\non: [push]\njobs:\n  ok:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo fine\n")
+	if j := s.waitJob(t, "ok", completed, 60*time.Second, &out); j.Conclusion != "success" {
+		t.Fatalf("ok = %+v", j)
+	}
+}
