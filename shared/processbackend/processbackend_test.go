@@ -156,6 +156,7 @@ func TestRecoverAssignments(t *testing.T) {
 	if _, err := b.Create(context.Background(), a, spec); err != nil {
 		t.Fatal(err)
 	}
+	waitPhase(t, b, a.ID, taskworker.PhaseSucceeded)
 	if err := os.MkdirAll(b.dir("local-10"), 0o700); err != nil {
 		t.Fatal(err)
 	}
