@@ -160,7 +160,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if err != nil {
 		return nil, nil, err
 	}
-	closeFn := func() { _ = nc.Drain() }
+	closeFn := func() { _ = natsconn.Close(nc) }
 	q := assignmentqueue.New(js, cfg.Stream)
 	if err := q.EnsureStream(ctx); err != nil {
 		closeFn()

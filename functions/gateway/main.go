@@ -128,7 +128,7 @@ func serve(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Lo
 	if err != nil {
 		return err
 	}
-	defer func() { _ = nc.Drain() }()
+	defer func() { _ = natsconn.Close(nc) }()
 	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
 	if err != nil {
 		return err

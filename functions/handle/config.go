@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -20,7 +22,10 @@ type Config struct {
 	natsconn.Config
 	taskassignment.Naming
 	bootstrap.Settings
+	backends.Setup
 
+	PoolsFile  string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
+	StateDir   string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
 	Stream     string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
@@ -64,6 +69,9 @@ func loadConfig() (Config, error) {
 	}
 	if c.Mode != modeSetup {
 		if _, err := c.Settings.New(); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := runnerpool.Load(c.PoolsFile, c.StateDir); err != nil {
 			errs = append(errs, err)
 		}
 	}

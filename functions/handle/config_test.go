@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,7 +27,12 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 const goodKey = "c2VjcmV0LWtleS1tYXRlcmlhbC0wMTIzNDU2Nzg5YWI="
 
 func TestLoadConfig(t *testing.T) {
+	pools := filepath.Join(t.TempDir(), "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := map[string]string{
+		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(),
 		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org",
 		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org",
 	}
@@ -48,6 +54,7 @@ func TestLoadConfig(t *testing.T) {
 		{"bad duration", map[string]string{"GDR_FETCH_WAIT": "soon"}, "FETCH_WAIT"},
 		{"bad gateway URL", map[string]string{"GDR_GATEWAY_URL": "gateway:443"}, "gateway URL"},
 		{"setup needs no gateway", map[string]string{"GDR_MODE": "setup", "GDR_GATEWAY_URL": "x"}, ""},
+		{"bad pools file", map[string]string{"GDR_POOLS_FILE": "/nonexistent/pools.yaml"}, "runner pools"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range base {

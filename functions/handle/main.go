@@ -21,9 +21,11 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
@@ -67,8 +69,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Drain flushes the naks and terminations still in flight before exit.
-	defer func() { _ = nc.Drain() }()
+	// Close flushes the acks, naks and terminations still in flight before exit.
+	defer func() { _ = natsconn.Close(nc) }()
 	q := assignmentqueue.New(js, cfg.Stream)
 	if err := q.EnsureStream(ctx); err != nil {
 		return err
@@ -104,7 +106,11 @@ func newWorker(ctx context.Context, cfg Config, log *slog.Logger) (taskworker.Wo
 	if err != nil {
 		return taskworker.Worker{}, td, err
 	}
-	backend, err := newBackend(ctx, cfg)
+	pools, err := runnerpool.Load(cfg.PoolsFile, cfg.StateDir)
+	if err != nil {
+		return taskworker.Worker{}, td, err
+	}
+	backend, err := backends.New(ctx, taskassignment.Backend(cfg.Backend), cfg.Setup, keys, td, pools, log)
 	if err != nil {
 		return taskworker.Worker{}, td, err
 	}
@@ -114,13 +120,6 @@ func newWorker(ctx context.Context, cfg Config, log *slog.Logger) (taskworker.Wo
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},
 	}, td, nil
-}
-
-// newBackend returns the configured backend. Each backend joins here as it
-// is built (the Pod, OpenSandbox and process backends have issues of their
-// own); until then handle refuses to start rather than pretend.
-func newBackend(_ context.Context, cfg Config) (taskworker.Backend, error) {
-	return nil, fmt.Errorf("GDR_BACKEND %q: this build has no %s backend yet", cfg.Backend, cfg.Backend)
 }
 
 func serveHTTP(ctx context.Context, addr string, r intake.Receiver, log *slog.Logger) error {

@@ -31,6 +31,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -400,7 +401,7 @@ func (l *local) shutdown() {
 		_ = l.gw.Shutdown(c)
 	}
 	if l.nc != nil {
-		_ = l.nc.Drain()
+		_ = natsconn.Close(l.nc)
 	}
 	if l.ns != nil {
 		l.ns.Shutdown()

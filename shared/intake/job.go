@@ -54,7 +54,7 @@ func (s *Summary) count(o Outcome) {
 // (SIGTERM), the message in flight and those not yet started are naked at
 // once, so another handler takes them without waiting for AckWait.
 //
-// Settling publishes on the consumer's connection: drain it before the
+// Settling publishes on the consumer's connection: flush it before the
 // process exits. The error is only for a run that could not fetch at all; outcomes of single
 // messages are in the Summary and the log. No message available is a
 // successful, empty run.
@@ -98,7 +98,7 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 	}
 	switch outcome {
 	case Accepted:
-		// A plain ack: the caller drains its connection before it exits. An
+		// A plain ack: the caller flushes its connection before it exits. An
 		// ack lost on the way costs a redelivery after AckWait, which Accept
 		// answers by finding the executor, never a second one.
 		if err := msg.Ack(); err != nil {

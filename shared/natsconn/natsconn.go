@@ -20,8 +20,9 @@ type Config struct {
 }
 
 // Connect opens a connection named name (it shows in the server's
-// monitoring) and a JetStream context on it. The caller drains the
-// connection before it exits, so that acknowledgements in flight are sent.
+// monitoring) and a JetStream context on it. The caller closes the
+// connection with Close before it exits, so that acknowledgements in flight
+// are sent.
 func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
 	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
 	if cfg.Creds != "" {
@@ -56,4 +57,13 @@ func Redact(urls string) string {
 		parts[i] = u.String()
 	}
 	return strings.Join(parts, ",")
+}
+
+// Close flushes what the connection still has to send (acknowledgements,
+// naks, terminations) and closes it. Drain would return at once and finish in
+// the background, which a process about to exit cannot wait for.
+func Close(nc *nats.Conn) error {
+	err := nc.FlushTimeout(5 * time.Second)
+	nc.Close()
+	return err
 }

@@ -1,0 +1,81 @@
+// Package backends builds the executor backend a function is configured
+// for, so that handle and recover (which must agree) build it the same way.
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+// Backend is what handle and recover use of a backend.
+type Backend interface {
+	taskworker.Backend
+	taskworker.Recoverer
+}
+
+// Setup is embedded in the configuration of handle and recover: how to reach each backend.
+type Setup struct {
+	ProcessDir     string `envconfig:"PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
+	RunnerBin      string `envconfig:"RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
+	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); empty for opensandbox: no SVID is handed over"`
+	OpenSandboxURL string `envconfig:"OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
+	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
+}
+
+// New builds backend kind for the pools, with log for what the backend skips.
+func New(_ context.Context, kind taskassignment.Backend, c Setup, keys taskassignment.Keys, td spiffeid.TrustDomain, pools runnerpool.Pools, log *slog.Logger) (Backend, error) {
+	corrupt := func(name string, err error) {
+		log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
+	}
+	switch kind {
+	case taskassignment.BackendProcess:
+		if c.CADir == "" {
+			return nil, errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
+		}
+		ca, err := svidca.LoadOrCreate(c.CADir, td)
+		if err != nil {
+			return nil, err
+		}
+		var env []string
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "GDR_") {
+				env = append(env, kv)
+			}
+		}
+		return &processbackend.Backend{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: keys, TrustDomain: td,
+			Minter: ca, SVIDTTL: 4 * time.Hour, Env: env, OnCorrupt: corrupt, Log: log}, nil
+	case taskassignment.BackendOpenSandbox:
+		if c.OpenSandboxURL == "" {
+			return nil, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend")
+		}
+		client, err := opensandbox.New(opensandbox.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})
+		if err != nil {
+			return nil, err
+		}
+		cfg := opensandboxbackend.Config{Sandboxes: client, Keys: keys, TrustDomain: td, Pools: pools, OnCorrupt: corrupt}
+		if c.CADir != "" {
+			ca, err := svidca.LoadOrCreate(c.CADir, td)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Minter = ca
+		}
+		return opensandboxbackend.New(cfg)
+	}
+	return nil, fmt.Errorf("GDR_BACKEND %q: this build has no %s backend wired into its functions yet", kind, kind)
+}
