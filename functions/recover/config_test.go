@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+)
+
+func TestREADMEDocumentsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := envdoc.Vars(envPrefix, &Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := envdoc.CheckDocumented(readme, vars); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 3}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE="
+	base := map[string]string{
+		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
+		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
+		"GDR_GATEWAY_URL": "https://gw.example.org",
+	}
+	for _, tc := range []struct {
+		name    string
+		set     map[string]string
+		wantErr string
+	}{
+		{"valid", nil, ""},
+		{"bad mode", map[string]string{"GDR_RECOVER_MODE": "daemon"}, "GDR_RECOVER_MODE"},
+		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY"},
+		{"no pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none")}, "runner pools"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range base {
+				t.Setenv(k, v)
+			}
+			for k, v := range tc.set {
+				t.Setenv(k, v)
+			}
+			_, _, err := loadConfig()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), key) {
+				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
+			}
+		})
+	}
+}
