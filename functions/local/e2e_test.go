@@ -78,6 +78,16 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// startBench starts local mode for a benchmark; the caller kills it.
+func startBench(b *testing.B, bin string, args ...string) *exec.Cmd {
+	b.Helper()
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	return cmd
+}
+
 // startLocal starts local mode with args and returns it; it is killed (by
 // PID) when the test ends.
 func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {

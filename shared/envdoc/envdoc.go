@@ -113,3 +113,17 @@ func CheckDocumented(doc []byte, vars []Var) error {
 	}
 	return nil
 }
+
+// CheckFile is CheckDocumented for the variables of spec under prefix
+// against the file at path (README.md).
+func CheckFile(path, prefix string, spec any) error {
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	vars, err := Vars(prefix, spec)
+	if err != nil {
+		return err
+	}
+	return CheckDocumented(doc, vars)
+}
