@@ -36,9 +36,12 @@ run:
 try-gitea:
 	./scripts/try-gitea.sh up
 
-## peers: build the real peers the end-to-end tests start (once; cached outside the checkout)
+## peers: build the real peers the end-to-end tests start (once; cached outside the checkout):
+##        Gitea v1.27.3, kube-apiserver v1.37.2 + etcd v3.7.0, spire-server v1.13.3
 peers:
 	./scripts/peers/gitea.sh build
+	./scripts/peers/kube.sh build
+	./scripts/peers/spire.sh build
 
 ## e2e: the end-to-end tests against real peers (build tag e2e)
 e2e: peers

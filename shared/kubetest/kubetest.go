@@ -1,0 +1,257 @@
+// Package kubetest runs a real Kubernetes control plane (kube-apiserver
+// v1.37.2 + etcd v3.7.0, started by controller-runtime envtest) for
+// end-to-end tests.
+//
+// The binaries are built once, outside the checkout, by `make peers`
+// (scripts/peers/kube.sh build). Assets finds them; Start starts one control
+// plane, bound to 127.0.0.1 on free ports, with its data in a temporary
+// folder. No controllers and no kubelet run: Pods stay Pending until a test
+// patches them, nothing garbage-collects (owner references are recorded,
+// not acted on), a Pod bound to a node stays "being deleted" after a graceful
+// delete (no kubelet confirms it), and a deleted Namespace stays Terminating.
+//
+// What a test can rely on:
+//   - Start takes a few seconds on a quiet machine; share one Plane per test
+//     package (see Shared) and give each test its own namespace (Namespace).
+//   - The server applies its real validation, admission (ServiceAccount
+//     admission is off: no controller creates default ServiceAccounts),
+//     field selectors, label selectors and pagination.
+//   - etcd runs with --unsafe-no-fsync: the data is throwaway.
+//   - If the test binary dies without stopping the plane (a timeout panic, a
+//     kill), a watchdog process kills etcd and kube-apiserver, checking each
+//     by the full path of its executable, and removes their data folder, so
+//     nothing outlives the binary.
+package kubetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Version is the Kubernetes release the harness is written against and
+// scripts/peers/kube.sh builds.
+const Version = "v1.37.2"
+
+// AssetsDir returns the folder holding kube-apiserver and etcd: $GDR_KUBE_ASSETS
+// if set, else ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-v1.37.2.
+// missing is empty when the folder is a complete build, else it says what is
+// wrong.
+func AssetsDir() (dir, missing string) {
+	if dir = os.Getenv("GDR_KUBE_ASSETS"); dir == "" {
+		root := os.Getenv("GDR_PEERS")
+		if root == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", "no home directory and no GDR_PEERS"
+			}
+			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
+		}
+		dir = filepath.Join(root, "kube-"+Version)
+		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+			return dir, dir + " is not a complete build"
+		}
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		p := filepath.Join(dir, bin)
+		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return dir, p + " is not an executable file"
+		}
+	}
+	return dir, ""
+}
+
+// Assets returns AssetsDir's folder. If it is missing the test is skipped,
+// except with CI=true, where it fails: CI must never pass without the real
+// peer.
+func Assets(t testing.TB) string {
+	t.Helper()
+	dir, missing := AssetsDir()
+	if missing != "" {
+		msg := "kubetest: kube-apiserver " + Version + " not built (" + missing + "): run `make peers`"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
+		}
+		t.Skip(msg)
+	}
+	return dir
+}
+
+// Plane is one running control plane.
+type Plane struct {
+	// Config reaches the kube-apiserver as a cluster admin.
+	Config *rest.Config
+
+	env      *envtest.Environment
+	data     string // etcd data and API server certificates
+	watchdog *watchdog
+}
+
+// Start starts etcd and kube-apiserver from the assets folder dir and waits
+// until the API answers. The caller must Stop it.
+func Start(dir string) (*Plane, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs) // /proc/<pid>/exe is resolved too (watchdog)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubetest: assets folder %s: %w", dir, err)
+	}
+	// One folder for etcd's data and the API server's certificates, owned
+	// here (envtest would make two), so that Stop and the watchdog remove it.
+	data, err := os.MkdirTemp("", "gdr-kubetest-")
+	if err != nil {
+		return nil, fmt.Errorf("kubetest: %w", err)
+	}
+	etcd := &envtest.Etcd{Path: filepath.Join(abs, "etcd"), DataDir: filepath.Join(data, "etcd")}
+	etcd.Configure().Set("unsafe-no-fsync", "true")
+	api := &envtest.APIServer{Path: filepath.Join(abs, "kube-apiserver"), CertDir: filepath.Join(data, "certs")}
+	for _, d := range []string{etcd.DataDir, api.CertDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			os.RemoveAll(data)
+			return nil, fmt.Errorf("kubetest: %w", err)
+		}
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: abs,
+		// Two cores shared with compilers: the first start can be slow.
+		ControlPlaneStartTimeout: 3 * time.Minute,
+		ControlPlaneStopTimeout:  30 * time.Second,
+		ControlPlane:             envtest.ControlPlane{Etcd: etcd, APIServer: api},
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		os.RemoveAll(data)
+		return nil, fmt.Errorf("kubetest: start kube-apiserver and etcd from %s: %w", abs, err)
+	}
+	p := &Plane{Config: cfg, env: env, data: data}
+	if p.watchdog, err = startWatchdog(data, filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")); err != nil {
+		_ = p.Stop()
+		return nil, err
+	}
+	if u, err := url.Parse(cfg.Host); err != nil || u.Hostname() != "127.0.0.1" {
+		_ = p.Stop()
+		return nil, fmt.Errorf("kubetest: kube-apiserver serves at %q, not on 127.0.0.1", cfg.Host)
+	}
+	return p, nil
+}
+
+// Stop stops kube-apiserver and etcd and removes their data folder.
+func (p *Plane) Stop() error {
+	if p == nil {
+		return nil
+	}
+	err := p.env.Stop()
+	if p.watchdog != nil {
+		p.watchdog.close()
+	}
+	if rerr := os.RemoveAll(p.data); err == nil && rerr != nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("kubetest: stop control plane: %w", err)
+	}
+	return nil
+}
+
+// RESTConfig returns a copy of Config without client-side rate limiting (the
+// client-go default of 5 requests per second would dominate every test).
+func (p *Plane) RESTConfig() *rest.Config {
+	c := rest.CopyConfig(p.Config)
+	c.QPS, c.Burst = -1, 0
+	return c
+}
+
+// Client returns a clientset for RESTConfig.
+func (p *Plane) Client(t testing.TB) kubernetes.Interface {
+	t.Helper()
+	c, err := kubernetes.NewForConfig(p.RESTConfig())
+	if err != nil {
+		t.Fatalf("kubetest: clientset: %v", err)
+	}
+	return c
+}
+
+// Namespace creates a namespace for this test only ("t-" and random hex) and
+// deletes it when the test ends. The deletion is only requested: without a
+// namespace controller the namespace stays Terminating, with its objects.
+func (p *Plane) Namespace(t testing.TB) string {
+	t.Helper()
+	c := p.Client(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t-" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("kubetest: create namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("kubetest: delete namespace %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Shared is one Plane for a whole test package, started on first use.
+// Declare it next to TestMain and stop it there:
+//
+//	var plane kubetest.Shared
+//
+//	func TestMain(m *testing.M) { code := m.Run(); plane.Stop(); os.Exit(code) }
+//
+// The zero value is ready to use and safe for concurrent use.
+type Shared struct {
+	mu    sync.Mutex
+	plane *Plane
+	err   error
+	tried bool
+}
+
+// Plane returns the shared control plane, starting it on the first call. It
+// skips or fails the test as Assets does when the binaries are missing, and
+// fails it when the plane does not start (every later call fails the same way).
+func (s *Shared) Plane(t testing.TB) *Plane {
+	t.Helper()
+	dir := Assets(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.tried {
+		s.tried = true
+		s.plane, s.err = Start(dir)
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	return s.plane
+}
+
+// Stop stops the plane if it was started. It reports a failure to stop on
+// stderr: it runs after the tests, where nothing can fail any more.
+func (s *Shared) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.plane.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	s.plane, s.err = nil, errors.New("kubetest: shared control plane already stopped")
+}
