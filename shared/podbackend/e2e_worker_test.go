@@ -114,6 +114,8 @@ func TestE2EWorker(t *testing.T) {
 			t.Fatal(err)
 		}
 		want, _ := boot.Environment(a)
+		// The runner container runs the job's image, and the runner is told.
+		want[bootstrap.EnvJobImage] = "node:22"
 		if len(s.Data) != len(want) {
 			t.Fatalf("Secret holds %d variables, want %d", len(s.Data), len(want))
 		}

@@ -50,6 +50,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -295,6 +296,16 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	}
 	if spec.Metadata.Labels[b.keys.AssignmentID] != a.ID || spec.Metadata.Labels[b.keys.Runner] != "true" {
 		return nil, fmt.Errorf("podbackend: assignment %s: launch metadata lacks the runner and assignment-id labels", a.ID)
+	}
+	if a.Task.Image != "" {
+		// The runner container runs the job's own image: tell the runner, so
+		// that it runs the job's `container:` on its host.
+		env := make(map[string]string, len(spec.Environment)+1)
+		for k, v := range spec.Environment {
+			env[k] = v
+		}
+		env[bootstrap.EnvJobImage] = a.Task.Image
+		spec.Environment = env
 	}
 	pod, err := b.newPod(a, spec, pt)
 	if err != nil {
