@@ -12,9 +12,16 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
@@ -35,6 +42,9 @@ type Setup struct {
 	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); empty for opensandbox: no SVID is handed over"`
 	OpenSandboxURL string `envconfig:"OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
 	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
+	KubeNamespace  string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
+	SPIRESocket    string `envconfig:"SPIRE_SERVER_SOCKET" default:"/run/spire/server-sockets/api.sock" desc:"pod backend: unix socket of the SPIRE Server API, for registration entries"`
+	ClusterName    string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
 // New builds backend kind for the pools, with log for what the backend skips.
@@ -76,6 +86,30 @@ func New(_ context.Context, kind taskassignment.Backend, c Setup, keys taskassig
 			cfg.Minter = ca
 		}
 		return opensandboxbackend.New(cfg)
+	case taskassignment.BackendPod:
+		if c.ClusterName == "" {
+			return nil, errors.New("GDR_CLUSTER_NAME is required for the pod backend")
+		}
+		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+		if err != nil {
+			if rc, err = rest.InClusterConfig(); err != nil {
+				return nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
+			}
+		}
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, err
+		}
+		conn, err := grpc.NewClient("unix://"+c.SPIRESocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
+		}
+		return podbackend.New(podbackend.Config{
+			Client: client, Namespace: c.KubeNamespace, Keys: keys, TrustDomain: td, Pools: pools,
+			Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
+			OnCorrupt: func(x podbackend.Corrupt) { log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
+		})
 	}
-	return nil, fmt.Errorf("GDR_BACKEND %q: this build has no %s backend wired into its functions yet", kind, kind)
+	return nil, fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
 }
