@@ -261,6 +261,8 @@ func TestJobRedeliversNotYetAndFailed(t *testing.T) {
 				return true, nil
 			})
 			j := job(c, accept, nil)
+			// Delays long enough that a loaded machine cannot blur "not yet".
+			j.NakDelay, j.ErrorDelay = 2*time.Second, 2*time.Second
 			sum, err := j.Run(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -272,12 +274,12 @@ func TestJobRedeliversNotYetAndFailed(t *testing.T) {
 				t.Fatalf("first run = %+v, want %+v", sum, want)
 			}
 			// Not before the delay...
-			j.Wait = 100 * time.Millisecond
+			j.Wait = 300 * time.Millisecond
 			if sum, _ := j.Run(context.Background()); sum.Fetched != 0 {
 				t.Fatalf("redelivered before the nak delay: %+v", sum)
 			}
 			// ...but after it.
-			j.Wait = 2 * time.Second
+			j.Wait = 5 * time.Second
 			if sum, err := j.Run(context.Background()); err != nil || sum.Accepted != 1 {
 				t.Fatalf("second run = %+v, %v", sum, err)
 			}
