@@ -6,10 +6,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -20,13 +21,11 @@ const envPrefix = "GDR"
 type Config struct {
 	natsconn.Config
 	taskassignment.Naming
+	gitea.Instance
+	runnerpool.Source
+	assignmentqueue.PayloadStore
 
-	GiteaURL          string        `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
-	PoolsFile         string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
-	StateDir          string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 	Stream            string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	PayloadBucket     string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
-	PayloadKey        secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
 	HTTPAddr          string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
@@ -53,7 +52,7 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if c.KeepAlive <= 0 {
 		errs = append(errs, fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive))
 	}
-	pools, err := runnerpool.Load(c.PoolsFile, c.StateDir)
+	pools, err := c.Source.Load()
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -43,18 +43,16 @@ const envPrefix = "GDR"
 type Config struct {
 	natsconn.Config
 	taskassignment.Naming
+	gitea.Instance
+	runnerpool.Source
+	assignmentqueue.PayloadStore
 
-	GiteaURL      string        `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
-	PoolsFile     string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
-	StateDir      string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
-	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
-	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
-	BootstrapKey  secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	HTTPAddr      string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
-	SVIDCert      string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
-	SVIDKey       string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
-	SVIDBundle    string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
-	LogLevel      slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	BootstrapKey secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	HTTPAddr     string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
+	SVIDCert     string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
+	SVIDKey      string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
+	SVIDBundle   string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
+	LogLevel     slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 func main() {
@@ -86,7 +84,7 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if (c.SVIDCert == "") != (c.SVIDKey == "") || (c.SVIDCert == "") != (c.SVIDBundle == "") {
 		errs = append(errs, errors.New("GDR_SVID_CERT, GDR_SVID_KEY and GDR_SVID_BUNDLE go together"))
 	}
-	pools, err := runnerpool.Load(c.PoolsFile, c.StateDir)
+	pools, err := c.Source.Load()
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -21,11 +21,10 @@ const envPrefix = "GDR"
 type Config struct {
 	natsconn.Config
 	taskassignment.Naming
+	runnerpool.Source
 	bootstrap.Settings
 	backends.Setup
 
-	PoolsFile  string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
-	StateDir   string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
 	Stream     string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
@@ -71,7 +70,7 @@ func loadConfig() (Config, error) {
 		if _, err := c.Settings.New(); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := runnerpool.Load(c.PoolsFile, c.StateDir); err != nil {
+		if _, err := c.Source.Load(); err != nil {
 			errs = append(errs, err)
 		}
 	}

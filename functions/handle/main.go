@@ -25,7 +25,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
@@ -106,7 +105,7 @@ func newWorker(ctx context.Context, cfg Config, log *slog.Logger) (taskworker.Wo
 	if err != nil {
 		return taskworker.Worker{}, td, err
 	}
-	pools, err := runnerpool.Load(cfg.PoolsFile, cfg.StateDir)
+	pools, err := cfg.Source.Load()
 	if err != nil {
 		return taskworker.Worker{}, td, err
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -37,19 +36,17 @@ const envPrefix = "GDR"
 type Config struct {
 	natsconn.Config
 	taskassignment.Naming
+	gitea.Instance
+	runnerpool.Source
+	assignmentqueue.PayloadStore
 	bootstrap.Settings
 	backends.Setup
 
-	GiteaURL      string        `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
-	PoolsFile     string        `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
-	StateDir      string        `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
-	Stream        string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
-	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
-	Mode          string        `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job) or http (a pass per POST: Knative PingSource)"`
-	HTTPAddr      string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
-	Concurrency   int           `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
-	LogLevel      slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	Stream      string     `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	Mode        string     `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job) or http (a pass per POST: Knative PingSource)"`
+	HTTPAddr    string     `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
+	Concurrency int        `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
+	LogLevel    slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 func loadConfig() (Config, runnerpool.Pools, error) {
@@ -70,7 +67,7 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if c.Mode != "once" && c.Mode != "http" {
 		errs = append(errs, fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode))
 	}
-	pools, err := runnerpool.Load(c.PoolsFile, c.StateDir)
+	pools, err := c.Source.Load()
 	if err != nil {
 		errs = append(errs, err)
 	}

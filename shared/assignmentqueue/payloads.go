@@ -248,3 +248,10 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	slices.Sort(ids)
 	return ids, nil
 }
+
+// PayloadStore is embedded in the configuration of every function that reads
+// or writes payloads.
+type PayloadStore struct {
+	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
+	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+}

@@ -109,3 +109,9 @@ func PoolClients(rootURL string, hc *http.Client, pools runnerpool.Pools) (map[s
 	}
 	return clients, nil
 }
+
+// Instance is embedded in the configuration of every function that talks to
+// Gitea.
+type Instance struct {
+	GiteaURL string `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
+}

@@ -165,3 +165,13 @@ func (p Pool) validate() error {
 	}
 	return nil
 }
+
+// Source is embedded in the configuration of every function that reads the
+// pools: where the file is, and where credentials live by default.
+type Source struct {
+	PoolsFile string `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
+	StateDir  string `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
+}
+
+// Load reads the pools of s.
+func (s Source) Load() (Pools, error) { return Load(s.PoolsFile, s.StateDir) }
