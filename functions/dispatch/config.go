@@ -46,8 +46,8 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.PayloadKey) != 32 {
-		errs = append(errs, fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly 32", len(c.PayloadKey)))
+	if err := c.PayloadStore.Check(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.KeepAlive <= 0 {
 		errs = append(errs, fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive))

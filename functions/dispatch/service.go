@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -12,21 +11,17 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
-// maxDelivery bounds a webhook body; Gitea's workflow_job deliveries are a
-// few kilobytes.
-const maxDelivery = 1 << 20
-
 // service runs dispatch rounds on demand: per webhook, per tick, per interval.
 type service struct {
-	d      *dispatcher.Dispatcher
-	pools  []dispatcher.Pool
-	secret []byte
-	dedup  *webhook.Dedup
-	log    *slog.Logger
+	d        *dispatcher.Dispatcher
+	pools    []dispatcher.Pool
+	receiver webhook.Receiver
+	log      *slog.Logger
 }
 
 func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, log *slog.Logger) *service {
-	return &service{d: d, pools: pools, secret: secret, dedup: &webhook.Dedup{Size: 4096}, log: log}
+	return &service{d: d, pools: pools, log: log,
+		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
 }
 
 // dispatchAll runs one round for each pool; an error of one pool does not
@@ -60,33 +55,8 @@ func (s *service) handler() http.Handler {
 // the pools its labels match (before the answer, so a caller that sees 202
 // knows the round ran).
 func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxDelivery))
-	if err != nil {
-		http.Error(w, "read body", http.StatusBadRequest)
-		return
-	}
-	if len(s.secret) > 0 {
-		if err := webhook.Verify(s.secret, body, r.Header.Get(webhook.HeaderSignature)); err != nil {
-			s.log.Warn("webhook delivery refused", slog.String("reason", err.Error()), slog.String("remote", r.RemoteAddr))
-			http.Error(w, err.Error(), http.StatusUnauthorized)
-			return
-		}
-	}
-	if ev := r.Header.Get(webhook.HeaderEvent); ev != webhook.EventWorkflowJob {
-		http.Error(w, "ignored: not a workflow_job delivery", http.StatusAccepted)
-		return
-	}
-	job, err := webhook.Parse(body)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	if job.Action != webhook.ActionQueued {
-		http.Error(w, "ignored: action "+job.Action, http.StatusAccepted)
-		return
-	}
-	if !s.dedup.First(job.JobID, job.Action) {
-		http.Error(w, "ignored: duplicate delivery", http.StatusAccepted)
+	job, ok := s.receiver.Receive(w, r)
+	if !ok {
 		return
 	}
 	var pools []dispatcher.Pool

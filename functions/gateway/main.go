@@ -75,8 +75,8 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.PayloadKey) != 32 {
-		errs = append(errs, fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly 32", len(c.PayloadKey)))
+	if err := c.PayloadStore.Check(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength); err != nil {
 		errs = append(errs, err)

@@ -96,7 +96,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, jobTimeout+time.Hour, keys.Payload)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, jobTimeout+time.Hour, secretkey.Key(keys.Payload))
 	if err != nil {
 		return nil, l.fail(err)
 	}
@@ -104,7 +104,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	boot, err := bootstrap.New(keys.Bootstrap, "https://"+cfg.GatewayAddr)
+	boot, err := bootstrap.New(secretkey.Key(keys.Bootstrap), "https://"+cfg.GatewayAddr)
 	if err != nil {
 		return nil, l.fail(err)
 	}
@@ -208,11 +208,10 @@ func explain(url, what string, err error) error {
 	return fmt.Errorf("Gitea at %s: %s: %w", url, what, err)
 }
 
+// keyFile is keys.json: the capability and payload keys (base64 in JSON).
 type keyFile struct {
-	Bootstrap secretkey.Key `json:"-"`
-	Payload   secretkey.Key `json:"-"`
-	B         []byte        `json:"bootstrap"`
-	P         []byte        `json:"payload"`
+	Bootstrap []byte `json:"bootstrap"`
+	Payload   []byte `json:"payload"`
 }
 
 // keys loads the capability and payload keys, or creates them once.
@@ -222,11 +221,11 @@ func (l *local) keys() (keyFile, error) {
 	var k keyFile
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		k.B, k.P = make([]byte, 32), make([]byte, 32)
-		if _, err := io.ReadFull(rand.Reader, k.B); err != nil {
+		k.Bootstrap, k.Payload = make([]byte, 32), make([]byte, 32)
+		if _, err := io.ReadFull(rand.Reader, k.Bootstrap); err != nil {
 			return k, err
 		}
-		if _, err := io.ReadFull(rand.Reader, k.P); err != nil {
+		if _, err := io.ReadFull(rand.Reader, k.Payload); err != nil {
 			return k, err
 		}
 		data, err := json.Marshal(k)
@@ -239,11 +238,10 @@ func (l *local) keys() (keyFile, error) {
 	case err != nil:
 		return k, err
 	default:
-		if err := json.Unmarshal(data, &k); err != nil || len(k.B) != 32 || len(k.P) != 32 {
+		if err := json.Unmarshal(data, &k); err != nil || len(k.Bootstrap) != 32 || len(k.Payload) != 32 {
 			return k, fmt.Errorf("%s is corrupt", path)
 		}
 	}
-	k.Bootstrap, k.Payload = k.B, k.P
 	return k, nil
 }
 
@@ -290,23 +288,16 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 }
 
 func (l *local) startWebhook() error {
-	secret := []byte(l.cfg.WebhookSecret)
-	dedup := &webhook.Dedup{Size: 4096}
+	receiver := webhook.Receiver{Secret: []byte(l.cfg.WebhookSecret), Dedup: &webhook.Dedup{Size: 4096}, Log: l.log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook", func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, "read body", http.StatusBadRequest)
+		job, ok := receiver.Receive(w, r)
+		if !ok {
 			return
 		}
-		if len(secret) > 0 && webhook.Verify(secret, body, r.Header.Get(webhook.HeaderSignature)) != nil {
-			http.Error(w, webhook.ErrSignature.Error(), http.StatusUnauthorized)
-			return
-		}
-		job, err := webhook.Parse(body)
-		if err == nil && job.Action == webhook.ActionQueued && dedup.First(job.JobID, job.Action) && l.pool.Matches(job.Labels) {
+		if l.pool.Matches(job.Labels) {
 			select {
-			case l.kick <- struct{}{}:
+			case l.kick <- struct{}{}: // the dispatch loop runs a round now
 			default:
 			}
 		}

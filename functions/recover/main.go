@@ -61,8 +61,8 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if _, err := c.Settings.New(); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.PayloadKey) != 32 {
-		errs = append(errs, fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly 32", len(c.PayloadKey)))
+	if err := c.PayloadStore.Check(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Mode != "once" && c.Mode != "http" {
 		errs = append(errs, fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode))

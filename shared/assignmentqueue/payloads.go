@@ -255,3 +255,12 @@ type PayloadStore struct {
 	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 }
+
+// Check reports a payload key that is not exactly 32 bytes, naming the
+// variable and never the key.
+func (p PayloadStore) Check() error {
+	if len(p.PayloadKey) != payloadKeySize {
+		return fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly %d", len(p.PayloadKey), payloadKeySize)
+	}
+	return nil
+}

@@ -68,7 +68,7 @@ func New(_ context.Context, kind taskassignment.Backend, c Setup, keys taskassig
 			}
 		}
 		return &processbackend.Backend{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: keys, TrustDomain: td,
-			Minter: ca, SVIDTTL: 4 * time.Hour, Env: env, OnCorrupt: corrupt, Log: log}, nil
+			Minter: ca, SVIDTTL: 4 * time.Hour, Env: env, OnCorrupt: corrupt}, nil
 	case taskassignment.BackendOpenSandbox:
 		if c.OpenSandboxURL == "" {
 			return nil, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend")

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,7 +35,8 @@ import (
 // a local process.
 type Minter interface {
 	Mint(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error)
-	TrustDomain() spiffeid.TrustDomain
+	// BundlePEM is the trust bundle the executor verifies the gateway with.
+	BundlePEM() ([]byte, error)
 }
 
 // Backend is the process backend.
@@ -57,7 +57,6 @@ type Backend struct {
 	Env []string
 	// OnCorrupt hears of executors whose metadata does not rebuild.
 	OnCorrupt func(name string, err error)
-	Log       *slog.Logger
 }
 
 // record is an executor's metadata file.
@@ -198,23 +197,11 @@ func (b *Backend) mint(a taskassignment.Assignment) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	bundle, err := bundlePEM(b.Minter)
+	bundle, err := b.Minter.BundlePEM()
 	if err != nil {
 		return nil, err
 	}
 	return []string{bootstrap.EnvSVIDCert + "=" + string(cert), bootstrap.EnvSVIDKey + "=" + string(key), bootstrap.EnvSVIDBundle + "=" + string(bundle)}, nil
-}
-
-// bundler is the part of svidca.CA that gives the trust bundle in PEM.
-type bundler interface {
-	BundlePEM() ([]byte, error)
-}
-
-func bundlePEM(m Minter) ([]byte, error) {
-	if bb, ok := m.(bundler); ok {
-		return bb.BundlePEM()
-	}
-	return nil, errors.New("processbackend: the minter gives no bundle")
 }
 
 func (b *Backend) write(id string, rec record) error {

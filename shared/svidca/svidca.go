@@ -131,9 +131,6 @@ func (c *CA) save(certPath, keyPath string) error {
 	return os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), 0o644)
 }
 
-// TrustDomain returns the CA's trust domain.
-func (c *CA) TrustDomain() spiffeid.TrustDomain { return c.td }
-
 // Bundle returns the trust bundle that verifies every SVID the CA mints.
 func (c *CA) Bundle() *x509bundle.Bundle {
 	return x509bundle.FromX509Authorities(c.td, []*x509.Certificate{c.cert})

@@ -11,6 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
 	"sync"
 )
 
@@ -114,4 +117,55 @@ func (d *Dedup) First(jobID int64, action string) bool {
 		d.order = d.order[1:]
 	}
 	return true
+}
+
+// maxDelivery bounds a delivery's body; Gitea's are a few kilobytes.
+const maxDelivery = 1 << 20
+
+// Receiver reads deliveries at an HTTP endpoint: it checks the signature
+// (when Secret is set) and keeps only workflow_job deliveries of queued jobs
+// seen for the first time.
+type Receiver struct {
+	Secret []byte
+	Dedup  *Dedup
+	// Log, if set, hears of refused deliveries.
+	Log *slog.Logger
+}
+
+// Receive reads one delivery. With ok false it has answered already: 401 for
+// a bad signature, 400 for a body that is not a job delivery, 202 "ignored"
+// for anything else that needs no poll. With ok true the caller has a queued
+// job to act on, and answers.
+func (rc Receiver) Receive(w http.ResponseWriter, r *http.Request) (job Job, ok bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxDelivery))
+	if err != nil {
+		http.Error(w, "read body", http.StatusBadRequest)
+		return Job{}, false
+	}
+	if len(rc.Secret) > 0 {
+		if err := Verify(rc.Secret, body, r.Header.Get(HeaderSignature)); err != nil {
+			if rc.Log != nil {
+				rc.Log.Warn("webhook delivery refused", slog.String("reason", err.Error()), slog.String("remote", r.RemoteAddr))
+			}
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return Job{}, false
+		}
+	}
+	if r.Header.Get(HeaderEvent) != EventWorkflowJob {
+		http.Error(w, "ignored: not a workflow_job delivery", http.StatusAccepted)
+		return Job{}, false
+	}
+	if job, err = Parse(body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return Job{}, false
+	}
+	if job.Action != ActionQueued {
+		http.Error(w, "ignored: action "+job.Action, http.StatusAccepted)
+		return Job{}, false
+	}
+	if !rc.Dedup.First(job.JobID, job.Action) {
+		http.Error(w, "ignored: duplicate delivery", http.StatusAccepted)
+		return Job{}, false
+	}
+	return job, true
 }
