@@ -3,22 +3,20 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// envPrefix prefixes every variable of every function.
-const envPrefix = "GDR"
-
 // Config is the configuration of dispatch, read from GDR_* variables.
 type Config struct {
+	function.Common
+	function.HTTP
 	natsconn.Config
 	taskassignment.Naming
 	gitea.Instance
@@ -28,20 +26,16 @@ type Config struct {
 	Stream            string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
-	HTTPAddr          string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
 	Interval          time.Duration `envconfig:"INTERVAL" default:"0s" desc:"serve: also dispatch every pool this often (0: only on webhooks and ticks)"`
 	RegistrationToken string        `envconfig:"REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
 	RunnerName        string        `envconfig:"RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
-	LogLevel          slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+
+	pools runnerpool.Pools
 }
 
-// loadConfig reads and checks the configuration and the pools file. Its
-// errors name the variable or pool at fault and never echo a secret.
-func loadConfig() (Config, runnerpool.Pools, error) {
-	var c Config
-	if err := envdoc.Process(envPrefix, &c); err != nil {
-		return Config{}, nil, err
-	}
+// Check checks what envconfig cannot, and loads the pools file. Its errors
+// name the variable or pool at fault and never echo a secret.
+func (c *Config) Check() error {
 	var errs []error
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
@@ -56,15 +50,6 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	return c, pools, errors.Join(errs...)
-}
-
-// payloadTTL is how long a payload is kept: the longest job timeout of any
-// pool, and an hour for recover to see the task end.
-func payloadTTL(pools runnerpool.Pools) time.Duration {
-	var ttl time.Duration
-	for _, p := range pools {
-		ttl = max(ttl, p.Timeout())
-	}
-	return ttl + time.Hour
+	c.pools = pools
+	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,10 +9,11 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", envPrefix, &Config{}); err != nil {
+	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -46,12 +48,13 @@ func TestLoadConfig(t *testing.T) {
 			for k, v := range tc.set {
 				t.Setenv(k, v)
 			}
-			cfg, ps, err := loadConfig()
+			cfg, err := loadConfig()
+			ps := cfg.pools
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(ps) != 1 || ps[0].Credentials != filepath.Join(dir, "linux.json") || payloadTTL(ps) != 3*time.Hour || cfg.KeepAlive != time.Minute {
+				if len(ps) != 1 || ps[0].Credentials != filepath.Join(dir, "linux.json") || ps.PayloadTTL() != 3*time.Hour || cfg.KeepAlive != time.Minute {
 					t.Fatalf("config = %+v, pools = %+v", cfg, ps)
 				}
 				return
@@ -64,4 +67,11 @@ func TestLoadConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadConfig loads the configuration as main does, from the environment.
+func loadConfig() (Config, error) {
+	var c Config
+	_, err := program.Load(&c, nil, io.Discard)
+	return c, err
 }

@@ -84,13 +84,14 @@ func setupWith(t testing.TB, capacity int, opts giteatest.Options) *e2e {
 		t.Setenv(k, v)
 	}
 	ctx := context.Background()
-	if code := run(ctx, []string{"register"}); code != 0 {
+	if code := execute(ctx, []string{"register"}, os.Stderr); code != 0 {
 		t.Fatalf("dispatch register exited %d", code)
 	}
-	cfg, ps, err := loadConfig()
+	cfg, err := loadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
+	ps := cfg.pools
 	e.cfg = cfg
 	log := slog.New(slog.NewTextHandler(&syncWriter{w: e.logs}, nil))
 	svc, closeFn, err := newService(ctx, cfg, ps, &http.Client{Timeout: 30 * time.Second}, log)
@@ -334,7 +335,7 @@ func TestE2EGiteaDownClaimsNothing(t *testing.T) {
 func TestE2EUnknownPoolIsAConfigError(t *testing.T) {
 	e := setup(t, 1, giteatest.Options{})
 	_ = e
-	if code := run(context.Background(), []string{"run", "-pool", "windows"}); code != 2 {
+	if code := execute(context.Background(), []string{"run", "-pool", "windows"}, os.Stderr); code != 2 {
 		t.Fatalf("dispatch run -pool windows exited %d, want 2", code)
 	}
 }
@@ -344,7 +345,7 @@ func TestE2ERegisterWithWrongToken(t *testing.T) {
 	t.Setenv("GDR_STATE_DIR", t.TempDir())
 	t.Setenv("GDR_REGISTRATION_TOKEN", "not-a-token")
 	_ = e
-	if code := run(context.Background(), []string{"register"}); code != 1 {
+	if code := execute(context.Background(), []string{"register"}, os.Stderr); code != 1 {
 		t.Fatalf("register with a wrong token exited %d, want 1", code)
 	}
 }

@@ -16,92 +16,76 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
-const usage = `usage: dispatch register | run [-pool NAME] | serve
-
-Configured by environment variables:
-`
+// program is dispatch's command line.
+var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME]"}
 
 func main() {
-	flag.Usage = func() {
-		fmt.Fprint(flag.CommandLine.Output(), usage)
-		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
-	}
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx, flag.Args()))
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
 }
 
-func run(ctx context.Context, args []string) int {
+// execute runs dispatch's command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
+	var cfg Config
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
+		return run(ctx, cfg, log, args)
+	})
+}
+
+// run carries out the command in args.
+func run(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	if len(args) == 0 {
-		flag.Usage()
-		return 2
+		return function.Usage(errors.New("no command"))
 	}
-	cfg, pools, err := loadConfig()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "dispatch: configuration: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
-		With(slog.String("function", "dispatch"))
 	hc := &http.Client{Timeout: 30 * time.Second}
+	pools := cfg.pools
 	switch cmd := args[0]; cmd {
 	case "register":
-		if err := register(ctx, cfg, pools, hc, log); err != nil {
-			log.Error("register failed", slog.Any("error", err))
-			return 1
+		if len(args) > 1 {
+			return function.Usage(fmt.Errorf("register takes no arguments, got %q", args[1:]))
 		}
-		return 0
+		return register(ctx, cfg, pools, hc, log)
 	case "run", "serve":
 		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
 		only := fs.String("pool", "", "dispatch only this pool")
 		if err := fs.Parse(args[1:]); err != nil {
-			return 2
+			return function.Usage(fmt.Errorf("%s: %w", cmd, err))
+		}
+		if fs.NArg() > 0 {
+			return function.Usage(fmt.Errorf("%s takes no arguments, got %q", cmd, fs.Args()))
 		}
 		if *only != "" {
 			p, err := pools.Get(*only)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "dispatch: -pool: %v\n", err)
-				return 2
+				return function.Usage(fmt.Errorf("-pool: %w", err))
 			}
 			pools = runnerpool.Pools{p}
 		}
 		svc, closeFn, err := newService(ctx, cfg, pools, hc, log)
 		if err != nil {
-			log.Error("dispatch could not start", slog.Any("error", err))
-			return 1
+			return fmt.Errorf("dispatch could not start: %w", err)
 		}
 		defer closeFn()
 		if cmd == "run" {
-			if err := svc.dispatchAll(ctx, svc.pools); err != nil {
-				return 1
-			}
-			return 0
+			return svc.dispatchAll(ctx, svc.pools)
 		}
-		if err := svc.serve(ctx, cfg.HTTPAddr, cfg.Interval); err != nil {
-			log.Error("serve failed", slog.Any("error", err))
-			return 1
-		}
-		return 0
+		return svc.serve(ctx, cfg.HTTPAddr, cfg.Interval)
 	default:
-		fmt.Fprintf(os.Stderr, "dispatch: unknown command %q\n", cmd)
-		flag.Usage()
-		return 2
+		return function.Usage(fmt.Errorf("unknown command %q", cmd))
 	}
 }
 
@@ -166,7 +150,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, payloadTTL(pools), cfg.PayloadKey)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, pools.PayloadTTL(), cfg.PayloadKey)
 	if err != nil {
 		closeFn()
 		return nil, nil, err

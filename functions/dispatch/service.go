@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -88,29 +89,26 @@ func (s *service) tick(w http.ResponseWriter, r *http.Request) {
 // serve answers HTTP until ctx ends, and with interval > 0 also runs a round
 // for every pool that often.
 func (s *service) serve(ctx context.Context, addr string, interval time.Duration) error {
-	srv := &http.Server{Addr: addr, Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
 	s.log.Info("serving", slog.String("addr", addr), slog.Duration("interval", interval))
-	var tick <-chan time.Time
 	if interval > 0 {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		tick = t.C
-	}
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-tick:
-			_ = s.dispatchAll(ctx, s.pools)
-		case <-ctx.Done():
-			shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
+		done := make(chan struct{})
+		defer func() { <-done }()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel() // before the wait above: the loop ends when serving does
+		go func() {
+			defer close(done)
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					_ = s.dispatchAll(ctx, s.pools)
+				}
 			}
-			return nil
-		}
+		}()
 	}
+	return function.ListenAndServe(ctx, function.Server(s.handler(), webhook.MaxDelivery), addr)
 }

@@ -11,14 +11,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -28,7 +25,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -37,10 +34,13 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-const envPrefix = "GDR"
+// program is gateway's command line.
+var program = function.Program{Name: "gateway"}
 
 // Config is the configuration of gateway, read from GDR_* variables.
 type Config struct {
+	function.Common
+	function.HTTP
 	natsconn.Config
 	taskassignment.Naming
 	gitea.Instance
@@ -48,29 +48,22 @@ type Config struct {
 	assignmentqueue.PayloadStore
 
 	BootstrapKey secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	HTTPAddr     string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
 	SVIDCert     string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
 	SVIDKey      string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
 	SVIDBundle   string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
-	LogLevel     slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+
+	pools runnerpool.Pools
 }
 
 func main() {
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: gateway\n\nConfigured by environment variables:\n")
-		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
-	}
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx))
+	var cfg Config
+	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+		return serve(ctx, cfg, log)
+	}))
 }
 
-func loadConfig() (Config, runnerpool.Pools, error) {
-	var c Config
-	if err := envdoc.Process(envPrefix, &c); err != nil {
-		return Config{}, nil, err
-	}
+// Check checks what envconfig cannot, and loads the pools file.
+func (c *Config) Check() error {
 	var errs []error
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
@@ -88,29 +81,16 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	return c, pools, errors.Join(errs...)
+	c.pools = pools
+	return errors.Join(errs...)
 }
 
-func run(ctx context.Context) int {
-	cfg, pools, err := loadConfig()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gateway: configuration: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With(slog.String("function", "gateway"))
-	if err := serve(ctx, cfg, pools, log); err != nil {
-		log.Error("gateway could not serve", slog.Any("error", err))
-		return 1
-	}
-	return 0
-}
-
-func serve(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Logger) error {
+func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	td, _, err := cfg.Parse()
 	if err != nil {
 		return err
 	}
-	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, pools)
+	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, cfg.pools)
 	if err != nil {
 		return err
 	}
@@ -141,20 +121,9 @@ func serve(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Lo
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() {
-		errc <- srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
-	}()
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return srv.Shutdown(shutdown)
+	return function.Serve(ctx, function.Server(g.Handler(), gateway.MaxRequestBytes),
+		tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
 }
 
 // spiffeSource returns the gateway's SVID and bundle sources: files when

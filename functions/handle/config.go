@@ -3,22 +3,23 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// envPrefix prefixes every variable of every function.
-const envPrefix = "GDR"
+// program is handle's command line.
+var program = function.Program{Name: "handle"}
 
 // Config is the configuration of handle, read from GDR_* variables.
 type Config struct {
+	function.Common
+	function.HTTP
 	natsconn.Config
 	taskassignment.Naming
 	runnerpool.Source
@@ -33,8 +34,8 @@ type Config struct {
 	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
 	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back"`
 	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed comes back"`
-	HTTPAddr   string        `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
-	LogLevel   slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+
+	pools runnerpool.Pools
 }
 
 const (
@@ -43,13 +44,9 @@ const (
 	modeSetup = "setup"
 )
 
-// loadConfig reads and checks the configuration. Its errors name the
-// variable at fault and never echo a secret.
-func loadConfig() (Config, error) {
-	var c Config
-	if err := envdoc.Process(envPrefix, &c); err != nil {
-		return Config{}, err
-	}
+// Check checks what envconfig cannot, and loads the pools file. Its errors
+// name the variable at fault and never echo a secret.
+func (c *Config) Check() error {
 	var errs []error
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
@@ -70,9 +67,11 @@ func loadConfig() (Config, error) {
 		if _, err := c.Settings.New(); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := c.Source.Load(); err != nil {
+		pools, err := c.Source.Load()
+		if err != nil {
 			errs = append(errs, err)
 		}
+		c.pools = pools
 	}
-	return c, errors.Join(errs...)
+	return errors.Join(errs...)
 }

@@ -1,16 +1,19 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 )
 
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", envPrefix, &Config{}); err != nil {
+	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -60,7 +63,8 @@ func TestLoadConfig(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(cfg.Key) != 32 || cfg.FetchWait.Seconds() != 2 {
+				// The documented defaults are the intake package's own.
+				if len(cfg.Key) != 32 || cfg.FetchWait != intake.DefaultWait || cfg.NakDelay != intake.DefaultNakDelay || cfg.ErrorDelay != intake.DefaultErrorDelay {
 					t.Fatalf("config = %+v", cfg)
 				}
 				return
@@ -73,4 +77,11 @@ func TestLoadConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadConfig loads the configuration as main does, from the environment.
+func loadConfig() (Config, error) {
+	var c Config
+	_, err := program.Load(&c, nil, io.Discard)
+	return c, err
 }

@@ -8,21 +8,14 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -30,38 +23,20 @@ import (
 )
 
 func main() {
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: handle\n\nConfigured by environment variables:\n")
-		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
-	}
-	flag.Parse()
-	os.Exit(run())
-}
-
-func run() int {
-	cfg, err := loadConfig()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "handle: configuration: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
-		With(slog.String("function", "handle"), slog.String("backend", cfg.Backend))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := serve(ctx, cfg, log); err != nil {
-		log.Error("handle could not run", slog.Any("error", err))
-		return 1
-	}
-	return 0
+	var cfg Config
+	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+		return serve(ctx, cfg, log.With(slog.String("backend", cfg.Backend)))
+	}))
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	backend := taskassignment.Backend(cfg.Backend)
 	if cfg.Mode == modeHTTP {
-		worker, td, err := newWorker(ctx, cfg, log)
+		worker, td, closeBackend, err := newWorker(cfg, log)
 		if err != nil {
 			return err
 		}
+		defer func() { _ = closeBackend() }()
 		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: intake.Handler{Worker: worker, TrustDomain: td, Log: log}}, log)
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "handle-"+cfg.Backend)
@@ -82,10 +57,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info("stream and consumer ready", slog.String("stream", q.Stream()), slog.Int("capacity", cfg.Capacity))
 		return nil
 	}
-	worker, td, err := newWorker(ctx, cfg, log)
+	worker, td, closeBackend, err := newWorker(cfg, log)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = closeBackend() }()
 	job := intake.Job{
 		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Log: log},
 		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay,
@@ -96,29 +72,28 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-func newWorker(ctx context.Context, cfg Config, log *slog.Logger) (taskworker.Worker, spiffeid.TrustDomain, error) {
+// newWorker builds the worker of the configured backend. The returned
+// function releases what the backend holds open.
+func newWorker(cfg Config, log *slog.Logger) (taskworker.Worker, spiffeid.TrustDomain, func() error, error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
-		return taskworker.Worker{}, td, err
+		return taskworker.Worker{}, td, nil, err
 	}
 	boot, err := cfg.Settings.New()
 	if err != nil {
-		return taskworker.Worker{}, td, err
+		return taskworker.Worker{}, td, nil, err
 	}
-	pools, err := cfg.Source.Load()
+	backend, closeBackend, err := backends.New(taskassignment.Backend(cfg.Backend), cfg.Setup,
+		backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
-		return taskworker.Worker{}, td, err
-	}
-	backend, err := backends.New(ctx, taskassignment.Backend(cfg.Backend), cfg.Setup, keys, td, pools, log)
-	if err != nil {
-		return taskworker.Worker{}, td, err
+		return taskworker.Worker{}, td, nil, err
 	}
 	return taskworker.Worker{
 		Backend: backend, Bootstrap: boot, Keys: keys,
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},
-	}, td, nil
+	}, td, closeBackend, nil
 }
 
 func serveHTTP(ctx context.Context, addr string, r intake.Receiver, log *slog.Logger) error {
@@ -126,19 +101,6 @@ func serveHTTP(ctx context.Context, addr string, r intake.Receiver, log *slog.Lo
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("serving CloudEvents", slog.String("addr", addr))
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return function.ListenAndServe(ctx, function.Server(h, intake.MaxEventBytes), addr)
 }

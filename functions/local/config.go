@@ -4,19 +4,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"strings"
 	"time"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
-
-const envPrefix = "GDR"
 
 // Config is local mode's configuration: GDR_LOCAL_* variables, each
 // overridden by its flag.
 type Config struct {
+	function.Common
+
 	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
 	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (flag --registration-token)"`
 	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
@@ -27,16 +26,10 @@ type Config struct {
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty accepts unsigned deliveries"`
 	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover runs"`
-	LogLevel          slog.Level    `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
-// loadConfig reads the environment, then the flags in args over it.
-func loadConfig(args []string) (Config, error) {
-	var c Config
-	if err := envdoc.Process(envPrefix, &c); err != nil {
-		return Config{}, err
-	}
-	fs := flag.NewFlagSet("local", flag.ContinueOnError)
+// Flags defines the flags that override the environment.
+func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GiteaURL, "gitea-url", c.GiteaURL, "Gitea's root URL")
 	fs.StringVar(&c.RegistrationToken, "registration-token", c.RegistrationToken, "runner registration token (first start only)")
 	fs.StringVar(&c.Labels, "labels", c.Labels, "comma-separated runner labels")
@@ -44,15 +37,10 @@ func loadConfig(args []string) (Config, error) {
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "jobs run at once")
 	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "the gateway's address")
 	fs.StringVar(&c.WebhookAddr, "webhook-addr", c.WebhookAddr, "serve the workflow_job webhook here")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: local --gitea-url URL [--registration-token TOKEN] [flags]\n\n")
-		fs.PrintDefaults()
-		fmt.Fprintf(fs.Output(), "\nEnvironment equivalents:\n")
-		_ = envdoc.Usage(fs.Output(), envPrefix, &Config{})
-	}
-	if err := fs.Parse(args); err != nil {
-		return Config{}, err
-	}
+}
+
+// Check checks the configuration once flags are applied.
+func (c *Config) Check() error {
 	var errs []error
 	if c.GiteaURL == "" {
 		errs = append(errs, errors.New("--gitea-url (GDR_LOCAL_GITEA_URL) is required"))
@@ -70,7 +58,10 @@ func loadConfig(args []string) (Config, error) {
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty"))
 	}
-	return c, errors.Join(errs...)
+	if c.PollInterval <= 0 || c.RecoverInterval <= 0 {
+		errs = append(errs, errors.New("GDR_LOCAL_POLL_INTERVAL and GDR_LOCAL_RECOVER_INTERVAL must be positive"))
+	}
+	return errors.Join(errs...)
 }
 
 func (c Config) labels() []string {

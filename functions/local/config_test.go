@@ -1,14 +1,16 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", envPrefix, &Config{}); err != nil {
+	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -27,7 +29,8 @@ func TestLoadConfig(t *testing.T) {
 		{"zero capacity", []string{"--gitea-url", "http://x", "--capacity", "0"}, "--capacity 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConfig(tc.args)
+			var c Config
+			_, err := program.Load(&c, tc.args, io.Discard)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +46,6 @@ const (
 	poolName    = "local"
 	trustDomain = "gdr.local"
 	prefix      = "gitea-dynamic-runner.io"
-	jobTimeout  = 3 * time.Hour
 )
 
 // local is one running local mode.
@@ -96,7 +94,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, jobTimeout+time.Hour, secretkey.Key(keys.Payload))
+	p := runnerpool.Pool{Name: poolName, Labels: cfg.labels(), Backend: taskassignment.BackendProcess, Capacity: cfg.Capacity}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, runnerpool.Pools{p}.PayloadTTL(), secretkey.Key(keys.Payload))
 	if err != nil {
 		return nil, l.fail(err)
 	}
@@ -115,24 +114,26 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	backend := &processbackend.Backend{
+	backend, err := processbackend.New(processbackend.Config{
 		Dir: filepath.Join(cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
-		Keys: metaKeys, TrustDomain: td, Minter: ca, SVIDTTL: jobTimeout + time.Hour, Env: executorEnv(),
+		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()),
 		OnCorrupt: func(name string, err error) {
 			log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 		},
+	})
+	if err != nil {
+		return nil, l.fail(err)
 	}
 	tasks := gitea.TaskState{Client: client}
-	p := runnerpool.Pool{Name: poolName, Labels: cfg.labels(), Backend: taskassignment.BackendProcess, Capacity: cfg.Capacity}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
-	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: time.Minute}
+	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log}
 	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys,
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
 		}}
 	l.job = intake.Job{
 		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Log: log},
-		Consumer: consumer, Batch: cfg.Capacity, Wait: time.Second, NakDelay: 2 * time.Second, ErrorDelay: 5 * time.Second,
+		Consumer: consumer, Batch: cfg.Capacity,
 	}
 	l.recover = &recovery.Recovery{
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
@@ -404,16 +405,4 @@ func (l *local) shutdown() {
 func (l *local) fail(err error) error {
 	l.shutdown()
 	return err
-}
-
-// executorEnv is the environment executors start from: ours, without our
-// own configuration (the registration token, the webhook secret).
-func executorEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GDR_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }

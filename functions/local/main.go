@@ -14,43 +14,34 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner"
 )
+
+// program is local mode's command line: it logs for a person at a terminal.
+var program = function.Program{Name: "local", Synopsis: "--gitea-url URL [--registration-token TOKEN] [flags]", TextLog: true}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "runner" {
-		os.Exit(executor.Main(os.Args[:2], os.Args[2:]))
+		os.Exit(runner.Main(os.Args[:2], os.Args[2:]))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:]))
+	var cfg Config
+	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+		return run(ctx, cfg, log)
+	}))
 }
 
-func run(ctx context.Context, args []string) int {
-	cfg, err := loadConfig(args)
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(os.Stderr, "local: %v\n", err)
-		}
-		return 2
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	l, err := start(ctx, cfg, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "local: %v\n", err)
-		return 1
+		return err
 	}
 	log.Info("gitea-dynamic-runner is running; Ctrl-C stops it", slog.String("gitea", cfg.GiteaURL),
 		slog.Any("labels", cfg.labels()), slog.Int("capacity", cfg.Capacity), slog.String("state", cfg.StateDir))
 	l.wait(ctx)
 	log.Info("stopped")
-	return 0
+	return nil
 }

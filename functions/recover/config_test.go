@@ -1,16 +1,18 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", envPrefix, &Config{}); err != nil {
+	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -44,7 +46,7 @@ func TestLoadConfig(t *testing.T) {
 			for k, v := range tc.set {
 				t.Setenv(k, v)
 			}
-			_, _, err := loadConfig()
+			_, err := loadConfig()
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -56,4 +58,11 @@ func TestLoadConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadConfig loads the configuration as main does, from the environment.
+func loadConfig() (Config, error) {
+	var c Config
+	_, err := program.Load(&c, nil, io.Discard)
+	return c, err
 }

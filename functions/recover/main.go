@@ -10,19 +10,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
@@ -30,10 +27,13 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-const envPrefix = "GDR"
+// program is recover's command line.
+var program = function.Program{Name: "recover"}
 
 // Config is the configuration of recover, read from GDR_* variables.
 type Config struct {
+	function.Common
+	function.HTTP
 	natsconn.Config
 	taskassignment.Naming
 	gitea.Instance
@@ -42,18 +42,15 @@ type Config struct {
 	bootstrap.Settings
 	backends.Setup
 
-	Stream      string     `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	Mode        string     `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job) or http (a pass per POST: Knative PingSource)"`
-	HTTPAddr    string     `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (handle: http mode only)"`
-	Concurrency int        `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
-	LogLevel    slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job) or http (a pass per POST: Knative PingSource)"`
+	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
+
+	pools runnerpool.Pools
 }
 
-func loadConfig() (Config, runnerpool.Pools, error) {
-	var c Config
-	if err := envdoc.Process(envPrefix, &c); err != nil {
-		return Config{}, nil, err
-	}
+// Check checks what envconfig cannot, and loads the pools file.
+func (c *Config) Check() error {
 	var errs []error
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
@@ -71,44 +68,27 @@ func loadConfig() (Config, runnerpool.Pools, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	return c, pools, errors.Join(errs...)
+	c.pools = pools
+	return errors.Join(errs...)
 }
 
 func main() {
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: recover\n\nConfigured by environment variables:\n")
-		_ = envdoc.Usage(flag.CommandLine.Output(), envPrefix, &Config{})
-	}
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx))
+	var cfg Config
+	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+		return run(ctx, cfg, log)
+	}))
 }
 
-func run(ctx context.Context) int {
-	cfg, pools, err := loadConfig()
+func run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	r, closeFn, err := build(ctx, cfg, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "recover: configuration: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With(slog.String("function", "recover"))
-	r, closeFn, err := build(ctx, cfg, pools, log)
-	if err != nil {
-		log.Error("recover could not start", slog.Any("error", err))
-		return 1
+		return fmt.Errorf("recover could not start: %w", err)
 	}
 	defer closeFn()
 	if cfg.Mode == "http" {
-		if err := serve(ctx, cfg.HTTPAddr, r, log); err != nil {
-			log.Error("serve failed", slog.Any("error", err))
-			return 1
-		}
-		return 0
+		return serve(ctx, cfg.HTTPAddr, r, log)
 	}
-	if err := pass(ctx, r, log); err != nil {
-		return 1
-	}
-	return 0
+	return pass(ctx, r, log)
 }
 
 // pass runs once and logs one summary line.
@@ -122,7 +102,7 @@ func pass(ctx context.Context, r *recovery.Recovery, log *slog.Logger) error {
 	return nil
 }
 
-func build(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Logger) (*recovery.Recovery, func(), error) {
+func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recovery, func(), error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
 		return nil, nil, err
@@ -131,37 +111,46 @@ func build(ctx context.Context, cfg Config, pools runnerpool.Pools, log *slog.Lo
 	if err != nil {
 		return nil, nil, err
 	}
-	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, pools)
+	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, cfg.pools)
 	if err != nil {
 		return nil, nil, err
 	}
+	var closers []func() error
+	closeAll := func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}
 	rp := map[string]recovery.Pool{}
 	bs := map[taskassignment.Backend]recovery.Backend{}
-	for _, p := range pools {
+	for _, p := range cfg.pools {
 		rp[p.Name] = recovery.Pool{Pool: p, Tasks: gitea.TaskState{Client: clients[p.Name]}}
 		if _, ok := bs[p.Backend]; ok {
 			continue
 		}
-		b, err := backends.New(ctx, p.Backend, cfg.Setup, keys, td, pools, log)
+		b, closeBackend, err := backends.New(p.Backend, cfg.Setup, backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
+			closeAll()
 			return nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
 		}
+		closers = append(closers, closeBackend)
 		bs[p.Backend] = b
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "recover")
 	if err != nil {
+		closeAll()
 		return nil, nil, err
 	}
-	closeFn := func() { _ = natsconn.Close(nc) }
+	closers = append(closers, func() error { return natsconn.Close(nc) })
 	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
 	if err != nil {
-		closeFn()
+		closeAll()
 		return nil, nil, err
 	}
 	return &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
 		Queue: assignmentqueue.New(js, cfg.Stream), Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
-	}, closeFn, nil
+	}, closeAll, nil
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
@@ -174,15 +163,10 @@ func serve(ctx context.Context, addr string, r *recovery.Recovery, log *slog.Log
 		}
 		w.WriteHeader(http.StatusAccepted)
 	})
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return srv.Shutdown(shutdown)
+	log.Info("serving ticks", slog.String("addr", addr))
+	return function.ListenAndServe(ctx, function.Server(mux, tickMaxBytes), addr)
 }
+
+// tickMaxBytes caps a tick's body: a PingSource CloudEvent is small, and
+// its body is never read.
+const tickMaxBytes = 64 << 10

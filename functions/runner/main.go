@@ -1,13 +1,13 @@
 // Command runner runs inside an executor and executes its one Gitea task
-// (see package executor).
+// (see package runner).
 package main
 
 import (
 	"os"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner"
 )
 
 func main() {
-	os.Exit(executor.Main(os.Args[:1], os.Args[1:]))
+	os.Exit(runner.Main(os.Args[:1], os.Args[1:]))
 }

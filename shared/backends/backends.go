@@ -3,13 +3,10 @@
 package backends
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
@@ -47,69 +44,82 @@ type Setup struct {
 	ClusterName    string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
-// New builds backend kind for the pools, with log for what the backend skips.
-func New(_ context.Context, kind taskassignment.Backend, c Setup, keys taskassignment.Keys, td spiffeid.TrustDomain, pools runnerpool.Pools, log *slog.Logger) (Backend, error) {
+// Deps is what a backend is built from, besides its Setup.
+type Deps struct {
+	Keys        taskassignment.Keys
+	TrustDomain spiffeid.TrustDomain
+	Pools       runnerpool.Pools
+	// Log hears of executors the backend skips (corrupt metadata).
+	Log *slog.Logger
+}
+
+// New builds backend kind. The returned function releases what the backend
+// holds open (the SPIRE Server API connection); call it once the backend is
+// no longer used.
+func New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, error) {
 	corrupt := func(name string, err error) {
-		log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
+		d.Log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 	}
+	none := func() error { return nil }
 	switch kind {
 	case taskassignment.BackendProcess:
 		if c.CADir == "" {
-			return nil, errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
+			return nil, nil, errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
 		}
-		ca, err := svidca.LoadOrCreate(c.CADir, td)
+		ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
 		if err != nil {
-			return nil, err
+			return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
 		}
-		var env []string
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, "GDR_") {
-				env = append(env, kv)
-			}
-		}
-		return &processbackend.Backend{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: keys, TrustDomain: td,
-			Minter: ca, SVIDTTL: 4 * time.Hour, Env: env, OnCorrupt: corrupt}, nil
+		b, err := processbackend.New(processbackend.Config{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: d.Keys,
+			TrustDomain: d.TrustDomain, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()), OnCorrupt: corrupt})
+		return b, none, err
 	case taskassignment.BackendOpenSandbox:
 		if c.OpenSandboxURL == "" {
-			return nil, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend")
+			return nil, nil, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend")
 		}
 		client, err := opensandbox.New(opensandbox.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		cfg := opensandboxbackend.Config{Sandboxes: client, Keys: keys, TrustDomain: td, Pools: pools, OnCorrupt: corrupt}
+		cfg := opensandboxbackend.Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: corrupt}
 		if c.CADir != "" {
-			ca, err := svidca.LoadOrCreate(c.CADir, td)
+			ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
 			if err != nil {
-				return nil, err
+				return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
 			}
 			cfg.Minter = ca
 		}
-		return opensandboxbackend.New(cfg)
+		b, err := opensandboxbackend.New(cfg)
+		return b, none, err
 	case taskassignment.BackendPod:
 		if c.ClusterName == "" {
-			return nil, errors.New("GDR_CLUSTER_NAME is required for the pod backend")
+			return nil, nil, errors.New("GDR_CLUSTER_NAME is required for the pod backend")
 		}
 		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
 		if err != nil {
 			if rc, err = rest.InClusterConfig(); err != nil {
-				return nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
+				return nil, nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
 			}
 		}
 		client, err := kubernetes.NewForConfig(rc)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		conn, err := grpc.NewClient("unix://"+c.SPIRESocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			return nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
+			return nil, nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
 		}
-		return podbackend.New(podbackend.Config{
-			Client: client, Namespace: c.KubeNamespace, Keys: keys, TrustDomain: td, Pools: pools,
+		b, err := podbackend.New(podbackend.Config{
+			Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
 			Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
-			OnCorrupt: func(x podbackend.Corrupt) { log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
+			OnCorrupt: func(x podbackend.Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
 		})
+		if err != nil {
+			_ = conn.Close()
+			return nil, nil, err
+		}
+		return b, conn.Close, nil
 	}
-	return nil, fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
+	return nil, nil, fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
 }

@@ -25,7 +25,6 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
 // Runner is what dispatch needs of a pool's Gitea registration (gitea.Client).
@@ -60,6 +59,11 @@ type Pool struct {
 	Tasks  Tasks
 }
 
+// DefaultKeepAlive is the least time between two heartbeats of a waiting
+// task when Dispatcher.KeepAlive is zero: a tenth of Gitea's default
+// ZOMBIE_TASK_TIMEOUT.
+const DefaultKeepAlive = time.Minute
+
 // Dispatcher claims and queues tasks. Its only memory (per-pool locks, the
 // time of the last heartbeat per task) saves work; losing it loses nothing.
 // Safe for concurrent use: calls for one pool are serialized in-process.
@@ -71,6 +75,7 @@ type Dispatcher struct {
 	// KeepAlive is the least time between two heartbeats this process sends
 	// for one waiting task. Gitea fails a task after ZOMBIE_TASK_TIMEOUT
 	// (default 10m) without one, so anything up to a few minutes is safe.
+	// Zero is DefaultKeepAlive.
 	KeepAlive time.Duration
 
 	mu    sync.Mutex
@@ -209,15 +214,7 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 }
 
 func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
-	id, err := taskidentity.FromTask(d.TrustDomain, task)
-	if err != nil {
-		return taskassignment.Assignment{}, err
-	}
-	image, err := JobImage(task.GetWorkflowPayload())
-	if err != nil {
-		return taskassignment.Assignment{}, err
-	}
-	return taskassignment.New(p.Backend, taskassignment.Task{ID: task.GetId(), Pool: p.Name, Image: image}, id)
+	return taskassignment.FromTask(d.TrustDomain, p.Backend, p.Name, task)
 }
 
 // keepAlive heartbeats one waiting task of the pool, at most every
@@ -263,7 +260,11 @@ func (d *Dispatcher) due(taskID int64) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	last, ok := d.beats[taskID]
-	return !ok || time.Since(last) >= d.KeepAlive
+	keepAlive := d.KeepAlive
+	if keepAlive == 0 {
+		keepAlive = DefaultKeepAlive
+	}
+	return !ok || time.Since(last) >= keepAlive
 }
 
 func (d *Dispatcher) beat(taskID int64) {

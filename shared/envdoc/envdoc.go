@@ -6,9 +6,11 @@ package envdoc
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/template"
 
@@ -61,7 +63,25 @@ func Process(prefix string, spec any) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("required variables not set: %s", strings.Join(missing, ", "))
 	}
-	return envconfig.Process(prefix, spec)
+	return redact(envconfig.Process(prefix, spec))
+}
+
+// redact rewrites envconfig's parse error, which quotes the value (a key, a
+// secret), into one that names the variable and the cause only.
+func redact(err error) error {
+	var pe *envconfig.ParseError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	cause := "not a valid " + pe.TypeName
+	var ne *strconv.NumError
+	switch {
+	case errors.As(pe.Err, &ne):
+		cause += ": " + ne.Err.Error()
+	case pe.Err != nil && pe.Value != "" && !strings.Contains(pe.Err.Error(), pe.Value):
+		cause += ": " + pe.Err.Error()
+	}
+	return fmt.Errorf("%s: %s", pe.KeyName, cause)
 }
 
 // Usage writes a plain table of the variables of spec.

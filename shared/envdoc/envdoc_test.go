@@ -81,3 +81,28 @@ func TestProcessNamesMissingVariables(t *testing.T) {
 		t.Fatalf("spec = %+v", s)
 	}
 }
+
+// A malformed value is named by its variable, never quoted: the value may be
+// a key or a token.
+func TestProcessNeverEchoesAValue(t *testing.T) {
+	type withNumbers struct {
+		Count int           `envconfig:"COUNT" default:"1"`
+		Wait  time.Duration `envconfig:"WAIT" default:"2s"`
+		On    bool          `envconfig:"ON" default:"false"`
+	}
+	const secret = "hunter2-secret-value"
+	for _, tc := range []struct{ name, variable, value, want string }{
+		{"int", "GDR_COUNT", secret, "GDR_COUNT: not a valid int: invalid syntax"},
+		{"int out of range", "GDR_COUNT", "99999999999999999999999", "GDR_COUNT: not a valid int: value out of range"},
+		{"duration", "GDR_WAIT", secret, "GDR_WAIT: not a valid time.Duration"},
+		{"bool", "GDR_ON", secret, "GDR_ON: not a valid bool: invalid syntax"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.variable, tc.value)
+			err := Process("GDR", &withNumbers{})
+			if err == nil || err.Error() != tc.want || strings.Contains(err.Error(), tc.value) {
+				t.Fatalf("Process() error = %v, want %q (and never the value)", err, tc.want)
+			}
+		})
+	}
+}

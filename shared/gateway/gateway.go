@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -31,6 +30,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
 // The headers an executor authenticates with, besides its SVID.
@@ -38,6 +38,11 @@ const (
 	HeaderAssignment = "X-Gdr-Assignment-Id"
 	HeaderCapability = "X-Gdr-Capability"
 )
+
+// MaxRequestBytes caps the body of every request: well above the largest
+// UpdateLog a runner sends (act_runner batches rows of a few KiB), far below
+// what would let one executor exhaust the gateway's memory.
+const MaxRequestBytes = 4 << 20
 
 // Forwarder is a pool's registration toward Gitea (gitea.Client).
 type Forwarder interface {
@@ -80,7 +85,7 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 // Handler returns the HTTP handler to serve behind a TLS listener configured
 // with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()).
 func (g *Gateway) Handler() http.Handler {
-	path, h := runnerv1connect.NewRunnerServiceHandler(service{g})
+	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
 	mux.Handle(path, peerIdentity(h))
 	return mux
@@ -116,7 +121,7 @@ func (g *Gateway) authenticate(ctx context.Context, h http.Header) (caller, erro
 	if !ok {
 		return caller{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no verified client certificate"))
 	}
-	taskID, err := taskOf(g.TrustDomain, id)
+	_, taskID, err := taskidentity.Parse(g.TrustDomain, id)
 	if err != nil {
 		return caller{}, connect.NewError(connect.CodeUnauthenticated, err)
 	}
@@ -132,19 +137,6 @@ func (g *Gateway) authenticate(ctx context.Context, h http.Header) (caller, erro
 		return caller{}, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("assignment %s: %w", assignmentID, err))
 	}
 	return caller{assignmentID: assignmentID, pool: pool, taskID: taskID, spiffeID: id.String()}, nil
-}
-
-// taskOf reads the task ID out of a task identity.
-func taskOf(td spiffeid.TrustDomain, id spiffeid.ID) (int64, error) {
-	segs := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
-	if !id.MemberOf(td) || len(segs) != 5 || segs[0] != "repo" || segs[3] != "task" {
-		return 0, fmt.Errorf("%s is not a task identity", id)
-	}
-	n, err := strconv.ParseInt(segs[4], 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%s is not a task identity", id)
-	}
-	return n, nil
 }
 
 func (g *Gateway) log() *slog.Logger {

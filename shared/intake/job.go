@@ -15,6 +15,24 @@ type Puller interface {
 	Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error)
 }
 
+// The defaults of Job's timings, used where a field is zero.
+const (
+	// DefaultWait: a KEDA-started run finds its message within a poll.
+	DefaultWait = 2 * time.Second
+	// DefaultNakDelay: a Pod is usually scheduled within seconds.
+	DefaultNakDelay = 5 * time.Second
+	// DefaultErrorDelay: a failed backend call is not retried at once.
+	DefaultErrorDelay = 15 * time.Second
+)
+
+// orDefault is d, or def when d is zero.
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
 // Job is the KEDA ScaledJob mode: each run pulls at most Batch messages and
 // settles every one of them before it returns.
 type Job struct {
@@ -22,11 +40,13 @@ type Job struct {
 	Consumer Puller
 	// Batch is the most messages one run takes (at least 1).
 	Batch int
-	// Wait is how long a run waits for its first message.
+	// Wait is how long a run waits for its first message (zero:
+	// DefaultWait).
 	Wait time.Duration
-	// NakDelay is when a NotYet message comes back.
+	// NakDelay is when a NotYet message comes back (zero: DefaultNakDelay).
 	NakDelay time.Duration
-	// ErrorDelay is when a Failed message comes back.
+	// ErrorDelay is when a Failed message comes back (zero:
+	// DefaultErrorDelay).
 	ErrorDelay time.Duration
 }
 
@@ -64,7 +84,7 @@ func (j Job) Run(ctx context.Context) (Summary, error) {
 		return sum, nil
 	}
 	batch := max(j.Batch, 1)
-	fetchCtx, cancel := context.WithTimeout(ctx, j.Wait)
+	fetchCtx, cancel := context.WithTimeout(ctx, orDefault(j.Wait, DefaultWait))
 	defer cancel()
 	msgs, err := j.Consumer.Fetch(batch, jetstream.FetchContext(fetchCtx))
 	if err != nil {
@@ -107,10 +127,11 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 		}
 		log.Info("assignment accepted", attrs...)
 	case NotYet:
-		j.nak(log, msg, j.NakDelay, attrs)
-		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", j.NakDelay))...)
+		delay := orDefault(j.NakDelay, DefaultNakDelay)
+		j.nak(log, msg, delay, attrs)
+		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
-		delay := j.ErrorDelay
+		delay := orDefault(j.ErrorDelay, DefaultErrorDelay)
 		if ctx.Err() != nil {
 			delay = 0
 		}

@@ -13,6 +13,11 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
+// MaxEventBytes caps a CloudEvent request's body: an assignment is a few
+// hundred bytes, and a body over the cap is never read whole (it can never
+// be an assignment, so refusing it drops it).
+const MaxEventBytes = 64 << 10
+
 // Receiver is the Knative mode: a NatsJetStreamChannel subscription delivers
 // one CloudEvent per HTTP request. Knative acknowledges a 2xx, redelivers
 // after a 5xx (with its backoff) and terminates the message on any other

@@ -23,6 +23,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -56,8 +57,8 @@ type Config struct {
 	// valid Profile. A sandbox lives at most its pool's job timeout.
 	Pools runnerpool.Pools
 	// Minter, if set, mints the X.509-SVID each new sandbox gets in its
-	// environment (see EnvSVIDCertificates).
-	Minter Minter
+	// environment (see bootstrap.SVIDEnvironment).
+	Minter bootstrap.Minter
 	// CreateRetry bounds the creates of one sandbox after a failure that may
 	// or may not have taken effect (429, 5xx, no answer). Before each retry
 	// the backend looks the sandbox up by its assignment ID, so a create that
@@ -356,7 +357,7 @@ func (b *Backend) createRequest(ctx context.Context, a taskassignment.Assignment
 		if err != nil || !id.MemberOf(b.cfg.TrustDomain) {
 			return req, fmt.Errorf("SPIFFE ID %q is not in trust domain %s", a.Identity.SPIFFEID, b.cfg.TrustDomain)
 		}
-		svid, err := mintEnvironment(ctx, b.cfg.Minter, id, p.timeout)
+		svid, err := bootstrap.SVIDEnvironment(ctx, b.cfg.Minter, id, p.timeout)
 		if err != nil {
 			return req, err
 		}

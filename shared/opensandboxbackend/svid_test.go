@@ -22,6 +22,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
 )
 
@@ -99,14 +100,14 @@ func TestCreateHandsTheSandboxAMintedSVID(t *testing.T) {
 	e := h.create(t, a)
 	sb, _ := h.fake.Sandbox(e.Name)
 
-	svid, err := x509svid.Parse([]byte(sb.Env[opensandboxbackend.EnvSVIDCertificates]), []byte(sb.Env[opensandboxbackend.EnvSVIDKey]))
+	svid, err := x509svid.Parse([]byte(sb.Env[bootstrap.EnvSVIDCert]), []byte(sb.Env[bootstrap.EnvSVIDKey]))
 	if err != nil {
 		t.Fatalf("the sandbox's SVID does not parse: %v", err)
 	}
 	if svid.ID.String() != a.Identity.SPIFFEID {
 		t.Fatalf("SVID for %s, want %s", svid.ID, a.Identity.SPIFFEID)
 	}
-	block, _ := pem.Decode([]byte(sb.Env[opensandboxbackend.EnvSVIDBundle]))
+	block, _ := pem.Decode([]byte(sb.Env[bootstrap.EnvSVIDBundle]))
 	if block == nil || !bytes.Equal(block.Bytes, minter.ca.Raw) {
 		t.Fatal("the bundle is not the minter's CA")
 	}
@@ -126,7 +127,7 @@ func TestCreateHandsTheSandboxAMintedSVID(t *testing.T) {
 		}
 	}
 	// The environment is the executor's plus the SVID's and the profile's.
-	if len(sb.Env) != len(h.launch(t, a).Environment)+len(opensandboxbackend.SVIDVariables())+1 {
+	if len(sb.Env) != len(h.launch(t, a).Environment)+len(bootstrap.SVIDVariables())+1 {
 		t.Fatalf("env has %d variables", len(sb.Env))
 	}
 	if err := h.backend.BindIdentity(context.Background(), e, a.Identity); err != nil {

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -31,17 +30,13 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
-// Minter mints an executor's X.509-SVID (svidca.CA): no SPIRE agent attests
-// a local process.
-type Minter interface {
-	Mint(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error)
-	// BundlePEM is the trust bundle the executor verifies the gateway with.
-	BundlePEM() ([]byte, error)
-}
+// DefaultSVIDTTL is how long an executor's SVID is valid when Config
+// leaves it zero: Gitea's 3-hour job limit and an hour to report.
+const DefaultSVIDTTL = 4 * time.Hour
 
-// Backend is the process backend.
-type Backend struct {
-	// Dir holds one subdirectory per executor.
+// Config is the configuration of the process backend.
+type Config struct {
+	// Dir holds one subdirectory per executor (created if absent).
 	Dir string
 	// Runner is the runner binary, started with RunnerArgs.
 	Runner     string
@@ -49,14 +44,60 @@ type Backend struct {
 	// Keys and TrustDomain rebuild assignments for recover.
 	Keys        taskassignment.Keys
 	TrustDomain spiffeid.TrustDomain
-	// Minter gives each executor its SVID, valid for SVIDTTL.
-	Minter  Minter
+	// Minter gives each executor its SVID (svidca.CA): no SPIRE agent
+	// attests a local process, and without an SVID the runner cannot reach
+	// the gateway.
+	Minter bootstrap.Minter
+	// SVIDTTL is how long an SVID is valid; zero is DefaultSVIDTTL.
 	SVIDTTL time.Duration
 	// Env is added to every executor's environment (PATH, HOME, ...); the
 	// launch environment comes on top.
 	Env []string
 	// OnCorrupt hears of executors whose metadata does not rebuild.
 	OnCorrupt func(name string, err error)
+}
+
+// InheritedEnv is the environment a process executor starts from (Config's
+// Env): environ without any GDR_* variable, so that no configuration of ours
+// (a registration token, a webhook secret, a key) reaches a job.
+func InheritedEnv(environ []string) []string {
+	var env []string
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "GDR_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// Backend is the process backend.
+type Backend struct {
+	cfg Config
+}
+
+// New returns the backend of cfg, or an error naming what is missing.
+func New(cfg Config) (*Backend, error) {
+	if cfg.SVIDTTL == 0 {
+		cfg.SVIDTTL = DefaultSVIDTTL
+	}
+	switch {
+	case cfg.Dir == "":
+		return nil, errors.New("processbackend: no executor directory")
+	case cfg.Runner == "":
+		return nil, errors.New("processbackend: no runner binary")
+	case cfg.Keys.Runner == "" || cfg.Keys.AssignmentID == "":
+		return nil, errors.New("processbackend: no metadata keys")
+	case cfg.TrustDomain.IsZero():
+		return nil, errors.New("processbackend: no trust domain")
+	case cfg.Minter == nil:
+		return nil, errors.New("processbackend: no SVID minter: a process executor has no other identity")
+	case cfg.SVIDTTL < 0:
+		return nil, fmt.Errorf("processbackend: SVID TTL %s is negative", cfg.SVIDTTL)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("processbackend: executor directory %s: %w", cfg.Dir, err)
+	}
+	return &Backend{cfg: cfg}, nil
 }
 
 // record is an executor's metadata file.
@@ -71,7 +112,7 @@ type record struct {
 	Start uint64 `json:"start"`
 }
 
-func (b *Backend) dir(id string) string     { return filepath.Join(b.Dir, id) }
+func (b *Backend) dir(id string) string     { return filepath.Join(b.cfg.Dir, id) }
 func (b *Backend) meta(id string) string    { return filepath.Join(b.dir(id), "executor.json") }
 func (b *Backend) status(id string) string  { return filepath.Join(b.dir(id), "status") }
 func (b *Backend) logFile(id string) string { return filepath.Join(b.dir(id), "runner.log") }
@@ -141,19 +182,23 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	if err := b.write(a.ID, rec); err != nil {
 		return nil, err
 	}
-	env := append([]string(nil), b.Env...)
+	env := append([]string(nil), b.cfg.Env...)
 	for k, v := range spec.Environment {
 		if k == bootstrap.EnvJobImage {
 			continue // a process runs no image: `container:` jobs are refused by the runner
 		}
 		env = append(env, k+"="+v)
 	}
-	if b.Minter != nil {
-		svidEnv, err := b.mint(a)
-		if err != nil {
-			return nil, err
-		}
-		env = append(env, svidEnv...)
+	id, err := spiffeid.FromString(a.Identity.SPIFFEID)
+	if err != nil || !id.MemberOf(b.cfg.TrustDomain) {
+		return nil, fmt.Errorf("executor %s: SPIFFE ID %q is not in trust domain %s", a.ID, a.Identity.SPIFFEID, b.cfg.TrustDomain)
+	}
+	svidEnv, err := bootstrap.SVIDEnvironment(ctx, b.cfg.Minter, id, b.cfg.SVIDTTL)
+	if err != nil {
+		return nil, fmt.Errorf("executor %s: %w", a.ID, err)
+	}
+	for k, v := range svidEnv {
+		env = append(env, k+"="+v)
 	}
 	env = append(env, "GDR_STATUS_FILE="+b.status(a.ID), "GDR_WORK_DIR="+filepath.Join(b.dir(a.ID), "work"))
 	logf, err := os.OpenFile(b.logFile(a.ID), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
@@ -161,7 +206,7 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(b.Runner, b.RunnerArgs...)
+	cmd := exec.Command(b.cfg.Runner, b.cfg.RunnerArgs...)
 	cmd.Env = env
 	cmd.Dir = b.dir(a.ID)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -178,30 +223,6 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		return nil, err
 	}
 	return b.executor(a.ID, rec), nil
-}
-
-func (b *Backend) mint(a taskassignment.Assignment) ([]string, error) {
-	id, err := spiffeid.FromString(a.Identity.SPIFFEID)
-	if err != nil {
-		return nil, err
-	}
-	ttl := b.SVIDTTL
-	if ttl <= 0 {
-		ttl = 4 * time.Hour
-	}
-	svid, err := b.Minter.Mint(id, ttl)
-	if err != nil {
-		return nil, err
-	}
-	cert, key, err := svid.Marshal()
-	if err != nil {
-		return nil, err
-	}
-	bundle, err := b.Minter.BundlePEM()
-	if err != nil {
-		return nil, err
-	}
-	return []string{bootstrap.EnvSVIDCert + "=" + string(cert), bootstrap.EnvSVIDKey + "=" + string(key), bootstrap.EnvSVIDBundle + "=" + string(bundle)}, nil
 }
 
 func (b *Backend) write(id string, rec record) error {
@@ -224,7 +245,7 @@ func (b *Backend) BindIdentity(_ context.Context, e *taskworker.Executor, id tas
 	if err != nil {
 		return err
 	}
-	if rec.Annotations[b.Keys.SPIFFEID] != id.SPIFFEID {
+	if rec.Annotations[b.cfg.Keys.SPIFFEID] != id.SPIFFEID {
 		return fmt.Errorf("executor %s was created for another identity", e.Name)
 	}
 	return nil
@@ -248,7 +269,7 @@ func (b *Backend) Delete(_ context.Context, e *taskworker.Executor) error {
 
 // RecoverAssignments rebuilds the assignment of every executor.
 func (b *Backend) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
-	entries, err := os.ReadDir(b.Dir)
+	entries, err := os.ReadDir(b.cfg.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -266,13 +287,13 @@ func (b *Backend) RecoverAssignments(context.Context) ([]taskassignment.Assignme
 		}
 		if err == nil {
 			var a taskassignment.Assignment
-			if a, err = b.Keys.FromMetadata(rec.Labels, rec.Annotations, b.TrustDomain); err == nil {
+			if a, err = b.cfg.Keys.FromMetadata(rec.Labels, rec.Annotations, b.cfg.TrustDomain); err == nil {
 				out = append(out, a)
 				continue
 			}
 		}
-		if b.OnCorrupt != nil {
-			b.OnCorrupt(ent.Name(), err)
+		if b.cfg.OnCorrupt != nil {
+			b.cfg.OnCorrupt(ent.Name(), err)
 		}
 	}
 	return out, nil

@@ -38,7 +38,10 @@ func setup(t *testing.T, body string) (*Backend, taskassignment.Assignment, task
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &Backend{Dir: t.TempDir(), Runner: fakeRunner(t, body), Keys: keys, TrustDomain: td, Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}}
+	b, err := New(Config{Dir: t.TempDir(), Runner: fakeRunner(t, body), Keys: keys, TrustDomain: td, Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	id, _ := taskidentity.New(td, "alice/repo", "build", 9)
 	a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: 9, Pool: "local", Image: "golang:1.26"}, id)
 	boot, _ := bootstrap.New([]byte(strings.Repeat("k", 32)), "https://127.0.0.1:1")
@@ -164,12 +167,51 @@ func TestRecoverAssignments(t *testing.T) {
 		t.Fatal(err)
 	}
 	var corrupt []string
-	b.OnCorrupt = func(name string, err error) { corrupt = append(corrupt, name) }
+	b.cfg.OnCorrupt = func(name string, err error) { corrupt = append(corrupt, name) }
 	got, err := b.RecoverAssignments(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[0] != a || len(corrupt) != 1 || corrupt[0] != "local-10" {
 		t.Fatalf("recovered %+v, corrupt %v", got, corrupt)
+	}
+}
+
+func TestNewRefusesAnIncompleteConfig(t *testing.T) {
+	keys, _ := taskassignment.NewKeys("ci.example.org")
+	ca, err := svidca.New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := func() Config {
+		return Config{Dir: t.TempDir(), Runner: "runner", Keys: keys, TrustDomain: td, Minter: ca}
+	}
+	if _, err := New(valid()); err != nil {
+		t.Fatalf("New(valid) = %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"no directory", func(c *Config) { c.Dir = "" }, "no executor directory"},
+		{"no runner", func(c *Config) { c.Runner = "" }, "no runner binary"},
+		{"no keys", func(c *Config) { c.Keys = taskassignment.Keys{} }, "no metadata keys"},
+		{"no trust domain", func(c *Config) { c.TrustDomain = spiffeid.TrustDomain{} }, "no trust domain"},
+		{"no minter", func(c *Config) { c.Minter = nil }, "no SVID minter"},
+		{"negative TTL", func(c *Config) { c.SVIDTTL = -time.Second }, "negative"},
+		{"directory under a file", func(c *Config) {
+			f := filepath.Join(t.TempDir(), "file")
+			_ = os.WriteFile(f, nil, 0o600)
+			c.Dir = filepath.Join(f, "executors")
+		}, "executor directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.change(&c)
+			if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New() error = %v, want it to mention %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -25,10 +25,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
@@ -235,15 +233,7 @@ func (r *Recovery) rebuild(ctx context.Context, pool Pool, id string) (taskassig
 	if err != nil {
 		return taskassignment.Assignment{}, err
 	}
-	identity, err := taskidentity.FromTask(r.TrustDomain, task)
-	if err != nil {
-		return taskassignment.Assignment{}, err
-	}
-	image, err := dispatcher.JobImage(task.GetWorkflowPayload())
-	if err != nil {
-		return taskassignment.Assignment{}, err
-	}
-	a, err := taskassignment.New(pool.Backend, taskassignment.Task{ID: task.GetId(), Pool: pool.Name, Image: image}, identity)
+	a, err := taskassignment.FromTask(r.TrustDomain, pool.Backend, pool.Name, task)
 	if err != nil {
 		return taskassignment.Assignment{}, err
 	}

@@ -94,6 +94,20 @@ func (ps Pools) Get(name string) (Pool, error) {
 	return Pool{}, fmt.Errorf("unknown runner pool %q", name)
 }
 
+// ReportGrace is how long a task's payload outlives its pool's job timeout:
+// time for recover to see the task end, report it and clean up.
+const ReportGrace = time.Hour
+
+// PayloadTTL is how long a claimed task's payload is kept: the longest job
+// timeout of any pool, and ReportGrace.
+func (ps Pools) PayloadTTL() time.Duration {
+	var ttl time.Duration
+	for _, p := range ps {
+		ttl = max(ttl, p.Timeout())
+	}
+	return ttl + ReportGrace
+}
+
 type file struct {
 	Pools Pools `json:"pools"`
 }

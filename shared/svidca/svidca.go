@@ -189,14 +189,8 @@ func serial() *big.Int {
 	return n
 }
 
-// BundlePEM returns the trust bundle in PEM, for an executor to verify the
-// gateway with.
-func (c *CA) BundlePEM() ([]byte, error) {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), nil
-}
-
-// MintX509SVID is Mint with the bundle, in the shape the OpenSandbox
-// backend's Minter takes.
+// MintX509SVID is Mint with the bundle: it makes the CA a
+// bootstrap.Minter.
 func (c *CA) MintX509SVID(_ context.Context, id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, *x509bundle.Bundle, error) {
 	svid, err := c.Mint(id, ttl)
 	if err != nil {

@@ -99,3 +99,18 @@ func FromMetadata(td spiffeid.TrustDomain, repository, job string, taskID int64,
 	}
 	return want, nil
 }
+
+// Parse reads a task identity back: the lower-cased repository
+// ("owner/name") and the task ID of id, which must be exactly of the shape
+// New builds in trust domain td. It is how a verified SVID names its task.
+func Parse(td spiffeid.TrustDomain, id spiffeid.ID) (repository string, taskID int64, err error) {
+	segs := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	if !id.MemberOf(td) || len(segs) != 5 || segs[0] != "repo" || segs[3] != "task" {
+		return "", 0, fmt.Errorf("task identity: %s is not a task identity of trust domain %q", id, td.Name())
+	}
+	n, err := strconv.ParseInt(segs[4], 10, 64)
+	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != segs[4] {
+		return "", 0, fmt.Errorf("task identity: %s has no valid task ID", id)
+	}
+	return segs[1] + "/" + segs[2], n, nil
+}

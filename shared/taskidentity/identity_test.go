@@ -109,3 +109,31 @@ func TestFromMetadata(t *testing.T) {
 		})
 	}
 }
+
+func TestParse(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	built, err := New(td, "Alice/Repo", "build", 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, task, err := Parse(td, spiffeid.RequireFromString(built.SPIFFEID))
+	if err != nil || repo != "alice/repo" || task != 42 {
+		t.Fatalf("Parse(New(...)) = %q, %d, %v; want alice/repo, 42", repo, task, err)
+	}
+	for _, tc := range []struct{ name, id string }{
+		{"other trust domain", "spiffe://evil.example.org/repo/alice/repo/task/42"},
+		{"not a task", "spiffe://ci.example.org/gateway"},
+		{"too deep", "spiffe://ci.example.org/repo/alice/repo/task/42/x"},
+		{"no repo segment", "spiffe://ci.example.org/rep/alice/repo/task/42"},
+		{"zero task", "spiffe://ci.example.org/repo/alice/repo/task/0"},
+		{"negative task", "spiffe://ci.example.org/repo/alice/repo/task/-4"},
+		{"leading zero", "spiffe://ci.example.org/repo/alice/repo/task/042"},
+		{"not a number", "spiffe://ci.example.org/repo/alice/repo/task/x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := Parse(td, spiffeid.RequireFromString(tc.id)); err == nil {
+				t.Fatalf("Parse(%s) succeeded", tc.id)
+			}
+		})
+	}
+}

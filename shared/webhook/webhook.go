@@ -119,8 +119,9 @@ func (d *Dedup) First(jobID int64, action string) bool {
 	return true
 }
 
-// maxDelivery bounds a delivery's body; Gitea's are a few kilobytes.
-const maxDelivery = 1 << 20
+// MaxDelivery bounds a delivery's body; Gitea's are a few kilobytes. A
+// larger one is refused with 413 before more than this is read.
+const MaxDelivery = 1 << 20
 
 // Receiver reads deliveries at an HTTP endpoint: it checks the signature
 // (when Secret is set) and keeps only workflow_job deliveries of queued jobs
@@ -133,12 +134,18 @@ type Receiver struct {
 }
 
 // Receive reads one delivery. With ok false it has answered already: 401 for
-// a bad signature, 400 for a body that is not a job delivery, 202 "ignored"
+// a bad signature, 413 for a body over MaxDelivery, 400 for a body that is
+// not a job delivery, 202 "ignored"
 // for anything else that needs no poll. With ok true the caller has a queued
 // job to act on, and answers.
 func (rc Receiver) Receive(w http.ResponseWriter, r *http.Request) (job Job, ok bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxDelivery))
-	if err != nil {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxDelivery))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		http.Error(w, fmt.Sprintf("delivery over %d bytes", tooLarge.Limit), http.StatusRequestEntityTooLarge)
+		return Job{}, false
+	case err != nil:
 		http.Error(w, "read body", http.StatusBadRequest)
 		return Job{}, false
 	}

@@ -2,7 +2,11 @@ package webhook
 
 import (
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -64,4 +68,41 @@ func TestDedup(t *testing.T) {
 			t.Fatalf("step %d: First(%d, %s) = %v", i, s.job, s.action, got)
 		}
 	}
+}
+
+// A delivery over MaxDelivery is refused as too large, whatever its
+// signature, before more than the cap is read: not a truncated body that
+// then fails the signature check with 401.
+func TestReceiveRefusesALargeDelivery(t *testing.T) {
+	rc := Receiver{Secret: []byte("s"), Dedup: &Dedup{Size: 8}}
+	for _, tc := range []struct {
+		size int
+		want int
+	}{
+		{MaxDelivery + 1, http.StatusRequestEntityTooLarge},
+		{2 << 20, http.StatusRequestEntityTooLarge},
+		{100, http.StatusUnauthorized}, // small and unsigned: the signature decides
+	} {
+		body := &countingReader{r: strings.NewReader(strings.Repeat("x", tc.size))}
+		req := httptest.NewRequest(http.MethodPost, "/webhook", body)
+		req.Header.Set(HeaderEvent, EventWorkflowJob)
+		w := httptest.NewRecorder()
+		if _, ok := rc.Receive(w, req); ok || w.Code != tc.want {
+			t.Errorf("delivery of %d bytes: ok %v, status %d; want %d", tc.size, ok, w.Code, tc.want)
+		}
+		if body.n > MaxDelivery+1 {
+			t.Errorf("delivery of %d bytes: read %d, more than the cap", tc.size, body.n)
+		}
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

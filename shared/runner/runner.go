@@ -1,4 +1,4 @@
-// Package executor is the runner that runs inside an executor and executes
+// Package runner is the runner process that runs inside an executor and executes
 // its one Gitea task; functions/runner (and local mode) only call Main.
 //
 // It reads its bootstrap values (CI_*: assignment, SPIFFE ID, capability,
@@ -11,7 +11,7 @@
 //
 // Exit status: 0 once a result is reported (whatever the result), 1 when it
 // could not report, 2 when it could not start (bootstrap, identity, task).
-package executor
+package runner
 
 import (
 	"context"
@@ -29,18 +29,20 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
-
-// EnvPrefix prefixes the runner's own configuration variables.
-const EnvPrefix = "GDR"
 
 // Config is the configuration of runner that the executor image sets (not
 // the per-task CI_* values), read from GDR_* variables.
 type Config struct {
-	WorkDir    string     `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
-	StatusFile string     `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
-	LogLevel   slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	function.Common
+
+	WorkDir    string `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
+	StatusFile string `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
 }
+
+// program is the runner's command line.
+var program = function.Program{Name: "runner"}
 
 // envSocket is the SPIFFE Workload API socket; read, then kept from steps.
 const envSocket = "SPIFFE_ENDPOINT_SOCKET"
@@ -62,7 +64,7 @@ func Main(self []string, args []string) int {
 	fd := fs.Int("bootstrap-fd", -1, "internal: read the bootstrap values from this file descriptor")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: runner\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
-		_ = envdoc.Usage(fs.Output(), EnvPrefix, &Config{})
+		_ = envdoc.Usage(fs.Output(), function.EnvPrefix, &Config{})
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -76,12 +78,12 @@ func Main(self []string, args []string) int {
 		return 2
 	}
 	var cfg Config
-	if err := envdoc.Process(EnvPrefix, &cfg); err != nil {
+	if err := envdoc.Process(function.EnvPrefix, &cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: configuration: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
-		With(slog.String("function", "runner"), slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
+	log := program.Logger(os.Stderr, cfg.LogLevel).
+		With(slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	code := run(ctx, cfg, v, log)
 	stop()

@@ -1,10 +1,30 @@
-package dispatcher
+package taskassignment
 
 import (
 	"fmt"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
+
+// FromTask builds the assignment of a task Gitea handed out to pool (run by
+// backend): its identity from the task's context in trust domain td, and the
+// image of its job's `container:`. dispatch builds it when it claims the
+// task and recover when it re-publishes it, and both get the same one.
+func FromTask(td spiffeid.TrustDomain, backend Backend, pool string, task *runnerv1.Task) (Assignment, error) {
+	identity, err := taskidentity.FromTask(td, task)
+	if err != nil {
+		return Assignment{}, err
+	}
+	image, err := JobImage(task.GetWorkflowPayload())
+	if err != nil {
+		return Assignment{}, fmt.Errorf("task %d: %w", task.GetId(), err)
+	}
+	return New(backend, Task{ID: task.GetId(), Pool: pool, Image: image}, identity)
+}
 
 // JobImage returns the image of the job's `container:` in a task's workflow
 // payload (Gitea sends a single-job workflow), or "" when the job has none.

@@ -1,0 +1,173 @@
+package function
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+type testConfig struct {
+	Common
+	HTTP
+	Key   string `envconfig:"TEST_KEY" required:"true" desc:"a secret"`
+	Count int    `envconfig:"TEST_COUNT" default:"1" desc:"how many"`
+	Name  string `envconfig:"TEST_NAME" default:"env" desc:"a name, also a flag"`
+}
+
+func (c *testConfig) Check() error {
+	if c.Count < 1 {
+		return fmt.Errorf("GDR_TEST_COUNT %d: want at least 1", c.Count)
+	}
+	return nil
+}
+
+func (c *testConfig) Flags(fs *flag.FlagSet) { fs.StringVar(&c.Name, "name", c.Name, "a name") }
+
+func TestExec(t *testing.T) {
+	const secret = "s3cr3t-value-never-shown"
+	p := Program{Name: "probe", Synopsis: "do | dont"}
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		args     []string
+		run      error
+		wantCode int
+		wantOut  []string // substrings of stderr
+		wantRun  bool
+	}{
+		{"ok", map[string]string{"GDR_TEST_KEY": secret}, []string{"--name", "flag", "do"}, nil, ExitOK, nil, true},
+		{"help", nil, []string{"-h"}, nil, ExitOK, []string{"usage: probe do | dont", "-name", "GDR_TEST_KEY", "(required)"}, false},
+		{"missing required", nil, nil, nil, ExitConfig, []string{"probe: configuration: required variables not set: GDR_TEST_KEY"}, false},
+		{"malformed value", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": secret}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT: not a valid int"}, false},
+		{"check fails", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": "0"}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT 0"}, false},
+		{"unknown flag", map[string]string{"GDR_TEST_KEY": secret}, []string{"--nope"}, nil, ExitConfig, []string{"flag provided but not defined"}, false},
+		{"usage error", map[string]string{"GDR_TEST_KEY": secret}, []string{"maybe"}, Usage(errors.New(`unknown command "maybe"`)), ExitConfig, []string{`probe: unknown command "maybe"`, "usage: probe do | dont"}, true},
+		{"run fails", map[string]string{"GDR_TEST_KEY": secret}, nil, errors.New("NATS unreachable"), ExitFailed, []string{`"msg":"probe failed"`, "NATS unreachable", `"function":"probe"`}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GDR_TEST_KEY", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			if _, ok := tc.env["GDR_TEST_KEY"]; !ok {
+				unsetenv(t, "GDR_TEST_KEY")
+			}
+			var out bytes.Buffer
+			var cfg testConfig
+			ran := false
+			code := p.Exec(context.Background(), &cfg, tc.args, &out, func(ctx context.Context, log *slog.Logger, args []string) error {
+				ran = true
+				if tc.name == "ok" && (cfg.Name != "flag" || cfg.Key != secret || len(args) != 1 || args[0] != "do") {
+					t.Errorf("run saw config %+v, args %q", cfg, args)
+				}
+				return tc.run
+			})
+			if code != tc.wantCode || ran != tc.wantRun {
+				t.Fatalf("Exec() = %d (ran %v), want %d (ran %v); stderr:\n%s", code, ran, tc.wantCode, tc.wantRun, out.String())
+			}
+			for _, want := range tc.wantOut {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, out.String())
+				}
+			}
+			if strings.Contains(out.String(), secret) {
+				t.Errorf("stderr shows a configured value:\n%s", out.String())
+			}
+		})
+	}
+}
+
+// unsetenv removes key for the test (t.Setenv cannot unset).
+func unsetenv(t *testing.T, key string) {
+	t.Helper()
+	t.Setenv(key, "")
+	if err := os.Unsetenv(key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestServeShutsDownGracefully(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusAccepted)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, Server(h, 1<<10), ln) }()
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/", "text/plain", strings.NewReader("x"))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	<-started
+	cancel() // the request in flight must still be answered
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned %v with a request in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if code := <-answered; code != http.StatusAccepted {
+		t.Fatalf("request in flight answered %d, want 202", code)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve() = %v after a clean shutdown", err)
+	}
+}
+
+func TestServerCapsBodies(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		fmt.Fprint(w, n)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := Server(h, 1<<10)
+	if srv.ReadTimeout == 0 || srv.ReadHeaderTimeout == 0 || srv.IdleTimeout == 0 {
+		t.Fatalf("server timeouts unset: %+v", srv)
+	}
+	go func() { _ = Serve(ctx, srv, ln) }()
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{1 << 10, http.StatusOK}, {1<<10 + 1, http.StatusRequestEntityTooLarge}} {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/", "text/plain", strings.NewReader(strings.Repeat("x", tc.size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("body of %d bytes: %d, want %d", tc.size, resp.StatusCode, tc.want)
+		}
+	}
+}
