@@ -83,27 +83,47 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 }
 
 // Handler returns the HTTP handler to serve behind a TLS listener configured
-// with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()).
+// with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()). A request is
+// authenticated from its TLS peer and headers before any byte of its body is
+// read: a caller without a valid SVID and capability cannot make the gateway
+// read, decode or buffer a body, whatever its size.
 func (g *Gateway) Handler() http.Handler {
 	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
-	mux.Handle(path, peerIdentity(h))
+	mux.Handle(path, g.authenticated(h))
 	return mux
 }
 
-type peerKey struct{}
+type callerKey struct{}
 
-// peerIdentity puts the verified SPIFFE ID of the TLS peer into the request
-// context. A request without one gets none, and is refused by every call.
-func peerIdentity(next http.Handler) http.Handler {
+// authenticated admits a request whose TLS peer and headers authenticate
+// (see authenticate), with its caller in the context; any other is answered
+// with the protocol's error at once.
+func (g *Gateway) authenticated(next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var peer *spiffeid.ID
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			if id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0]); err == nil {
-				r = r.WithContext(context.WithValue(r.Context(), peerKey{}, id))
+				peer = &id
 			}
 		}
-		next.ServeHTTP(w, r)
+		c, err := g.authenticate(peer, r.Header)
+		if err != nil {
+			_ = errs.Write(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// callerOf returns the caller authenticated reaches the service with.
+func callerOf(ctx context.Context) (caller, error) {
+	c, ok := ctx.Value(callerKey{}).(caller)
+	if !ok {
+		return caller{}, connect.NewError(connect.CodeUnauthenticated, errors.New("not authenticated"))
+	}
+	return c, nil
 }
 
 // caller is an authenticated executor.
@@ -116,11 +136,11 @@ type caller struct {
 
 // authenticate checks both factors. Unauthenticated (401) when a factor is
 // missing or wrong; nothing in the error comes from the capability.
-func (g *Gateway) authenticate(ctx context.Context, h http.Header) (caller, error) {
-	id, ok := ctx.Value(peerKey{}).(spiffeid.ID)
-	if !ok {
+func (g *Gateway) authenticate(peer *spiffeid.ID, h http.Header) (caller, error) {
+	if peer == nil {
 		return caller{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no verified client certificate"))
 	}
+	id := *peer
 	_, taskID, err := taskidentity.Parse(g.TrustDomain, id)
 	if err != nil {
 		return caller{}, connect.NewError(connect.CodeUnauthenticated, err)
@@ -163,6 +183,32 @@ func fromGitea(err error) error {
 	return connect.NewError(connect.CodeUnavailable, err)
 }
 
+// bound returns the caller's task from its sealed payload, after checking
+// that the task is exactly the caller's: the SPIFFE ID derived from the
+// payload itself (its repository and task) must equal the caller's verified
+// one, in full. A forged assignment can give an executor a valid SVID and
+// capability for another repository with this task's ID; it still gets 403.
+func (g *Gateway) bound(ctx context.Context, c caller) (*runnerv1.Task, error) {
+	task, err := g.Payloads.Get(ctx, c.assignmentID)
+	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
+	}
+	if err != nil {
+		g.log().Error("payload unavailable", slog.String("assignment", c.assignmentID), slog.Any("error", err))
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: payload unavailable", c.taskID))
+	}
+	if task.GetId() != c.taskID {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("the payload of %s holds another task", c.assignmentID))
+	}
+	owner, err := taskidentity.FromTask(g.TrustDomain, task)
+	if err != nil || owner.SPIFFEID != c.spiffeID {
+		g.log().Warn("executor refused: its identity is not the task's", slog.String("assignment", c.assignmentID),
+			slog.String("caller", c.spiffeID))
+		return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("task %d is not the task of %s", c.taskID, c.spiffeID))
+	}
+	return task, nil
+}
+
 func notYours(c caller, taskID int64) error {
 	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("task %d is not the task of %s", taskID, c.spiffeID))
 }
@@ -183,20 +229,13 @@ func (service) Declare(context.Context, *connect.Request[runnerv1.DeclareRequest
 // FetchTask returns the caller's own task, every time it asks, and marks it
 // started (from then on dispatch stops its keep-alive heartbeats).
 func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
-	c, err := s.g.authenticate(ctx, req.Header())
+	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	task, err := s.g.Payloads.Get(ctx, c.assignmentID)
-	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
-	}
+	task, err := s.g.bound(ctx, c)
 	if err != nil {
-		s.g.log().Error("payload unavailable", slog.String("assignment", c.assignmentID), slog.Any("error", err))
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: payload unavailable", c.taskID))
-	}
-	if task.GetId() != c.taskID {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("the payload of %s holds another task", c.assignmentID))
+		return nil, err
 	}
 	if err := s.g.Payloads.MarkStarted(ctx, c.assignmentID); err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: %w", c.taskID, err))
@@ -207,12 +246,15 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 
 // UpdateTask forwards the caller's own task state; any other task is 403.
 func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
-	c, err := s.g.authenticate(ctx, req.Header())
+	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if id := req.Msg.GetState().GetId(); id != c.taskID {
 		return nil, notYours(c, id)
+	}
+	if _, err := s.g.bound(ctx, c); err != nil {
+		return nil, err
 	}
 	f, err := s.g.forwarder(c)
 	if err != nil {
@@ -227,12 +269,15 @@ func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 
 // UpdateLog forwards the caller's own log rows; any other task is 403.
 func (s service) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error) {
-	c, err := s.g.authenticate(ctx, req.Header())
+	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if id := req.Msg.GetTaskId(); id != c.taskID {
 		return nil, notYours(c, id)
+	}
+	if _, err := s.g.bound(ctx, c); err != nil {
+		return nil, err
 	}
 	f, err := s.g.forwarder(c)
 	if err != nil {
