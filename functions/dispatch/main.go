@@ -83,6 +83,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string) error
 		if cmd == "run" {
 			return svc.dispatchAll(ctx, svc.pools)
 		}
+		if cfg.WebhookSecret == "" && !cfg.AllowUnsigned {
+			return function.Usage(errors.New("serve: GDR_WEBHOOK_SECRET is not set, and unsigned webhook deliveries are refused (GDR_ALLOW_UNSIGNED_WEBHOOKS=true accepts them)"))
+		}
 		return svc.serve(ctx, cfg.HTTPAddr, cfg.Interval)
 	default:
 		return function.Usage(fmt.Errorf("unknown command %q", cmd))
@@ -145,7 +148,12 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		return nil, nil, err
 	}
 	closeFn := func() { _ = natsconn.Close(nc) }
-	q := assignmentqueue.New(js, cfg.Stream)
+	signer, err := cfg.Signer()
+	if err != nil {
+		closeFn()
+		return nil, nil, err
+	}
+	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
 	if err := q.EnsureStream(ctx); err != nil {
 		closeFn()
 		return nil, nil, err
@@ -156,5 +164,5 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		return nil, nil, err
 	}
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive}
-	return newHTTPService(d, dps, []byte(cfg.WebhookSecret), log), closeFn, nil
+	return newHTTPService(d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log), closeFn, nil
 }

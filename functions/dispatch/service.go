@@ -17,11 +17,12 @@ type service struct {
 	d        *dispatcher.Dispatcher
 	pools    []dispatcher.Pool
 	receiver webhook.Receiver
+	ticks    function.Ticks
 	log      *slog.Logger
 }
 
-func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, log *slog.Logger) *service {
-	return &service{d: d, pools: pools, log: log,
+func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
+	return &service{d: d, pools: pools, log: log, ticks: ticks,
 		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
 }
 
@@ -46,7 +47,7 @@ func (s *service) dispatchAll(ctx context.Context, pools []dispatcher.Pool) erro
 func (s *service) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook", s.webhook)
-	mux.HandleFunc("POST /{$}", s.tick)
+	mux.Handle("POST /{$}", s.ticks.Authorized(http.HandlerFunc(s.tick)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return mux
 }

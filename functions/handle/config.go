@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -24,6 +25,7 @@ type Config struct {
 	taskassignment.Naming
 	runnerpool.Source
 	bootstrap.Settings
+	assignmentsig.VerifySettings
 	backends.Setup
 
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
@@ -64,6 +66,9 @@ func (c *Config) Check() error {
 		errs = append(errs, fmt.Errorf("GDR_BATCH %d: want at least 1", c.Batch))
 	}
 	if c.Mode != modeSetup {
+		if _, err := c.Keyring(); err != nil {
+			errs = append(errs, err)
+		}
 		if _, err := c.Settings.New(); err != nil {
 			errs = append(errs, err)
 		}

@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -32,12 +30,12 @@ func main() {
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	backend := taskassignment.Backend(cfg.Backend)
 	if cfg.Mode == modeHTTP {
-		worker, td, closeBackend, err := newWorker(cfg, log)
+		h, closeBackend, err := newHandler(cfg, log)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = closeBackend() }()
-		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: intake.Handler{Worker: worker, TrustDomain: td, Log: log}}, log)
+		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: h}, log)
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "handle-"+cfg.Backend)
 	if err != nil {
@@ -57,13 +55,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info("stream and consumer ready", slog.String("stream", q.Stream()), slog.Int("capacity", cfg.Capacity))
 		return nil
 	}
-	worker, td, closeBackend, err := newWorker(cfg, log)
+	h, closeBackend, err := newHandler(cfg, log)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = closeBackend() }()
 	job := intake.Job{
-		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Log: log},
+		Handler:  h,
 		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay,
 	}
 	sum, err := job.Run(ctx)
@@ -72,28 +70,34 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-// newWorker builds the worker of the configured backend. The returned
-// function releases what the backend holds open.
-func newWorker(cfg Config, log *slog.Logger) (taskworker.Worker, spiffeid.TrustDomain, func() error, error) {
+// newHandler builds the handler of the configured backend: its worker, and
+// the keys every message is authenticated with. The returned function
+// releases what the backend holds open.
+func newHandler(cfg Config, log *slog.Logger) (intake.Handler, func() error, error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
-		return taskworker.Worker{}, td, nil, err
+		return intake.Handler{}, nil, err
 	}
 	boot, err := cfg.Settings.New()
 	if err != nil {
-		return taskworker.Worker{}, td, nil, err
+		return intake.Handler{}, nil, err
+	}
+	ring, err := cfg.Keyring()
+	if err != nil {
+		return intake.Handler{}, nil, err
 	}
 	backend, closeBackend, err := backends.New(taskassignment.Backend(cfg.Backend), cfg.Setup,
 		backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
-		return taskworker.Worker{}, td, nil, err
+		return intake.Handler{}, nil, err
 	}
-	return taskworker.Worker{
+	worker := taskworker.Worker{
 		Backend: backend, Bootstrap: boot, Keys: keys,
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},
-	}, td, closeBackend, nil
+	}
+	return intake.Handler{Worker: worker, TrustDomain: td, Keys: ring, Log: log}, closeBackend, nil
 }
 
 func serveHTTP(ctx context.Context, addr string, r intake.Receiver, log *slog.Logger) error {

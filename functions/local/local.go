@@ -25,6 +25,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
@@ -86,7 +87,11 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := assignmentqueue.New(js, "")
+	signer, err := assignmentsig.NewSigner(secretkey.Key(keys.Signing))
+	if err != nil {
+		return nil, l.fail(err)
+	}
+	q := assignmentqueue.New(js, "").SignedBy(signer)
 	if err := q.EnsureStream(ctx); err != nil {
 		return nil, l.fail(err)
 	}
@@ -132,7 +137,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
 		}}
 	l.job = intake.Job{
-		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Log: log},
+		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log},
 		Consumer: consumer, Batch: cfg.Capacity,
 	}
 	l.recover = &recovery.Recovery{
@@ -209,41 +214,51 @@ func explain(url, what string, err error) error {
 	return fmt.Errorf("Gitea at %s: %s: %w", url, what, err)
 }
 
-// keyFile is keys.json: the capability and payload keys (base64 in JSON).
+// keyFile is keys.json: the capability, payload and assignment signing keys
+// (base64 in JSON), each 32 random bytes.
 type keyFile struct {
 	Bootstrap []byte `json:"bootstrap"`
 	Payload   []byte `json:"payload"`
+	// Signing is the Ed25519 seed that signs assignments; a state directory
+	// of an earlier version has none and gets one.
+	Signing []byte `json:"signing,omitempty"`
 }
 
-// keys loads the capability and payload keys, or creates them once.
+// keys loads the keys, or creates those missing once.
 func (l *local) keys() (keyFile, error) {
 	path := filepath.Join(l.cfg.StateDir, "keys.json")
 	data, err := os.ReadFile(path)
 	var k keyFile
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		k.Bootstrap, k.Payload = make([]byte, 32), make([]byte, 32)
-		if _, err := io.ReadFull(rand.Reader, k.Bootstrap); err != nil {
-			return k, err
-		}
-		if _, err := io.ReadFull(rand.Reader, k.Payload); err != nil {
-			return k, err
-		}
-		data, err := json.Marshal(k)
-		if err != nil {
-			return k, err
-		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return k, err
-		}
 	case err != nil:
 		return k, err
 	default:
-		if err := json.Unmarshal(data, &k); err != nil || len(k.Bootstrap) != 32 || len(k.Payload) != 32 {
+		if err := json.Unmarshal(data, &k); err != nil || len(k.Bootstrap) != 32 || len(k.Payload) != 32 || (k.Signing != nil && len(k.Signing) != 32) {
 			return k, fmt.Errorf("%s is corrupt", path)
 		}
+		if k.Signing != nil {
+			return k, nil
+		}
 	}
-	return k, nil
+	for _, key := range []*[]byte{&k.Bootstrap, &k.Payload, &k.Signing} {
+		if *key != nil {
+			continue
+		}
+		*key = make([]byte, 32)
+		if _, err := io.ReadFull(rand.Reader, *key); err != nil {
+			return k, err
+		}
+	}
+	data, err = json.Marshal(k)
+	if err != nil {
+		return k, err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return k, err
+	}
+	return k, os.Rename(tmp, path)
 }
 
 func (l *local) startNATS() (jetstream.JetStream, error) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -34,11 +35,13 @@ var program = function.Program{Name: "recover"}
 type Config struct {
 	function.Common
 	function.HTTP
+	function.Ticks
 	natsconn.Config
 	taskassignment.Naming
 	gitea.Instance
 	runnerpool.Source
 	assignmentqueue.PayloadStore
+	assignmentsig.SigningSettings
 	bootstrap.Settings
 	backends.Setup
 
@@ -58,11 +61,17 @@ func (c *Config) Check() error {
 	if _, err := c.Settings.New(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.Signer(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.PayloadStore.Check(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Mode != "once" && c.Mode != "http" {
 		errs = append(errs, fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode))
+	}
+	if c.Mode == "http" && c.TickToken == "" {
+		errs = append(errs, errors.New("GDR_TICK_TOKEN is required in http mode: every pass must be asked for by a known caller"))
 	}
 	pools, err := c.Source.Load()
 	if err != nil {
@@ -86,7 +95,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer closeFn()
 	if cfg.Mode == "http" {
-		return serve(ctx, cfg.HTTPAddr, r, log)
+		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, log)
 	}
 	return pass(ctx, r, log)
 }
@@ -108,6 +117,10 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		return nil, nil, err
 	}
 	boot, err := cfg.Settings.New()
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, err := cfg.Signer()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -149,20 +162,20 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 	}
 	return &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: assignmentqueue.New(js, cfg.Stream), Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
+		Queue: assignmentqueue.New(js, cfg.Stream).SignedBy(signer), Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
 	}, closeAll, nil
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, r *recovery.Recovery, log *slog.Logger) error {
+func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, log *slog.Logger) error {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /{$}", func(w http.ResponseWriter, req *http.Request) {
+	mux.Handle("POST /{$}", ticks.Authorized(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if err := pass(req.Context(), r, log); err != nil {
 			http.Error(w, "recover pass incomplete; see the log", http.StatusServiceUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusAccepted)
-	})
+	})))
 	log.Info("serving ticks", slog.String("addr", addr))
 	return function.ListenAndServe(ctx, function.Server(mux, tickMaxBytes), addr)
 }

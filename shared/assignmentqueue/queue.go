@@ -52,11 +52,19 @@ func Subject(b taskassignment.Backend) string {
 // streamSubjects are the subjects of the queue stream.
 func streamSubjects() []string { return []string{SubjectPrefix + ".>"} }
 
+// Signer signs what Publish writes and authenticates what Queued reads back
+// (assignmentsig.Signer).
+type Signer interface {
+	Seal(msg []byte) ([]byte, error)
+	Open(sealed []byte) ([]byte, error)
+}
+
 // Queue is the assignment queue in one stream. It holds no state besides its
-// JetStream context and stream name and is safe for concurrent use.
+// JetStream context, stream name and signer, and is safe for concurrent use.
 type Queue struct {
 	js     jetstream.JetStream
 	stream string
+	signer Signer
 }
 
 // New returns the queue in stream of js; an empty stream means DefaultStream.
@@ -66,6 +74,16 @@ func New(js jetstream.JetStream, stream string) *Queue {
 		stream = DefaultStream
 	}
 	return &Queue{js: js, stream: stream}
+}
+
+// SignedBy returns the queue that signs what it publishes with s, and counts
+// only messages s authenticates as queued. A queue without a signer creates
+// streams and consumers but publishes nothing: no assignment is ever
+// written unsigned.
+func (q *Queue) SignedBy(s Signer) *Queue {
+	c := *q
+	c.signer = s
+	return &c
 }
 
 // Stream returns the name of the queue's stream.
@@ -202,9 +220,16 @@ func (q *Queue) Publish(ctx context.Context, a taskassignment.Assignment) (*jets
 	if err := checkBackend(a.Backend); err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: publish assignment %s: %w", q.stream, a.ID, err)
 	}
-	data, err := taskassignment.Encode(a)
+	if q.signer == nil {
+		return nil, fmt.Errorf("assignment queue: stream %q: publish assignment %s: refused, the queue has no signing key", q.stream, a.ID)
+	}
+	msg, err := taskassignment.Encode(a)
 	if err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: encode assignment %s: %w", q.stream, a.ID, err)
+	}
+	data, err := q.signer.Seal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("assignment queue: stream %q: sign assignment %s: %w", q.stream, a.ID, err)
 	}
 	ack, err := q.js.Publish(ctx, Subject(a.Backend), data,
 		jetstream.WithMsgID(a.ID), jetstream.WithExpectStream(q.stream))
@@ -232,9 +257,11 @@ func (q *Queue) Outstanding(ctx context.Context, b taskassignment.Backend) (int,
 
 // Queued returns the IDs of the assignments of backend b still in the stream:
 // with work-queue retention, those published and neither acknowledged nor
-// terminated, including any past MaxDeliver. Messages on Subject(b) that do
-// not decode in trust domain td, or that decode to another backend, are left
-// out and counted in malformed; they are not an error.
+// terminated, including any past MaxDeliver. Messages on Subject(b) that the
+// queue's signer does not authenticate (forged ones), that do not decode in
+// trust domain td, or that decode to another backend, are left out and
+// counted in malformed; they are not an error. A queue without a signer
+// cannot tell, and fails.
 //
 // It reads messages one by one from the stream leader without creating a
 // consumer, so it neither delivers nor acknowledges anything and works with
@@ -245,6 +272,9 @@ func (q *Queue) Outstanding(ctx context.Context, b taskassignment.Backend) (int,
 func (q *Queue) Queued(ctx context.Context, b taskassignment.Backend, td spiffeid.TrustDomain) (ids map[string]bool, malformed int, err error) {
 	if err := checkBackend(b); err != nil {
 		return nil, 0, fmt.Errorf("assignment queue: stream %q: queued: %w", q.stream, err)
+	}
+	if q.signer == nil {
+		return nil, 0, fmt.Errorf("assignment queue: stream %q: queued: the queue has no key to authenticate messages with", q.stream)
 	}
 	subject := Subject(b)
 	s, err := q.js.Stream(ctx, q.stream)
@@ -266,7 +296,12 @@ func (q *Queue) Queued(ctx context.Context, b taskassignment.Backend, td spiffei
 			break
 		}
 		seq = m.Sequence
-		a, err := taskassignment.Decode(m.Data, td)
+		msg, err := q.signer.Open(m.Data)
+		if err != nil {
+			malformed++ // forged, or signed by a key this queue does not hold
+			continue
+		}
+		a, err := taskassignment.Decode(msg, td)
 		if err != nil || a.Backend != b {
 			malformed++
 			continue

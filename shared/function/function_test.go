@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -169,5 +170,37 @@ func TestServerCapsBodies(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Errorf("body of %d bytes: %d, want %d", tc.size, resp.StatusCode, tc.want)
 		}
+	}
+}
+
+func TestTicksAuthorized(t *testing.T) {
+	ran := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran++; w.WriteHeader(http.StatusAccepted) })
+	for _, tc := range []struct {
+		name    string
+		token   string
+		headers map[string]string
+		want    int
+	}{
+		{"bearer", "t0ken", map[string]string{"Authorization": "Bearer t0ken"}, http.StatusAccepted},
+		{"PingSource extension", "t0ken", map[string]string{HeaderTickToken: "t0ken"}, http.StatusAccepted},
+		{"no token sent", "t0ken", nil, http.StatusUnauthorized},
+		{"wrong token", "t0ken", map[string]string{"Authorization": "Bearer t0ke"}, http.StatusUnauthorized},
+		{"wrong scheme", "t0ken", map[string]string{"Authorization": "Basic t0ken"}, http.StatusUnauthorized},
+		{"none configured", "", map[string]string{"Authorization": "Bearer "}, http.StatusUnauthorized},
+		{"none configured, none sent", "", nil, http.StatusUnauthorized},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := ran
+			req, _ := http.NewRequest(http.MethodPost, "/", nil)
+			for k, v := range tc.headers {
+				req.Header.Set(k, v)
+			}
+			w := httptest.NewRecorder()
+			Ticks{TickToken: tc.token}.Authorized(next).ServeHTTP(w, req)
+			if w.Code != tc.want || (ran > before) != (tc.want == http.StatusAccepted) {
+				t.Fatalf("status %d (ran %v), want %d", w.Code, ran > before, tc.want)
+			}
+		})
 	}
 }

@@ -35,7 +35,8 @@ const (
 	// Failed: a transient error (backend, network, shutdown); redeliver
 	// after a backoff.
 	Failed
-	// Poison: the message can never decode; terminate it.
+	// Poison: the message is not authentic or can never decode; terminate
+	// it.
 	Poison
 )
 
@@ -53,18 +54,40 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Opener authenticates a message and returns the bytes that were signed
+// (assignmentsig.Keyring). It holds public keys only.
+type Opener interface {
+	Open(sealed []byte) ([]byte, error)
+}
+
+// errNoKeys is the transient failure of a Handler without keys.
+var errNoKeys = errors.New("intake: no keys to authenticate assignments with")
+
 // Handler decides the fate of assignment messages.
 type Handler struct {
 	Worker      Acceptor
 	TrustDomain spiffeid.TrustDomain
-	Log         *slog.Logger
+	// Keys authenticates every message before any byte of it is trusted. A
+	// Handler without Keys accepts nothing (and loses nothing: Failed).
+	Keys Opener
+	Log  *slog.Logger
 }
 
-// Handle decodes one message body and offers it to the worker. The error,
-// when there is one, says why the outcome is Failed or Poison; it never
-// carries a credential (assignment messages hold none).
+// Handle authenticates and decodes one message body and offers it to the
+// worker. A message that is unsigned, badly signed or tampered with (its
+// repository, image, task or pool changed) is Poison before any backend
+// call: no executor, no retry. The error, when there is one, says why the
+// outcome is Failed or Poison; it never carries a credential (assignment
+// messages hold none).
 func (h Handler) Handle(ctx context.Context, body []byte) (taskassignment.Assignment, Outcome, error) {
-	a, err := taskassignment.Decode(body, h.TrustDomain)
+	if h.Keys == nil {
+		return taskassignment.Assignment{}, Failed, errNoKeys
+	}
+	msg, err := h.Keys.Open(body)
+	if err != nil {
+		return taskassignment.Assignment{}, Poison, err
+	}
+	a, err := taskassignment.Decode(msg, h.TrustDomain)
 	if err != nil {
 		return a, Poison, err
 	}

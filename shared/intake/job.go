@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 )
 
 // Puller is the part of a jetstream.Consumer that Job uses.
@@ -138,10 +140,14 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 		j.nak(log, msg, delay, attrs)
 		log.Warn("assignment not accepted", append(attrs, slog.Duration("retry_in", delay), slog.Any("error", err))...)
 	case Poison:
-		if terr := msg.TermWithReason("malformed assignment"); terr != nil {
-			log.Error("terminate malformed message", append(attrs, slog.Any("error", terr))...)
+		reason := "malformed assignment"
+		if errors.Is(err, assignmentsig.ErrUnauthenticated) {
+			reason = "unauthenticated assignment"
 		}
-		log.Error("malformed assignment message terminated", append(attrs, slog.Any("error", err))...)
+		if terr := msg.TermWithReason(reason); terr != nil {
+			log.Error("terminate "+reason, append(attrs, slog.Any("error", terr))...)
+		}
+		log.Error(reason+" terminated", append(attrs, slog.Any("error", err))...)
 	}
 	return outcome
 }

@@ -4,6 +4,7 @@ package natsconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -15,8 +16,47 @@ import (
 
 // Config is embedded in each function's configuration.
 type Config struct {
-	URL   string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
-	Creds string `envconfig:"NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
+	URL     string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
+	Creds   string `envconfig:"NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
+	NKey    string `envconfig:"NATS_NKEY" desc:"path of an nkey seed file (NATS users with nkeys); empty for none"`
+	TLSCA   string `envconfig:"NATS_TLS_CA" desc:"PEM file of the CA that signs the NATS server's certificate; empty: the system roots (tls:// URLs)"`
+	TLSCert string `envconfig:"NATS_TLS_CERT" desc:"PEM file of the client certificate for NATS mutual TLS (with GDR_NATS_TLS_KEY)"`
+	TLSKey  string `envconfig:"NATS_TLS_KEY" desc:"PEM file of the client key for NATS mutual TLS (with GDR_NATS_TLS_CERT)"`
+}
+
+// options are the authentication and TLS options of c.
+func (c Config) options() ([]nats.Option, error) {
+	var opts []nats.Option
+	if c.Creds != "" && c.NKey != "" {
+		return nil, errors.New("GDR_NATS_CREDS and GDR_NATS_NKEY: set one, not both")
+	}
+	if c.Creds != "" {
+		opts = append(opts, nats.UserCredentials(c.Creds))
+	}
+	if c.NKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(c.NKey)
+		if err != nil {
+			// nats.go names the file and the cause, never the seed.
+			return nil, fmt.Errorf("GDR_NATS_NKEY: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return nil, errors.New("GDR_NATS_TLS_CERT and GDR_NATS_TLS_KEY go together")
+	}
+	if c.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.TLSCA))
+	}
+	if c.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
+	}
+	return opts, nil
+}
+
+// Check reports what in c cannot work, naming the variable.
+func (c Config) Check() error {
+	_, err := c.options()
+	return err
 }
 
 // Connect opens a connection named name (it shows in the server's
@@ -24,10 +64,11 @@ type Config struct {
 // connection with Close before it exits, so that acknowledgements in flight
 // are sent.
 func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
-	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
-	if cfg.Creds != "" {
-		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	auth, err := cfg.options()
+	if err != nil {
+		return nil, nil, err
 	}
+	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, auth...)
 	if deadline, ok := ctx.Deadline(); ok {
 		opts = append(opts, nats.Timeout(time.Until(deadline)))
 	}
