@@ -13,9 +13,9 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
@@ -35,8 +35,8 @@ func (c *countingRunner) Finalize(context.Context, int64, runnerv1.Result, strin
 
 func TestWebhookHandler(t *testing.T) {
 	ctx := context.Background()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
+	_, url := jetstreamenv.Start(t)
+	_, js := jetstreamenv.Connect(t, url)
 	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{1}, 32)))
 	if err != nil {
 		t.Fatal(err)

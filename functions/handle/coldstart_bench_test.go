@@ -12,8 +12,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -36,8 +36,8 @@ func BenchmarkColdStart(b *testing.B) {
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 5}\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	_, url := jetstreamtest.Start(b)
-	_, js := jetstreamtest.Connect(b, url)
+	_, url := jetstreamenv.Start(b)
+	_, js := jetstreamenv.Connect(b, url)
 	q := assignmentqueue.New(js, "")
 	ctx := context.Background()
 	if err := q.EnsureStream(ctx); err != nil {

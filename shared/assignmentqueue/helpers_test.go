@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -31,8 +31,8 @@ func testContext(t testing.TB) context.Context {
 // newJetStream starts a server of the test's own and connects to it.
 func newJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
+	_, url := jetstreamenv.Start(t)
+	_, js := jetstreamenv.Connect(t, url)
 	return js
 }
 

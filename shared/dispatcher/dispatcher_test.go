@@ -14,8 +14,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -108,8 +108,8 @@ type fixture struct {
 func newFixture(t *testing.T) fixture {
 	t.Helper()
 	ctx := context.Background()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
+	_, url := jetstreamenv.Start(t)
+	_, js := jetstreamenv.Connect(t, url)
 	q := assignmentqueue.New(js, "")
 	if err := q.EnsureStream(ctx); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package spiretest
+package spireenv
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-// Package giteatest runs a real, throwaway Gitea (v1.27.3) for end-to-end tests.
+// Package giteaenv runs a real, throwaway Gitea (v1.27.3) for end-to-end tests.
 //
 // The binary is built once, outside the checkout, by `make peers`
 // (scripts/peers/gitea.sh build). Binary finds it; Start launches one private instance per
@@ -30,7 +30,7 @@
 //	POST /api/v1/admin/hooks                                       AddSystemWebhook
 //	POST /user/login, POST /{o}/{r}/actions/runs/{run_id}/cancel   CancelRun (web routes; no REST
 //	                                                               cancel exists in 1.27.3)
-package giteatest
+package giteaenv
 
 import (
 	"crypto/rand"
@@ -71,7 +71,7 @@ func Binary(t testing.TB) (bin, static string) {
 		if root == "" {
 			home, err := os.UserHomeDir()
 			if err != nil {
-				t.Fatalf("giteatest: no home directory and no GDR_PEERS: %v", err)
+				t.Fatalf("giteaenv: no home directory and no GDR_PEERS: %v", err)
 			}
 			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
 		}
@@ -89,7 +89,7 @@ func Binary(t testing.TB) (bin, static string) {
 		}
 	}
 	if missing != "" {
-		msg := "giteatest: Gitea " + Version + " not built (" + missing + "): run `make peers`"
+		msg := "giteaenv: Gitea " + Version + " not built (" + missing + "): run `make peers`"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
 		}
@@ -153,7 +153,7 @@ func Start(t testing.TB, opts Options) *Server {
 	t.Cleanup(func() {
 		s.kill()
 		if t.Failed() {
-			t.Logf("giteatest: tail of %s:\n%s", s.logPath, s.LogTail(60))
+			t.Logf("giteaenv: tail of %s:\n%s", s.logPath, s.LogTail(60))
 		}
 	})
 	s.start(t)
@@ -217,7 +217,7 @@ func (s *Server) start(t testing.TB) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: git children die with it
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("giteatest: start %s: %v", s.bin, err)
+		t.Fatalf("giteaenv: start %s: %v", s.bin, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -232,11 +232,11 @@ func (s *Server) start(t testing.TB) {
 		}
 		select {
 		case <-exited:
-			t.Fatalf("giteatest: gitea exited during start; log tail:\n%s", s.LogTail(40))
+			t.Fatalf("giteaenv: gitea exited during start; log tail:\n%s", s.LogTail(40))
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("giteatest: %sapi/healthz not OK after 60s; log tail:\n%s", s.URL, s.LogTail(40))
+			t.Fatalf("giteaenv: %sapi/healthz not OK after 60s; log tail:\n%s", s.URL, s.LogTail(40))
 		}
 	}
 }
@@ -296,9 +296,9 @@ func (s *Server) seedAdmin(t testing.TB) {
 	t.Helper()
 	out, err := s.gitea("admin", "user", "create", "--username", s.AdminUser, "--password", s.AdminPassword,
 		"--email", s.AdminUser+"@example.invalid", "--admin", "--must-change-password=false",
-		"--access-token", "--access-token-name", "giteatest", "--access-token-scopes", "all").CombinedOutput()
+		"--access-token", "--access-token-name", "giteaenv", "--access-token-scopes", "all").CombinedOutput()
 	if err != nil {
-		t.Fatalf("giteatest: gitea admin user create: %v\n%s", err, out)
+		t.Fatalf("giteaenv: gitea admin user create: %v\n%s", err, out)
 	}
 	const marker = "Access token was successfully created... "
 	for line := range strings.Lines(string(out)) {
@@ -307,7 +307,7 @@ func (s *Server) seedAdmin(t testing.TB) {
 		}
 	}
 	if s.AdminToken == "" {
-		t.Fatalf("giteatest: no access token in the output of gitea admin user create:\n%s", out)
+		t.Fatalf("giteaenv: no access token in the output of gitea admin user create:\n%s", out)
 	}
 }
 

@@ -1,4 +1,4 @@
-// Package kubetest runs a real Kubernetes control plane (kube-apiserver
+// Package kubeenv runs a real Kubernetes control plane (kube-apiserver
 // v1.37.2 + etcd v3.7.0, started by controller-runtime envtest) for
 // end-to-end tests.
 //
@@ -21,7 +21,7 @@
 //     kill), a watchdog process kills etcd and kube-apiserver, checking each
 //     by the full path of its executable, and removes their data folder, so
 //     nothing outlives the binary.
-package kubetest
+package kubeenv
 
 import (
 	"context"
@@ -83,7 +83,7 @@ func Assets(t testing.TB) string {
 	t.Helper()
 	dir, missing := AssetsDir()
 	if missing != "" {
-		msg := "kubetest: kube-apiserver " + Version + " not built (" + missing + "): run `make peers`"
+		msg := "kubeenv: kube-apiserver " + Version + " not built (" + missing + "): run `make peers`"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
 		}
@@ -110,13 +110,13 @@ func Start(dir string) (*Plane, error) {
 		abs, err = filepath.EvalSymlinks(abs) // /proc/<pid>/exe is resolved too (watchdog)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: assets folder %s: %w", dir, err)
+		return nil, fmt.Errorf("kubeenv: assets folder %s: %w", dir, err)
 	}
 	// One folder for etcd's data and the API server's certificates, owned
 	// here (envtest would make two), so that Stop and the watchdog remove it.
-	data, err := os.MkdirTemp("", "gdr-kubetest-")
+	data, err := os.MkdirTemp("", "gdr-kubeenv-")
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: %w", err)
+		return nil, fmt.Errorf("kubeenv: %w", err)
 	}
 	etcd := &envtest.Etcd{Path: filepath.Join(abs, "etcd"), DataDir: filepath.Join(data, "etcd")}
 	etcd.Configure().Set("unsafe-no-fsync", "true")
@@ -124,7 +124,7 @@ func Start(dir string) (*Plane, error) {
 	for _, d := range []string{etcd.DataDir, api.CertDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			os.RemoveAll(data)
-			return nil, fmt.Errorf("kubetest: %w", err)
+			return nil, fmt.Errorf("kubeenv: %w", err)
 		}
 	}
 	env := &envtest.Environment{
@@ -138,7 +138,7 @@ func Start(dir string) (*Plane, error) {
 	if err != nil {
 		_ = env.Stop()
 		os.RemoveAll(data)
-		return nil, fmt.Errorf("kubetest: start kube-apiserver and etcd from %s: %w", abs, err)
+		return nil, fmt.Errorf("kubeenv: start kube-apiserver and etcd from %s: %w", abs, err)
 	}
 	p := &Plane{Config: cfg, env: env, data: data}
 	if p.watchdog, err = startWatchdog(data, filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")); err != nil {
@@ -147,7 +147,7 @@ func Start(dir string) (*Plane, error) {
 	}
 	if u, err := url.Parse(cfg.Host); err != nil || u.Hostname() != "127.0.0.1" {
 		_ = p.Stop()
-		return nil, fmt.Errorf("kubetest: kube-apiserver serves at %q, not on 127.0.0.1", cfg.Host)
+		return nil, fmt.Errorf("kubeenv: kube-apiserver serves at %q, not on 127.0.0.1", cfg.Host)
 	}
 	return p, nil
 }
@@ -165,7 +165,7 @@ func (p *Plane) Stop() error {
 		err = rerr
 	}
 	if err != nil {
-		return fmt.Errorf("kubetest: stop control plane: %w", err)
+		return fmt.Errorf("kubeenv: stop control plane: %w", err)
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func (p *Plane) Client(t testing.TB) kubernetes.Interface {
 	t.Helper()
 	c, err := kubernetes.NewForConfig(p.RESTConfig())
 	if err != nil {
-		t.Fatalf("kubetest: clientset: %v", err)
+		t.Fatalf("kubeenv: clientset: %v", err)
 	}
 	return c
 }
@@ -200,13 +200,13 @@ func (p *Plane) Namespace(t testing.TB) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("kubetest: create namespace %s: %v", name, err)
+		t.Fatalf("kubeenv: create namespace %s: %v", name, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := c.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Logf("kubetest: delete namespace %s: %v", name, err)
+			t.Logf("kubeenv: delete namespace %s: %v", name, err)
 		}
 	})
 	return name
@@ -215,7 +215,7 @@ func (p *Plane) Namespace(t testing.TB) string {
 // Shared is one Plane for a whole test package, started on first use.
 // Declare it next to TestMain and stop it there:
 //
-//	var plane kubetest.Shared
+//	var plane kubeenv.Shared
 //
 //	func TestMain(m *testing.M) { code := m.Run(); plane.Stop(); os.Exit(code) }
 //
@@ -253,5 +253,5 @@ func (s *Shared) Stop() {
 	if err := s.plane.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 	}
-	s.plane, s.err = nil, errors.New("kubetest: shared control plane already stopped")
+	s.plane, s.err = nil, errors.New("kubeenv: shared control plane already stopped")
 }

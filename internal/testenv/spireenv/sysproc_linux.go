@@ -1,4 +1,4 @@
-package spiretest
+package spireenv
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-// Package spiretest runs a real, throwaway SPIRE server (v1.13.3) for
+// Package spireenv runs a real, throwaway SPIRE server (v1.13.3) for
 // end-to-end tests.
 //
 // The binary is built once, outside the checkout, by `make peers`
@@ -14,7 +14,7 @@
 //   - Start returns once the Entry API answers on the socket (about a second
 //     on a quiet machine); Entries talks to it as a local, hence admin, caller.
 //   - Every helper fails the test (t.Fatal) on any unexpected answer.
-package spiretest
+package spireenv
 
 import (
 	"bytes"
@@ -58,7 +58,7 @@ func Binary(t testing.TB) string {
 		if root == "" {
 			home, err := os.UserHomeDir()
 			if err != nil {
-				t.Fatalf("spiretest: no home directory and no GDR_PEERS: %v", err)
+				t.Fatalf("spireenv: no home directory and no GDR_PEERS: %v", err)
 			}
 			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
 		}
@@ -74,7 +74,7 @@ func Binary(t testing.TB) string {
 		}
 	}
 	if missing != "" {
-		msg := "spiretest: spire-server " + Version + " not built (" + missing + "): run `make peers`"
+		msg := "spireenv: spire-server " + Version + " not built (" + missing + "): run `make peers`"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
 		}
@@ -173,7 +173,7 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 
 	p := &process{cmd: cmd, exited: make(chan struct{})}
 	if err := p.start(); err != nil {
-		return fmt.Errorf("spiretest: start %s: %w", bin, err)
+		return fmt.Errorf("spireenv: start %s: %w", bin, err)
 	}
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -187,19 +187,19 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 	conn, err := grpc.NewClient("unix://"+s.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		stop()
-		return fmt.Errorf("spiretest: dial %s: %w", s.Socket, err)
+		return fmt.Errorf("spireenv: dial %s: %w", s.Socket, err)
 	}
 	if err := waitReady(conn, p.exited, 60*time.Second); err != nil {
 		conn.Close()
 		stop()
-		return fmt.Errorf("spiretest: spire-server did not come up: %w\n%s", err, tail(logPath))
+		return fmt.Errorf("spireenv: spire-server did not come up: %w\n%s", err, tail(logPath))
 	}
 	s.conn = conn
 	t.Cleanup(func() {
 		conn.Close()
 		stop()
 		if t.Failed() {
-			t.Logf("spiretest: spire-server log:\n%s", tail(logPath))
+			t.Logf("spireenv: spire-server log:\n%s", tail(logPath))
 		}
 	})
 	return nil
@@ -286,7 +286,7 @@ func (s *Server) AllEntries(t testing.TB) []*types.Entry {
 		resp, err := s.Entries().ListEntries(ctx, &entryv1.ListEntriesRequest{PageSize: 500, PageToken: token})
 		cancel()
 		if err != nil {
-			t.Fatalf("spiretest: list entries: %v", err)
+			t.Fatalf("spireenv: list entries: %v", err)
 		}
 		out = append(out, resp.GetEntries()...)
 		if token = resp.GetNextPageToken(); token == "" {

@@ -1,4 +1,4 @@
-package giteatest
+package giteaenv
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package jetstreamtest_test
+package jetstreamenv_test
 
 import (
 	"context"
@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 )
 
 func TestStartServesJetStreamOnLoopback(t *testing.T) {
-	s, url := jetstreamtest.Start(t)
+	s, url := jetstreamenv.Start(t)
 	if !strings.HasPrefix(url, "nats://127.0.0.1:") {
 		t.Fatalf("client URL = %q, want nats://127.0.0.1:<port>", url)
 	}
@@ -27,22 +27,22 @@ func TestStartServesJetStreamOnLoopback(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, js := jetstreamtest.Connect(t, url)
+	_, js := jetstreamenv.Connect(t, url)
 	if _, err := js.AccountInfo(ctx); err != nil {
 		t.Fatalf("account info: %v", err)
 	}
 }
 
 func TestServersAreIndependent(t *testing.T) {
-	_, url1 := jetstreamtest.Start(t)
-	_, url2 := jetstreamtest.Start(t)
+	_, url1 := jetstreamenv.Start(t)
+	_, url2 := jetstreamenv.Start(t)
 	if url1 == url2 {
 		t.Fatalf("two servers share URL %q", url1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, js1 := jetstreamtest.Connect(t, url1)
-	_, js2 := jetstreamtest.Connect(t, url2)
+	_, js1 := jetstreamenv.Connect(t, url1)
+	_, js2 := jetstreamenv.Connect(t, url2)
 	if _, err := js1.CreateStream(ctx, jetstream.StreamConfig{Name: "ONLY1", Subjects: []string{"only1"}}); err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
@@ -54,7 +54,7 @@ func TestServersAreIndependent(t *testing.T) {
 func TestCleanupShutsServerDown(t *testing.T) {
 	var url string
 	t.Run("inner", func(t *testing.T) {
-		_, url = jetstreamtest.Start(t)
+		_, url = jetstreamenv.Start(t)
 	})
 	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.MaxReconnects(0))
 	if err == nil {
@@ -64,10 +64,10 @@ func TestCleanupShutsServerDown(t *testing.T) {
 }
 
 func TestRestartKeepsStoreAndPort(t *testing.T) {
-	s, url := jetstreamtest.Start(t)
+	s, url := jetstreamenv.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, js := jetstreamtest.Connect(t, url)
+	nc, js := jetstreamenv.Connect(t, url)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
@@ -75,7 +75,7 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 		t.Fatalf("publish: %v", err)
 	}
 
-	_, url2 := jetstreamtest.Restart(t, s)
+	_, url2 := jetstreamenv.Restart(t, s)
 	if url2 != url {
 		t.Fatalf("restarted URL = %q, want %q", url2, url)
 	}
