@@ -42,54 +42,22 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
 // Version is the Kubernetes release the harness is written against and
 // scripts/peers/kube.sh builds.
 const Version = "v1.37.2"
 
-// AssetsDir returns the folder holding kube-apiserver and etcd: $GDR_KUBE_ASSETS
-// if set, else ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-v1.37.2.
-// missing is empty when the folder is a complete build, else it says what is
-// wrong.
-func AssetsDir() (dir, missing string) {
-	if dir = os.Getenv("GDR_KUBE_ASSETS"); dir == "" {
-		root := os.Getenv("GDR_PEERS")
-		if root == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", "no home directory and no GDR_PEERS"
-			}
-			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
-		}
-		dir = filepath.Join(root, "kube-"+Version)
-		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
-			return dir, dir + " is not a complete build"
-		}
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		p := filepath.Join(dir, bin)
-		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return dir, p + " is not an executable file"
-		}
-	}
-	return dir, ""
-}
-
-// Assets returns AssetsDir's folder. If it is missing the test is skipped,
-// except with CI=true, where it fails: CI must never pass without the real
-// peer.
+// Assets returns the folder holding kube-apiserver and etcd, the one `make
+// peers` writes (see testenv.Peer: the folder is
+// ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-v1.37.2, or
+// $GDR_KUBE_DIR). If it is missing the test is skipped, except with CI=true,
+// where it fails (testenv.RequirePeer).
 func Assets(t testing.TB) string {
 	t.Helper()
-	dir, missing := AssetsDir()
-	if missing != "" {
-		msg := "kubeenv: kube-apiserver " + Version + " not built (" + missing + "): run `make peers`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
-		}
-		t.Skip(msg)
-	}
-	return dir
+	return testenv.RequirePeer(t, testenv.Peer{Name: "kube", Version: Version, Executables: []string{"kube-apiserver", "etcd"}})
 }
 
 // Plane is one running control plane.
