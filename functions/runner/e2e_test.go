@@ -23,13 +23,11 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -109,18 +107,9 @@ func newWorld(t testing.TB) *world {
 		Pool:   runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: 10},
 		Runner: client, Tasks: gitea.TaskState{Client: client},
 	}
-	_, url := jetstreamenv.Start(t)
-	_, js := jetstreamenv.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	key := secretkey.Key(bytes.Repeat([]byte{4}, 32))
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, KeepAlive: time.Minute}
+	env := jetstreamenv.NewQueue(t)
+	payloads := env.Payloads
+	w.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: env.Queue, Payloads: payloads, KeepAlive: time.Minute}
 	if w.ca, err = svidca.New(td); err != nil {
 		t.Fatal(err)
 	}

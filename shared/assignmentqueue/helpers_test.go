@@ -39,13 +39,8 @@ func newJetStream(t testing.TB) jetstream.JetStream {
 // newQueue returns a queue on a fresh server with its stream ensured.
 func newQueue(t testing.TB) (context.Context, jetstream.JetStream, *assignmentqueue.Queue) {
 	t.Helper()
-	ctx := testContext(t)
-	js := newJetStream(t)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatalf("EnsureStream: %v", err)
-	}
-	return ctx, js, q
+	env := jetstreamenv.NewQueue(t)
+	return testContext(t), env.JetStream, env.Queue
 }
 
 // assignment returns a valid assignment of task taskID to backend b.

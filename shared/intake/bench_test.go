@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
@@ -23,16 +22,8 @@ const benchBatch = 100
 // handle/raw; the goal is a ratio of at least 0.5.
 func BenchmarkQueueVsHandle(b *testing.B) {
 	ctx := context.Background()
-	_, url := jetstreamenv.Start(b)
-	_, js := jetstreamenv.Connect(b, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		b.Fatal(err)
-	}
-	c, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 1000)
-	if err != nil {
-		b.Fatal(err)
-	}
+	env := jetstreamenv.NewQueue(b)
+	q, c := env.Queue, env.OpenConsumer(b, taskassignment.BackendProcess, 1000)
 	raw := make([]taskassignment.Assignment, b.N)
 	handled := make([]taskassignment.Assignment, b.N)
 	for i := range b.N {

@@ -68,13 +68,9 @@ func (nopT) Fatal(args ...any)     { panic(fmt.Sprint(args...)) }
 func (nopT) Fatalf(string, ...any) { panic("fixture failed") }
 
 func TestKilledAfterCreateBeforeAck(t *testing.T) {
-	_, url := jetstreamenv.Start(t)
-	_, js := jetstreamenv.Connect(t, url)
-	q := assignmentqueue.New(js, "")
+	env := jetstreamenv.NewQueue(t)
+	url, js, q := env.URL, env.JetStream, env.Queue
 	ctx := context.Background()
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// The production consumer, but with a short AckWait so that the lost
 	// delivery comes back within the test.
 	c, err := js.CreateOrUpdateConsumer(ctx, assignmentqueue.DefaultStream, jetstream.ConsumerConfig{

@@ -101,18 +101,8 @@ func TestHandlerOutcomes(t *testing.T) {
 // queue starts a server with the stream and the process backend's consumer.
 func queue(t *testing.T, capacity int) (*assignmentqueue.Queue, jetstream.Consumer, jetstream.JetStream) {
 	t.Helper()
-	_, url := jetstreamenv.Start(t)
-	_, js := jetstreamenv.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	ctx := context.Background()
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q, c, js
+	q := jetstreamenv.NewQueue(t)
+	return q.Queue, q.OpenConsumer(t, taskassignment.BackendProcess, capacity), q.JetStream
 }
 
 func publish(t *testing.T, q *assignmentqueue.Queue, a taskassignment.Assignment) {

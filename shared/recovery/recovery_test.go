@@ -5,7 +5,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -15,7 +14,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -56,20 +54,9 @@ type fixture struct {
 
 func setup(t *testing.T) fixture {
 	t.Helper()
-	ctx := context.Background()
-	_, url := jetstreamenv.Start(t)
-	_, js := jetstreamenv.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 10); err != nil {
-		t.Fatal(err)
-	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{2}, 32)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := jetstreamenv.NewQueue(t)
+	env.OpenConsumer(t, taskassignment.BackendProcess, 10)
+	q, payloads := env.Queue, env.Payloads
 	keys, _ := taskassignment.NewKeys("ci.example.org")
 	boot, _ := bootstrap.New(bytes.Repeat([]byte{3}, 32), "https://gw.example.org")
 	mem := taskworkertest.NewMemory("local")

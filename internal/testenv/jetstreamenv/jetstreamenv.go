@@ -1,8 +1,12 @@
-// Package jetstreamenv runs an embedded NATS server with JetStream for tests.
+// Package jetstreamenv runs an embedded NATS server with JetStream for tests,
+// and on it the assignment queue the functions share (NewQueue).
 //
 // Every server listens on 127.0.0.1 on a port of its own, keeps its store in
 // the test's temporary directory and is shut down when the test ends, so tests
 // that use it may run in parallel and leave nothing behind.
+//
+// It imports shared/assignmentqueue: that package's own tests use it from the
+// external test package assignmentqueue_test.
 package jetstreamenv
 
 import (

@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 func TestStartServesJetStreamOnLoopback(t *testing.T) {
@@ -79,9 +82,13 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 	if url2 != url {
 		t.Fatalf("restarted URL = %q, want %q", url2, url)
 	}
-	// The old connection reconnects; poll until the stream answers.
+	// The old connection reconnects; poll until the stream answers. A request
+	// sent while the new server is still starting JetStream gets no answer at
+	// all, so each attempt has a deadline of its own.
 	for {
-		st, err := js.Stream(ctx, "KEEP")
+		attempt, cancelAttempt := context.WithTimeout(ctx, time.Second)
+		st, err := js.Stream(attempt, "KEEP")
+		cancelAttempt()
 		if err == nil {
 			if n := st.CachedInfo().State.Msgs; n != 1 {
 				t.Fatalf("messages after restart = %d, want 1", n)
@@ -92,5 +99,32 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 			t.Fatalf("stream after restart: %v (connection %v)", err, nc.Status())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNewQueueHasStreamAndPayloadsAndNoConsumer(t *testing.T) {
+	q := jetstreamenv.NewQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := q.JetStream.Stream(ctx, assignmentqueue.DefaultStream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", assignmentqueue.DefaultStream, err)
+	}
+	if n := st.CachedInfo().State.Consumers; n != 0 {
+		t.Fatalf("consumers = %d, want 0", n)
+	}
+	if q.Queue.Stream() != assignmentqueue.DefaultStream || q.Payloads.Bucket() != assignmentqueue.DefaultPayloadBucket {
+		t.Fatalf("stream %q, bucket %q", q.Queue.Stream(), q.Payloads.Bucket())
+	}
+	task := &runnerv1.Task{Id: 7, WorkflowPayload: []byte("jobs: {}")}
+	if err := q.Payloads.Put(ctx, "a-7", task); err != nil {
+		t.Fatalf("put payload: %v", err)
+	}
+	if got, err := q.Payloads.Get(ctx, "a-7"); err != nil || got.GetId() != 7 {
+		t.Fatalf("get payload = %v, %v", got, err)
+	}
+	q.OpenConsumer(t, taskassignment.BackendProcess, 3)
+	if n, err := q.Queue.Outstanding(ctx, taskassignment.BackendProcess); err != nil || n != 0 {
+		t.Fatalf("Outstanding after OpenConsumer = %d, %v", n, err)
 	}
 }
