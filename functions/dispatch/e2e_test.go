@@ -21,11 +21,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
@@ -47,7 +47,7 @@ func workflow(jobs ...string) string {
 // e2e is one Gitea, one NATS server and dispatch configured for one pool
 // ("linux", labels ubuntu-latest, backend process) registered with Gitea.
 type e2e struct {
-	gitea    *giteatest.Server
+	gitea    *giteaenv.Server
 	repo     string
 	js       jetstream.JetStream
 	nc       *nats.Conn
@@ -57,18 +57,18 @@ type e2e struct {
 	logs     *bytes.Buffer
 }
 
-func setup(t *testing.T, capacity int, opts giteatest.Options) *e2e {
+func setup(t *testing.T, capacity int, opts giteaenv.Options) *e2e {
 	t.Helper()
 	opts.ChannelQueue = true
 	return setupWith(t, capacity, opts)
 }
 
-func setupWith(t testing.TB, capacity int, opts giteatest.Options) *e2e {
+func setupWith(t testing.TB, capacity int, opts giteaenv.Options) *e2e {
 	t.Helper()
-	g := giteatest.Start(t, opts)
+	g := giteaenv.Start(t, opts)
 	e := &e2e{gitea: g, repo: g.CreateRepo(t, "demo"), logs: &bytes.Buffer{}}
-	_, url := jetstreamtest.Start(t)
-	e.nc, e.js = jetstreamtest.Connect(t, url)
+	_, url := jetstreamenv.Start(t)
+	e.nc, e.js = jetstreamenv.Connect(t, url)
 	dir := t.TempDir()
 	pools := filepath.Join(dir, "pools.yaml")
 	if err := os.WriteFile(pools, []byte(fmt.Sprintf(
@@ -138,11 +138,11 @@ func (e *e2e) published(t *testing.T) []taskassignment.Assignment {
 	return out
 }
 
-func (e *e2e) waitQueued(t *testing.T, n int) []giteatest.Job {
+func (e *e2e) waitQueued(t *testing.T, n int) []giteaenv.Job {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		var queued []giteatest.Job
+		var queued []giteaenv.Job
 		for _, j := range e.gitea.Jobs(t, e.repo) {
 			if j.Status == "queued" {
 				queued = append(queued, j)
@@ -176,7 +176,7 @@ func (e *e2e) pool(t *testing.T) dispatcher.Pool {
 }
 
 func TestE2EDispatchClaimsAPushedJob(t *testing.T) {
-	e := setup(t, 5, giteatest.Options{})
+	e := setup(t, 5, giteaenv.Options{})
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("build"))
 	e.waitQueued(t, 1)
 	if err := e.svc.dispatchAll(context.Background(), e.svc.pools); err != nil {
@@ -207,7 +207,7 @@ func TestE2EDispatchClaimsAPushedJob(t *testing.T) {
 }
 
 func TestE2ECapacityIsRespected(t *testing.T) {
-	e := setup(t, 2, giteatest.Options{})
+	e := setup(t, 2, giteaenv.Options{})
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("a", "b", "c"))
 	e.waitQueued(t, 3)
 	if err := e.svc.dispatchAll(context.Background(), e.svc.pools); err != nil {
@@ -238,7 +238,7 @@ func TestE2ECapacityIsRespected(t *testing.T) {
 }
 
 func TestE2EWebhook(t *testing.T) {
-	e := setup(t, 5, giteatest.Options{})
+	e := setup(t, 5, giteaenv.Options{})
 	srv := httptest.NewServer(e.svc.handler())
 	defer srv.Close()
 	var (
@@ -265,7 +265,7 @@ func TestE2EWebhook(t *testing.T) {
 	e.gitea.AddSystemWebhook(t, recorder.URL+"/webhook", webhookSecret)
 
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("build"))
-	e.gitea.WaitJob(t, e.repo, func(j giteatest.Job) bool { return j.Status == "in_progress" }, 20*time.Second)
+	e.gitea.WaitJob(t, e.repo, func(j giteaenv.Job) bool { return j.Status == "in_progress" }, 20*time.Second)
 	if as := e.published(t); len(as) != 1 {
 		t.Fatalf("the webhook published %d assignments, want 1", len(as))
 	}
@@ -295,7 +295,7 @@ func TestE2EWebhook(t *testing.T) {
 }
 
 func TestE2EBadSignatureClaimsNothing(t *testing.T) {
-	e := setup(t, 5, giteatest.Options{})
+	e := setup(t, 5, giteaenv.Options{})
 	srv := httptest.NewServer(e.svc.handler())
 	defer srv.Close()
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("build"))
@@ -315,7 +315,7 @@ func TestE2EBadSignatureClaimsNothing(t *testing.T) {
 }
 
 func TestE2EGiteaDownClaimsNothing(t *testing.T) {
-	e := setup(t, 5, giteatest.Options{})
+	e := setup(t, 5, giteaenv.Options{})
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("build"))
 	e.waitQueued(t, 1)
 	e.gitea.Stop(t)
@@ -333,7 +333,7 @@ func TestE2EGiteaDownClaimsNothing(t *testing.T) {
 }
 
 func TestE2EUnknownPoolIsAConfigError(t *testing.T) {
-	e := setup(t, 1, giteatest.Options{})
+	e := setup(t, 1, giteaenv.Options{})
 	_ = e
 	if code := execute(context.Background(), []string{"run", "-pool", "windows"}, os.Stderr); code != 2 {
 		t.Fatalf("dispatch run -pool windows exited %d, want 2", code)
@@ -341,7 +341,7 @@ func TestE2EUnknownPoolIsAConfigError(t *testing.T) {
 }
 
 func TestE2ERegisterWithWrongToken(t *testing.T) {
-	e := setup(t, 1, giteatest.Options{})
+	e := setup(t, 1, giteaenv.Options{})
 	t.Setenv("GDR_STATE_DIR", t.TempDir())
 	t.Setenv("GDR_REGISTRATION_TOKEN", "not-a-token")
 	_ = e
@@ -351,7 +351,7 @@ func TestE2ERegisterWithWrongToken(t *testing.T) {
 }
 
 func TestE2ETerminalAndReport(t *testing.T) {
-	e := setup(t, 5, giteatest.Options{})
+	e := setup(t, 5, giteaenv.Options{})
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("build"))
 	e.waitQueued(t, 1)
 	if err := e.svc.dispatchAll(context.Background(), e.svc.pools); err != nil {
@@ -370,7 +370,7 @@ func TestE2ETerminalAndReport(t *testing.T) {
 	if err := ts.Report(ctx, id, "failed"); err != nil {
 		t.Fatal(err)
 	}
-	job := e.gitea.WaitJob(t, e.repo, func(j giteatest.Job) bool { return j.Status == "completed" }, 10*time.Second)
+	job := e.gitea.WaitJob(t, e.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 10*time.Second)
 	if job.Conclusion != "failure" {
 		t.Fatalf("job = %+v, want a failure", job)
 	}
@@ -396,7 +396,7 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes about 90 s")
 	}
-	e := setup(t, 5, giteatest.Options{ZombieTaskTimeout: time.Minute, ZombieSchedule: "@every 5s"})
+	e := setup(t, 5, giteaenv.Options{ZombieTaskTimeout: time.Minute, ZombieSchedule: "@every 5s"})
 	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("kept", "dropped"))
 	e.waitQueued(t, 2)
 	ctx := context.Background()

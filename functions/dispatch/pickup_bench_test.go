@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -90,5 +90,5 @@ func report(b *testing.B, lat []time.Duration, suffix string) {
 // in-memory channel queue), as a production Gitea runs.
 func setupB(b *testing.B, capacity int) *e2e {
 	b.Helper()
-	return setupWith(b, capacity, giteatest.Options{})
+	return setupWith(b, capacity, giteaenv.Options{})
 }

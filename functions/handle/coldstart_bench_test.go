@@ -12,8 +12,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -36,13 +35,8 @@ func BenchmarkColdStart(b *testing.B) {
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 5}\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	_, url := jetstreamtest.Start(b)
-	_, js := jetstreamtest.Connect(b, url)
-	q := assignmentqueue.New(js, "")
-	ctx := context.Background()
-	if err := q.EnsureStream(ctx); err != nil {
-		b.Fatal(err)
-	}
+	queue := jetstreamenv.NewQueue(b)
+	url, q, ctx := queue.URL, queue.Queue, context.Background()
 	env := append(os.Environ(),
 		"GDR_MODE=job", "GDR_BACKEND=process", "GDR_NATS_URL="+url, "GDR_POOLS_FILE="+pools, "GDR_STATE_DIR="+dir,
 		"GDR_TRUST_DOMAIN=ci.example.org", "GDR_BOOTSTRAP_KEY=c2VjcmV0LWtleS1tYXRlcmlhbC0wMTIzNDU2Nzg5YWI=",

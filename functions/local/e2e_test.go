@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 )
 
 var (
@@ -108,7 +108,7 @@ func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {
 }
 
 type setup struct {
-	gitea   *giteatest.Server
+	gitea   *giteaenv.Server
 	repo    string
 	token   string
 	state   string
@@ -117,7 +117,7 @@ type setup struct {
 
 func newSetup(t *testing.T) setup {
 	t.Helper()
-	g := giteatest.Start(t, giteatest.Options{ChannelQueue: true})
+	g := giteaenv.Start(t, giteaenv.Options{ChannelQueue: true})
 	return setup{gitea: g, repo: g.CreateRepo(t, "demo"), token: g.RegistrationToken(t),
 		state: filepath.Join(t.TempDir(), "state"), gateway: freeAddr(t)}
 }
@@ -157,7 +157,7 @@ func (s setup) keepRunnerLogs(t *testing.T) *syncBuffer {
 	return logs
 }
 
-func (s setup) waitJob(t *testing.T, name string, pred func(giteatest.Job) bool, timeout time.Duration, out *syncBuffer) giteatest.Job {
+func (s setup) waitJob(t *testing.T, name string, pred func(giteaenv.Job) bool, timeout time.Duration, out *syncBuffer) giteaenv.Job {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -173,7 +173,7 @@ func (s setup) waitJob(t *testing.T, name string, pred func(giteatest.Job) bool,
 	}
 }
 
-func completed(j giteatest.Job) bool { return j.Status == "completed" }
+func completed(j giteaenv.Job) bool { return j.Status == "completed" }
 
 func TestE2ELocalRunsSucceedingFailingAndCancelledJobs(t *testing.T) {
 	s := newSetup(t)
@@ -213,7 +213,7 @@ jobs:
 	if broken.Conclusion != "failure" || len(broken.Steps) != 2 || broken.Steps[0].Conclusion != "success" || broken.Steps[1].Conclusion != "failure" {
 		t.Fatalf("broken = %+v", broken)
 	}
-	slow := s.waitJob(t, "slow", func(j giteatest.Job) bool {
+	slow := s.waitJob(t, "slow", func(j giteaenv.Job) bool {
 		return j.Status == "in_progress" && len(j.Steps) == 1 && j.Steps[0].Status == "in_progress"
 	}, 60*time.Second, &out)
 	s.gitea.CancelRun(t, s.repo, slow.RunID)
@@ -248,7 +248,7 @@ jobs:
       - run: sleep 6
       - run: echo finished-once
 `)
-	s.waitJob(t, "long", func(j giteatest.Job) bool {
+	s.waitJob(t, "long", func(j giteaenv.Job) bool {
 		return j.Status == "in_progress" && len(j.Steps) > 0 && j.Steps[0].Status == "in_progress"
 	}, 60*time.Second, &out)
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 )
 
 // BenchmarkE2ELocalPickup measures local mode's pickup latency against a
@@ -18,7 +18,7 @@ import (
 //
 //	go test -tags e2e -run '^$' -bench E2ELocalPickup -benchtime 20x ./functions/local/
 func BenchmarkE2ELocalPickup(b *testing.B) {
-	g := giteatest.Start(b, giteatest.Options{})
+	g := giteaenv.Start(b, giteaenv.Options{})
 	repo := g.CreateRepo(b, "demo")
 	state := b.TempDir()
 	cmd := startBench(b, localBinary(b), "--gitea-url", g.URL, "--registration-token", g.RegistrationToken(b),

@@ -21,15 +21,13 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/giteatest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -82,7 +80,7 @@ func (f *firstStep) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequ
 
 // world is a real Gitea, NATS, dispatch's core for one pool, and a gateway.
 type world struct {
-	gitea      *giteatest.Server
+	gitea      *giteaenv.Server
 	repo       string
 	pool       dispatcher.Pool
 	d          *dispatcher.Dispatcher
@@ -95,7 +93,7 @@ type world struct {
 func newWorld(t testing.TB) *world {
 	t.Helper()
 	ctx := context.Background()
-	g := giteatest.Start(t, giteatest.Options{ChannelQueue: true})
+	g := giteaenv.Start(t, giteaenv.Options{ChannelQueue: true})
 	w := &world{gitea: g, repo: g.CreateRepo(t, "demo")}
 	creds, err := gitea.Register(ctx, g.URL, nil, gitea.Registration{Token: g.RegistrationToken(t), Name: "e2e-linux", Labels: []string{"ubuntu-latest"}})
 	if err != nil {
@@ -109,18 +107,9 @@ func newWorld(t testing.TB) *world {
 		Pool:   runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: 10},
 		Runner: client, Tasks: gitea.TaskState{Client: client},
 	}
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	key := secretkey.Key(bytes.Repeat([]byte{4}, 32))
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, KeepAlive: time.Minute}
+	env := jetstreamenv.NewQueue(t)
+	payloads := env.Payloads
+	w.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: env.Queue, Payloads: payloads, KeepAlive: time.Minute}
 	if w.ca, err = svidca.New(td); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +196,7 @@ func (w *world) runTask(t testing.TB, a taskassignment.Assignment) int {
 	return cmd.ProcessState.ExitCode()
 }
 
-func (w *world) job(t *testing.T, name string) giteatest.Job {
+func (w *world) job(t *testing.T, name string) giteaenv.Job {
 	t.Helper()
 	for _, j := range w.gitea.Jobs(t, w.repo) {
 		if j.Name == name {
@@ -215,7 +204,7 @@ func (w *world) job(t *testing.T, name string) giteatest.Job {
 		}
 	}
 	t.Fatalf("no job %q", name)
-	return giteatest.Job{}
+	return giteaenv.Job{}
 }
 
 const secretValue = "hunter2-very-secret-value"
@@ -257,7 +246,7 @@ jobs:
 		t.Fatalf("runner exited %d", code)
 	}
 	for _, name := range []string{"prepare", "build"} {
-		j := w.gitea.WaitJob(t, w.repo, func(j giteatest.Job) bool { return j.Name == name && j.Status == "completed" }, 20*time.Second)
+		j := w.gitea.WaitJob(t, w.repo, func(j giteaenv.Job) bool { return j.Name == name && j.Status == "completed" }, 20*time.Second)
 		if j.Conclusion != "success" {
 			t.Fatalf("job %s: %+v", name, j)
 		}
@@ -289,7 +278,7 @@ func TestE2EFailingStepFailsTheJob(t *testing.T) {
 	if code := w.runTask(t, a); code != 0 {
 		t.Fatalf("runner exited %d: a failed job is still a reported one", code)
 	}
-	j := w.gitea.WaitJob(t, w.repo, func(j giteatest.Job) bool { return j.Status == "completed" }, 20*time.Second)
+	j := w.gitea.WaitJob(t, w.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 20*time.Second)
 	if j.Conclusion != "failure" {
 		t.Fatalf("job = %+v", j)
 	}
@@ -306,7 +295,7 @@ func TestE2EServicesJobFailsWithAClearLine(t *testing.T) {
 	if code := w.runTask(t, a); code != 0 {
 		t.Fatalf("runner exited %d", code)
 	}
-	j := w.gitea.WaitJob(t, w.repo, func(j giteatest.Job) bool { return j.Status == "completed" }, 20*time.Second)
+	j := w.gitea.WaitJob(t, w.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 20*time.Second)
 	if j.Conclusion != "failure" || !strings.Contains(w.gitea.JobLogs(t, w.repo, j.ID), "services:") {
 		t.Fatalf("job = %+v", j)
 	}
@@ -347,7 +336,7 @@ func TestE2ECancelStopsTheStep(t *testing.T) {
 	if cmd.ProcessState.ExitCode() != 0 {
 		t.Fatalf("runner exited %d:\n%s", cmd.ProcessState.ExitCode(), stderr)
 	}
-	j = w.gitea.WaitJob(t, w.repo, func(j giteatest.Job) bool { return j.Status == "completed" }, 20*time.Second)
+	j = w.gitea.WaitJob(t, w.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 20*time.Second)
 	if j.Conclusion != "cancelled" {
 		t.Fatalf("job = %+v", j)
 	}

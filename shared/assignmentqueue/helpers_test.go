@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -31,21 +31,16 @@ func testContext(t testing.TB) context.Context {
 // newJetStream starts a server of the test's own and connects to it.
 func newJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
+	_, url := jetstreamenv.Start(t)
+	_, js := jetstreamenv.Connect(t, url)
 	return js
 }
 
 // newQueue returns a queue on a fresh server with its stream ensured.
 func newQueue(t testing.TB) (context.Context, jetstream.JetStream, *assignmentqueue.Queue) {
 	t.Helper()
-	ctx := testContext(t)
-	js := newJetStream(t)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatalf("EnsureStream: %v", err)
-	}
-	return ctx, js, q
+	env := jetstreamenv.NewQueue(t)
+	return testContext(t), env.JetStream, env.Queue
 }
 
 // assignment returns a valid assignment of task taskID to backend b.

@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -14,10 +13,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -107,18 +105,8 @@ type fixture struct {
 
 func newFixture(t *testing.T) fixture {
 	t.Helper()
-	ctx := context.Background()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{3}, 32)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fixture{d: &Dispatcher{TrustDomain: td, Queue: q, Payloads: p, KeepAlive: time.Minute}, queue: q, payloads: p}
+	q := jetstreamenv.NewQueue(t)
+	return fixture{d: &Dispatcher{TrustDomain: td, Queue: q.Queue, Payloads: q.Payloads, KeepAlive: time.Minute}, queue: q.Queue, payloads: q.Payloads}
 }
 
 func pool(g *fakeGitea, capacity int) Pool {

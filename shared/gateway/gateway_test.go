@@ -19,11 +19,10 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 )
 
@@ -72,12 +71,7 @@ func start(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{5}, 32)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	payloads := jetstreamenv.NewQueue(t).Payloads
 	boot, err := bootstrap.New(bytes.Repeat([]byte{6}, 32), "https://unused.example.org")
 	if err != nil {
 		t.Fatal(err)

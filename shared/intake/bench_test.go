@@ -8,10 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 const benchBatch = 100
@@ -23,16 +22,8 @@ const benchBatch = 100
 // handle/raw; the goal is a ratio of at least 0.5.
 func BenchmarkQueueVsHandle(b *testing.B) {
 	ctx := context.Background()
-	_, url := jetstreamtest.Start(b)
-	_, js := jetstreamtest.Connect(b, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		b.Fatal(err)
-	}
-	c, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 1000)
-	if err != nil {
-		b.Fatal(err)
-	}
+	env := jetstreamenv.NewQueue(b)
+	q, c := env.Queue, env.OpenConsumer(b, taskassignment.BackendProcess, 1000)
 	raw := make([]taskassignment.Assignment, b.N)
 	handled := make([]taskassignment.Assignment, b.N)
 	for i := range b.N {
@@ -67,7 +58,7 @@ func BenchmarkQueueVsHandle(b *testing.B) {
 	}
 	rawTime := time.Since(start)
 
-	backend := backendtest.NewMemory("node-1")
+	backend := taskworkertest.NewMemory("node-1")
 	j := job(c, worker(b, backend), nil)
 	j.Batch, j.Wait = benchBatch, time.Second
 	start = time.Now()

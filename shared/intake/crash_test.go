@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 // The crash child: a handle process whose backend stops dead right after
@@ -51,7 +51,7 @@ func crashChild(url, dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	backend := backendtest.Files{Dir: dir, Target: "node-1", AfterCreate: func(string) {
+	backend := taskworkertest.Files{Dir: dir, Target: "node-1", AfterCreate: func(string) {
 		_ = os.WriteFile(filepath.Join(dir, "created"), nil, 0o600)
 		select {} // wait for SIGKILL
 	}}
@@ -68,13 +68,9 @@ func (nopT) Fatal(args ...any)     { panic(fmt.Sprint(args...)) }
 func (nopT) Fatalf(string, ...any) { panic("fixture failed") }
 
 func TestKilledAfterCreateBeforeAck(t *testing.T) {
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	q := assignmentqueue.New(js, "")
+	env := jetstreamenv.NewQueue(t)
+	url, js, q := env.URL, env.JetStream, env.Queue
 	ctx := context.Background()
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// The production consumer, but with a short AckWait so that the lost
 	// delivery comes back within the test.
 	c, err := js.CreateOrUpdateConsumer(ctx, assignmentqueue.DefaultStream, jetstream.ConsumerConfig{
@@ -111,7 +107,7 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	}
 	_ = child.Wait()
 
-	backend := backendtest.Files{Dir: dir, Target: "node-1"}
+	backend := taskworkertest.Files{Dir: dir, Target: "node-1"}
 	if e, err := backend.Find(ctx, a.ID); err != nil || e == nil {
 		t.Fatalf("the killed child left no executor: %v", err)
 	}

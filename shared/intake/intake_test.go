@@ -18,13 +18,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
@@ -101,18 +101,8 @@ func TestHandlerOutcomes(t *testing.T) {
 // queue starts a server with the stream and the process backend's consumer.
 func queue(t *testing.T, capacity int) (*assignmentqueue.Queue, jetstream.Consumer, jetstream.JetStream) {
 	t.Helper()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	ctx := context.Background()
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q, c, js
+	q := jetstreamenv.NewQueue(t)
+	return q.Queue, q.OpenConsumer(t, taskassignment.BackendProcess, capacity), q.JetStream
 }
 
 func publish(t *testing.T, q *assignmentqueue.Queue, a taskassignment.Assignment) {
@@ -171,7 +161,7 @@ func job(c jetstream.Consumer, a Acceptor, log *logBuffer) Job {
 
 func TestJobAcceptsAndAcks(t *testing.T) {
 	q, c, _ := queue(t, 4)
-	backend := backendtest.NewMemory("node-1")
+	backend := taskworkertest.NewMemory("node-1")
 	a := assignment(t, 7)
 	publish(t, q, a)
 	sum, err := job(c, worker(t, backend), nil).Run(context.Background())
@@ -189,7 +179,7 @@ func TestJobAcceptsAndAcks(t *testing.T) {
 
 func TestJobWithoutMessagesIsAnEmptyRun(t *testing.T) {
 	_, c, _ := queue(t, 4)
-	sum, err := job(c, worker(t, backendtest.NewMemory("n")), nil).Run(context.Background())
+	sum, err := job(c, worker(t, taskworkertest.NewMemory("n")), nil).Run(context.Background())
 	if err != nil || sum != (Summary{}) {
 		t.Fatalf("Run() = %+v, %v", sum, err)
 	}
@@ -200,7 +190,7 @@ func TestJobTakesAtMostBatch(t *testing.T) {
 	for i := range 5 {
 		publish(t, q, assignment(t, int64(i+1)))
 	}
-	j := job(c, worker(t, backendtest.NewMemory("n")), nil)
+	j := job(c, worker(t, taskworkertest.NewMemory("n")), nil)
 	j.Batch = 3
 	sum, err := j.Run(context.Background())
 	if err != nil || sum.Fetched != 3 || sum.Accepted != 3 {
@@ -402,7 +392,7 @@ func TestReceiverStatusCodes(t *testing.T) {
 }
 
 func TestReceiverAcceptsEndToEnd(t *testing.T) {
-	backend := backendtest.NewMemory("node-1")
+	backend := taskworkertest.NewMemory("node-1")
 	h, err := Receiver{Handler: Handler{Worker: worker(t, backend), TrustDomain: td}}.NewHTTPHandler(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 )
 
 func TestRedact(t *testing.T) {
@@ -23,7 +23,7 @@ func TestRedact(t *testing.T) {
 }
 
 func TestConnect(t *testing.T) {
-	_, url := jetstreamtest.Start(t)
+	_, url := jetstreamenv.Start(t)
 	nc, js, err := Connect(context.Background(), Config{URL: url}, "natsconn-test")
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
 )
 
 // fastRetry keeps retries in tests to milliseconds.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"

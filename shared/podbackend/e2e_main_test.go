@@ -17,14 +17,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/kubetest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiretest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // plane is the one kube-apiserver + etcd of this test package.
-var plane kubetest.Shared
+var plane kubeenv.Shared
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -57,7 +57,7 @@ func countingClient(t testing.TB, cfg *rest.Config, n *atomic.Int64) kubernetes.
 
 // e2eEnv is one test's namespace on the shared plane.
 type e2eEnv struct {
-	plane  *kubetest.Plane
+	plane  *kubeenv.Plane
 	client kubernetes.Interface
 	ns     string
 	keys   taskassignment.Keys
@@ -72,7 +72,7 @@ func newEnv(t testing.TB) e2eEnv {
 		t.Fatal(err)
 	}
 	return e2eEnv{plane: p, client: p.Client(t), ns: p.Namespace(t), keys: keys,
-		td: spiffeid.RequireTrustDomainFromString(spiretest.TrustDomain)}
+		td: spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)}
 }
 
 // config is the backend configuration of env with entries (nil: no binding).

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiretest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -39,7 +39,7 @@ func (env e2eEnv) scheduled(t *testing.T, b *Backend, taskID int64) (taskassignm
 
 func TestE2EBindIdentity(t *testing.T) {
 	env := newEnv(t)
-	spire := spiretest.Start(t)
+	spire := spireenv.Start(t)
 	ctx := ctxT(t)
 	b := env.backend(t, spire.Entries())
 	now := time.Unix(1_900_000_000, 0)
@@ -108,7 +108,7 @@ func TestE2EBindIdentity(t *testing.T) {
 
 func TestE2EBindConflicts(t *testing.T) {
 	env := newEnv(t)
-	spire := spiretest.Start(t)
+	spire := spireenv.Start(t)
 	ctx := ctxT(t)
 	b := env.backend(t, spire.Entries())
 	entries := spire.Entries()

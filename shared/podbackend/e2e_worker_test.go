@@ -14,9 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiretest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
@@ -80,7 +80,7 @@ func (e *events) names() []taskworker.EventName {
 // kube-apiserver, a real spire-server and a real bootstrap.
 func TestE2EWorker(t *testing.T) {
 	env := newEnv(t)
-	spire := spiretest.Start(t)
+	spire := spireenv.Start(t)
 	ctx := ctxT(t)
 	b := env.backend(t, spire.Entries())
 	key := secretkey.Key(strings.Repeat("k", bootstrap.MinKeyLength))

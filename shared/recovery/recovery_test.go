@@ -5,21 +5,19 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backendtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
@@ -47,7 +45,7 @@ func (g *giteaView) Report(_ context.Context, id int64, p taskworker.Phase) erro
 
 type fixture struct {
 	r        *Recovery
-	backend  *backendtest.Memory
+	backend  *taskworkertest.Memory
 	gitea    *giteaView
 	queue    *assignmentqueue.Queue
 	payloads *assignmentqueue.Payloads
@@ -56,23 +54,12 @@ type fixture struct {
 
 func setup(t *testing.T) fixture {
 	t.Helper()
-	ctx := context.Background()
-	_, url := jetstreamtest.Start(t)
-	_, js := jetstreamtest.Connect(t, url)
-	q := assignmentqueue.New(js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 10); err != nil {
-		t.Fatal(err)
-	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, "CI_TASKS", time.Hour, secretkey.Key(bytes.Repeat([]byte{2}, 32)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := jetstreamenv.NewQueue(t)
+	env.OpenConsumer(t, taskassignment.BackendProcess, 10)
+	q, payloads := env.Queue, env.Payloads
 	keys, _ := taskassignment.NewKeys("ci.example.org")
 	boot, _ := bootstrap.New(bytes.Repeat([]byte{3}, 32), "https://gw.example.org")
-	mem := backendtest.NewMemory("local")
+	mem := taskworkertest.NewMemory("local")
 	mem.Keys, mem.TrustDomain = keys, td
 	g := &giteaView{over: map[int64]bool{}, reported: map[int64]taskworker.Phase{}}
 	r := &Recovery{

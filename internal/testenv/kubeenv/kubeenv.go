@@ -1,4 +1,4 @@
-// Package kubetest runs a real Kubernetes control plane (kube-apiserver
+// Package kubeenv runs a real Kubernetes control plane (kube-apiserver
 // v1.37.2 + etcd v3.7.0, started by controller-runtime envtest) for
 // end-to-end tests.
 //
@@ -21,7 +21,7 @@
 //     kill), a watchdog process kills etcd and kube-apiserver, checking each
 //     by the full path of its executable, and removes their data folder, so
 //     nothing outlives the binary.
-package kubetest
+package kubeenv
 
 import (
 	"context"
@@ -42,54 +42,22 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
 // Version is the Kubernetes release the harness is written against and
 // scripts/peers/kube.sh builds.
 const Version = "v1.37.2"
 
-// AssetsDir returns the folder holding kube-apiserver and etcd: $GDR_KUBE_ASSETS
-// if set, else ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-v1.37.2.
-// missing is empty when the folder is a complete build, else it says what is
-// wrong.
-func AssetsDir() (dir, missing string) {
-	if dir = os.Getenv("GDR_KUBE_ASSETS"); dir == "" {
-		root := os.Getenv("GDR_PEERS")
-		if root == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", "no home directory and no GDR_PEERS"
-			}
-			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
-		}
-		dir = filepath.Join(root, "kube-"+Version)
-		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
-			return dir, dir + " is not a complete build"
-		}
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		p := filepath.Join(dir, bin)
-		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return dir, p + " is not an executable file"
-		}
-	}
-	return dir, ""
-}
-
-// Assets returns AssetsDir's folder. If it is missing the test is skipped,
-// except with CI=true, where it fails: CI must never pass without the real
-// peer.
+// Assets returns the folder holding kube-apiserver and etcd, the one `make
+// peers` writes (see testenv.Peer: the folder is
+// ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-v1.37.2, or
+// $GDR_KUBE_DIR). If it is missing the test is skipped, except with CI=true,
+// where it fails (testenv.RequirePeer).
 func Assets(t testing.TB) string {
 	t.Helper()
-	dir, missing := AssetsDir()
-	if missing != "" {
-		msg := "kubetest: kube-apiserver " + Version + " not built (" + missing + "): run `make peers`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
-		}
-		t.Skip(msg)
-	}
-	return dir
+	return testenv.RequirePeer(t, testenv.Peer{Name: "kube", Version: Version, Executables: []string{"kube-apiserver", "etcd"}})
 }
 
 // Plane is one running control plane.
@@ -110,13 +78,13 @@ func Start(dir string) (*Plane, error) {
 		abs, err = filepath.EvalSymlinks(abs) // /proc/<pid>/exe is resolved too (watchdog)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: assets folder %s: %w", dir, err)
+		return nil, fmt.Errorf("kubeenv: assets folder %s: %w", dir, err)
 	}
 	// One folder for etcd's data and the API server's certificates, owned
 	// here (envtest would make two), so that Stop and the watchdog remove it.
-	data, err := os.MkdirTemp("", "gdr-kubetest-")
+	data, err := os.MkdirTemp("", "gdr-kubeenv-")
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: %w", err)
+		return nil, fmt.Errorf("kubeenv: %w", err)
 	}
 	etcd := &envtest.Etcd{Path: filepath.Join(abs, "etcd"), DataDir: filepath.Join(data, "etcd")}
 	etcd.Configure().Set("unsafe-no-fsync", "true")
@@ -124,7 +92,7 @@ func Start(dir string) (*Plane, error) {
 	for _, d := range []string{etcd.DataDir, api.CertDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			os.RemoveAll(data)
-			return nil, fmt.Errorf("kubetest: %w", err)
+			return nil, fmt.Errorf("kubeenv: %w", err)
 		}
 	}
 	env := &envtest.Environment{
@@ -138,7 +106,7 @@ func Start(dir string) (*Plane, error) {
 	if err != nil {
 		_ = env.Stop()
 		os.RemoveAll(data)
-		return nil, fmt.Errorf("kubetest: start kube-apiserver and etcd from %s: %w", abs, err)
+		return nil, fmt.Errorf("kubeenv: start kube-apiserver and etcd from %s: %w", abs, err)
 	}
 	p := &Plane{Config: cfg, env: env, data: data}
 	if p.watchdog, err = startWatchdog(data, filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")); err != nil {
@@ -147,7 +115,7 @@ func Start(dir string) (*Plane, error) {
 	}
 	if u, err := url.Parse(cfg.Host); err != nil || u.Hostname() != "127.0.0.1" {
 		_ = p.Stop()
-		return nil, fmt.Errorf("kubetest: kube-apiserver serves at %q, not on 127.0.0.1", cfg.Host)
+		return nil, fmt.Errorf("kubeenv: kube-apiserver serves at %q, not on 127.0.0.1", cfg.Host)
 	}
 	return p, nil
 }
@@ -165,7 +133,7 @@ func (p *Plane) Stop() error {
 		err = rerr
 	}
 	if err != nil {
-		return fmt.Errorf("kubetest: stop control plane: %w", err)
+		return fmt.Errorf("kubeenv: stop control plane: %w", err)
 	}
 	return nil
 }
@@ -183,7 +151,7 @@ func (p *Plane) Client(t testing.TB) kubernetes.Interface {
 	t.Helper()
 	c, err := kubernetes.NewForConfig(p.RESTConfig())
 	if err != nil {
-		t.Fatalf("kubetest: clientset: %v", err)
+		t.Fatalf("kubeenv: clientset: %v", err)
 	}
 	return c
 }
@@ -200,13 +168,13 @@ func (p *Plane) Namespace(t testing.TB) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("kubetest: create namespace %s: %v", name, err)
+		t.Fatalf("kubeenv: create namespace %s: %v", name, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := c.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Logf("kubetest: delete namespace %s: %v", name, err)
+			t.Logf("kubeenv: delete namespace %s: %v", name, err)
 		}
 	})
 	return name
@@ -215,7 +183,7 @@ func (p *Plane) Namespace(t testing.TB) string {
 // Shared is one Plane for a whole test package, started on first use.
 // Declare it next to TestMain and stop it there:
 //
-//	var plane kubetest.Shared
+//	var plane kubeenv.Shared
 //
 //	func TestMain(m *testing.M) { code := m.Run(); plane.Stop(); os.Exit(code) }
 //
@@ -253,5 +221,5 @@ func (s *Shared) Stop() {
 	if err := s.plane.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 	}
-	s.plane, s.err = nil, errors.New("kubetest: shared control plane already stopped")
+	s.plane, s.err = nil, errors.New("kubeenv: shared control plane already stopped")
 }

@@ -1,8 +1,8 @@
-// Package backendtest has taskworker.Backend implementations for tests of the
+// Package taskworkertest has taskworker.Backend implementations for tests of the
 // parts above a backend (the queue intake, recover): Memory, held in the test
 // process, and Files, held in a directory so that it survives a killed
 // process. Both honour the Backend contract: every method is idempotent.
-package backendtest
+package taskworkertest
 
 import (
 	"context"

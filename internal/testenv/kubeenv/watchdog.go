@@ -1,4 +1,4 @@
-package kubetest
+package kubeenv
 
 import (
 	"fmt"
@@ -36,7 +36,7 @@ for spec in "$@"; do
   if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$path" ]; then kill -KILL "$pid" 2>/dev/null; fi
 done
 sleep 1
-case "$0" in */gdr-kubetest-*) rm -rf -- "$0" ;; esac
+case "$0" in */gdr-kubeenv-*) rm -rf -- "$0" ;; esac
 `
 
 // startWatchdog watches this process's children running the given
@@ -49,7 +49,7 @@ func startWatchdog(data string, paths ...string) (*watchdog, error) {
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: watchdog pipe: %w", err)
+		return nil, fmt.Errorf("kubeenv: watchdog pipe: %w", err)
 	}
 	defer r.Close()
 	cmd := exec.Command("/bin/sh", append([]string{"-c", watchdogScript, data}, children...)...)
@@ -57,7 +57,7 @@ func startWatchdog(data string, paths ...string) (*watchdog, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("kubetest: start watchdog: %w", err)
+		return nil, fmt.Errorf("kubeenv: start watchdog: %w", err)
 	}
 	return &watchdog{w: w, cmd: cmd}, nil
 }

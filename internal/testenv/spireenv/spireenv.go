@@ -1,4 +1,4 @@
-// Package spiretest runs a real, throwaway SPIRE server (v1.13.3) for
+// Package spireenv runs a real, throwaway SPIRE server (v1.13.3) for
 // end-to-end tests.
 //
 // The binary is built once, outside the checkout, by `make peers`
@@ -8,26 +8,22 @@
 // NodeAttestor, the agent/server API on 127.0.0.1 at a free port and the
 // admin API on a short unix socket path. The server is killed when the test
 // ends, and also if the test binary dies first (Linux: the parent-death
-// signal).
+// signal; see testenv.Process).
 //
 // What a test can rely on:
 //   - Start returns once the Entry API answers on the socket (about a second
 //     on a quiet machine); Entries talks to it as a local, hence admin, caller.
 //   - Every helper fails the test (t.Fatal) on any unexpected answer.
-package spiretest
+package spireenv
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +32,8 @@ import (
 	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
 // Version is the SPIRE release the harness is written against and
@@ -45,42 +43,15 @@ const Version = "v1.13.3"
 // TrustDomain is the trust domain every server started here serves.
 const TrustDomain = "ci.example.org"
 
-// Binary returns the spire-server binary: $GDR_SPIRE_SERVER_BIN if set, else
-// ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/spire-v1.13.3/spire-server
-// written by `make peers`. If it is missing the test is skipped, except with
-// CI=true, where it fails: CI must never pass without the real peer.
+// Binary returns the spire-server binary, in the folder `make peers` writes
+// (see testenv.Peer: the folder is
+// ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/spire-v1.13.3, or
+// $GDR_SPIRE_DIR). If it is missing the test is skipped, except with CI=true,
+// where it fails (testenv.RequirePeer).
 func Binary(t testing.TB) string {
 	t.Helper()
-	var missing string
-	bin := os.Getenv("GDR_SPIRE_SERVER_BIN")
-	if bin == "" {
-		root := os.Getenv("GDR_PEERS")
-		if root == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				t.Fatalf("spiretest: no home directory and no GDR_PEERS: %v", err)
-			}
-			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
-		}
-		dir := filepath.Join(root, "spire-"+Version)
-		bin = filepath.Join(dir, "spire-server")
-		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
-			missing = dir + " is not a complete build"
-		}
-	}
-	if missing == "" {
-		if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			missing = bin + " is not an executable file"
-		}
-	}
-	if missing != "" {
-		msg := "spiretest: spire-server " + Version + " not built (" + missing + "): run `make peers`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
-		}
-		t.Skip(msg)
-	}
-	return bin
+	dir := testenv.RequirePeer(t, testenv.Peer{Name: "spire", Version: Version, Executables: []string{"spire-server"}})
+	return filepath.Join(dir, "spire-server")
 }
 
 // Server is one running spire-server owned by a test.
@@ -140,7 +111,7 @@ func Start(t testing.TB) *Server {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a free port can be taken before the server binds it
-		port := freePort(t)
+		port := testenv.FreePort(t)
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		conf := filepath.Join(dir, "server.conf")
 		data := fmt.Sprintf(configTemplate, port, s.Socket, TrustDomain, filepath.Join(dir, "data"),
@@ -169,103 +140,38 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 	cmd := exec.Command(bin, "run", "-config", conf)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
-
-	p := &process{cmd: cmd, exited: make(chan struct{})}
-	if err := p.start(); err != nil {
-		return fmt.Errorf("spiretest: start %s: %w", bin, err)
+	p, err := testenv.StartProcess(cmd)
+	if err != nil {
+		return fmt.Errorf("spireenv: %w", err)
 	}
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-	}
+	stop := func() { p.Stop(10 * time.Second) }
 	conn, err := grpc.NewClient("unix://"+s.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		stop()
-		return fmt.Errorf("spiretest: dial %s: %w", s.Socket, err)
+		return fmt.Errorf("spireenv: dial %s: %w", s.Socket, err)
 	}
-	if err := waitReady(conn, p.exited, 60*time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	entries := entryv1.NewEntryClient(conn)
+	if err := p.WaitReady(ctx, 100*time.Millisecond, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := entries.CountEntries(ctx, &entryv1.CountEntriesRequest{})
+		return err
+	}); err != nil {
 		conn.Close()
 		stop()
-		return fmt.Errorf("spiretest: spire-server did not come up: %w\n%s", err, tail(logPath))
+		return fmt.Errorf("spireenv: spire-server did not come up: %w\n%s", err, testenv.LogTail(logPath, 60))
 	}
 	s.conn = conn
 	t.Cleanup(func() {
 		conn.Close()
 		stop()
 		if t.Failed() {
-			t.Logf("spiretest: spire-server log:\n%s", tail(logPath))
+			t.Logf("spireenv: spire-server log:\n%s", testenv.LogTail(logPath, 60))
 		}
 	})
 	return nil
-}
-
-// process runs one child. Start and Wait happen on one locked OS thread,
-// because the parent-death signal follows the thread that forked the child:
-// the thread stays alive as long as the child does.
-type process struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-func (p *process) start() error {
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := p.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
-	return <-started
-}
-
-func waitReady(conn *grpc.ClientConn, exited <-chan struct{}, timeout time.Duration) error {
-	client := entryv1.NewEntryClient(conn)
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("the process exited")
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err = client.CountEntries(ctx, &entryv1.CountEntriesRequest{})
-		cancel()
-		if err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("no answer in %s: %w", timeout, err)
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func tail(path string) string {
-	data, _ := os.ReadFile(path)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(bytes.TrimSpace(data))
 }
 
 // Conn is the admin API connection (unix socket, a local caller).
@@ -286,7 +192,7 @@ func (s *Server) AllEntries(t testing.TB) []*types.Entry {
 		resp, err := s.Entries().ListEntries(ctx, &entryv1.ListEntriesRequest{PageSize: 500, PageToken: token})
 		cancel()
 		if err != nil {
-			t.Fatalf("spiretest: list entries: %v", err)
+			t.Fatalf("spireenv: list entries: %v", err)
 		}
 		out = append(out, resp.GetEntries()...)
 		if token = resp.GetNextPageToken(); token == "" {

@@ -1,6 +1,6 @@
 //go:build e2e
 
-package kubetest
+package kubeenv
 
 import (
 	"context"

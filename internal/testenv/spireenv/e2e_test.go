@@ -1,6 +1,6 @@
 //go:build e2e
 
-package spiretest
+package spireenv
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package jetstreamtest_test
+package jetstreamenv_test
 
 import (
 	"context"
@@ -8,14 +8,17 @@ import (
 	"testing"
 	"time"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jetstreamtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 func TestStartServesJetStreamOnLoopback(t *testing.T) {
-	s, url := jetstreamtest.Start(t)
+	s, url := jetstreamenv.Start(t)
 	if !strings.HasPrefix(url, "nats://127.0.0.1:") {
 		t.Fatalf("client URL = %q, want nats://127.0.0.1:<port>", url)
 	}
@@ -27,22 +30,22 @@ func TestStartServesJetStreamOnLoopback(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, js := jetstreamtest.Connect(t, url)
+	_, js := jetstreamenv.Connect(t, url)
 	if _, err := js.AccountInfo(ctx); err != nil {
 		t.Fatalf("account info: %v", err)
 	}
 }
 
 func TestServersAreIndependent(t *testing.T) {
-	_, url1 := jetstreamtest.Start(t)
-	_, url2 := jetstreamtest.Start(t)
+	_, url1 := jetstreamenv.Start(t)
+	_, url2 := jetstreamenv.Start(t)
 	if url1 == url2 {
 		t.Fatalf("two servers share URL %q", url1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, js1 := jetstreamtest.Connect(t, url1)
-	_, js2 := jetstreamtest.Connect(t, url2)
+	_, js1 := jetstreamenv.Connect(t, url1)
+	_, js2 := jetstreamenv.Connect(t, url2)
 	if _, err := js1.CreateStream(ctx, jetstream.StreamConfig{Name: "ONLY1", Subjects: []string{"only1"}}); err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
@@ -54,7 +57,7 @@ func TestServersAreIndependent(t *testing.T) {
 func TestCleanupShutsServerDown(t *testing.T) {
 	var url string
 	t.Run("inner", func(t *testing.T) {
-		_, url = jetstreamtest.Start(t)
+		_, url = jetstreamenv.Start(t)
 	})
 	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.MaxReconnects(0))
 	if err == nil {
@@ -64,10 +67,10 @@ func TestCleanupShutsServerDown(t *testing.T) {
 }
 
 func TestRestartKeepsStoreAndPort(t *testing.T) {
-	s, url := jetstreamtest.Start(t)
+	s, url := jetstreamenv.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, js := jetstreamtest.Connect(t, url)
+	nc, js := jetstreamenv.Connect(t, url)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
@@ -75,13 +78,17 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 		t.Fatalf("publish: %v", err)
 	}
 
-	_, url2 := jetstreamtest.Restart(t, s)
+	_, url2 := jetstreamenv.Restart(t, s)
 	if url2 != url {
 		t.Fatalf("restarted URL = %q, want %q", url2, url)
 	}
-	// The old connection reconnects; poll until the stream answers.
+	// The old connection reconnects; poll until the stream answers. A request
+	// sent while the new server is still starting JetStream gets no answer at
+	// all, so each attempt has a deadline of its own.
 	for {
-		st, err := js.Stream(ctx, "KEEP")
+		attempt, cancelAttempt := context.WithTimeout(ctx, time.Second)
+		st, err := js.Stream(attempt, "KEEP")
+		cancelAttempt()
 		if err == nil {
 			if n := st.CachedInfo().State.Msgs; n != 1 {
 				t.Fatalf("messages after restart = %d, want 1", n)
@@ -92,5 +99,32 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 			t.Fatalf("stream after restart: %v (connection %v)", err, nc.Status())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNewQueueHasStreamAndPayloadsAndNoConsumer(t *testing.T) {
+	q := jetstreamenv.NewQueue(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := q.JetStream.Stream(ctx, assignmentqueue.DefaultStream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", assignmentqueue.DefaultStream, err)
+	}
+	if n := st.CachedInfo().State.Consumers; n != 0 {
+		t.Fatalf("consumers = %d, want 0", n)
+	}
+	if q.Queue.Stream() != assignmentqueue.DefaultStream || q.Payloads.Bucket() != assignmentqueue.DefaultPayloadBucket {
+		t.Fatalf("stream %q, bucket %q", q.Queue.Stream(), q.Payloads.Bucket())
+	}
+	task := &runnerv1.Task{Id: 7, WorkflowPayload: []byte("jobs: {}")}
+	if err := q.Payloads.Put(ctx, "a-7", task); err != nil {
+		t.Fatalf("put payload: %v", err)
+	}
+	if got, err := q.Payloads.Get(ctx, "a-7"); err != nil || got.GetId() != 7 {
+		t.Fatalf("get payload = %v, %v", got, err)
+	}
+	q.OpenConsumer(t, taskassignment.BackendProcess, 3)
+	if n, err := q.Queue.Outstanding(ctx, taskassignment.BackendProcess); err != nil || n != 0 {
+		t.Fatalf("Outstanding after OpenConsumer = %d, %v", n, err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
 )
 
 // do sends a raw request, bypassing the client and its own checks, and

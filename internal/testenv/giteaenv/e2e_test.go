@@ -1,6 +1,6 @@
 //go:build e2e
 
-package giteatest
+package giteaenv
 
 import (
 	"context"
@@ -112,7 +112,7 @@ func TestE2EServer(t *testing.T) {
 	ctx := context.Background()
 	rc := runnerv1connect.NewRunnerServiceClient(http.DefaultClient, s.URL+"api/actions")
 	reg, err := rc.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
-		Name: "giteatest", Token: regToken, Version: "giteatest", Labels: []string{label},
+		Name: "giteaenv", Token: regToken, Version: "giteaenv", Labels: []string{label},
 	}))
 	if err != nil {
 		t.Fatalf("Register: %v", err)
@@ -122,7 +122,7 @@ func TestE2EServer(t *testing.T) {
 		r.Header().Set("x-runner-uuid", runner.GetUuid())
 		r.Header().Set("x-runner-token", runner.GetToken())
 	}
-	dreq := connect.NewRequest(&runnerv1.DeclareRequest{Version: "giteatest", Labels: []string{label}})
+	dreq := connect.NewRequest(&runnerv1.DeclareRequest{Version: "giteaenv", Labels: []string{label}})
 	auth(dreq)
 	if _, err := rc.Declare(ctx, dreq); err != nil {
 		t.Fatalf("Declare: %v", err)
@@ -167,18 +167,18 @@ func TestE2EServer(t *testing.T) {
 		t.Fatalf("task vars %v", task.GetVars())
 	}
 	claimed := s.WaitJob(t, repo, func(j Job) bool { return j.ID == job.ID && j.Status == "in_progress" }, 5*time.Second)
-	if claimed.RunnerID != runner.GetId() || claimed.RunnerName != "giteatest" {
+	if claimed.RunnerID != runner.GetId() || claimed.RunnerName != "giteaenv" {
 		t.Fatalf("claimed job %+v, runner id %d", claimed, runner.GetId())
 	}
 
 	// A log row, read back over REST.
 	lreq := connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: task.GetId(), Index: 0,
-		Rows: []*runnerv1.LogRow{{Content: "hello from giteatest"}}})
+		Rows: []*runnerv1.LogRow{{Content: "hello from giteaenv"}}})
 	auth(lreq)
 	if _, err := rc.UpdateLog(ctx, lreq); err != nil {
 		t.Fatalf("UpdateLog: %v", err)
 	}
-	if logs := s.JobLogs(t, repo, job.ID); !strings.Contains(logs, "hello from giteatest") {
+	if logs := s.JobLogs(t, repo, job.ID); !strings.Contains(logs, "hello from giteaenv") {
 		t.Fatalf("job logs %q", logs)
 	}
 

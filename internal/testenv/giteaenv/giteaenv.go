@@ -1,10 +1,11 @@
-// Package giteatest runs a real, throwaway Gitea (v1.27.3) for end-to-end tests.
+// Package giteaenv runs a real, throwaway Gitea (v1.27.3) for end-to-end tests.
 //
 // The binary is built once, outside the checkout, by `make peers`
 // (scripts/peers/gitea.sh build). Binary finds it; Start launches one private instance per
 // call: 127.0.0.1 on a free port, SQLite and repositories in t.TempDir(), Actions enabled with
 // DEFAULT_ACTIONS_URL=self, webhooks to loopback allowed, and a site admin with an all-scope API
-// token. The instance is killed (its whole process group) when the test ends.
+// token. The instance is killed (its whole process group) when the test ends, and also if the
+// test binary dies first (Linux: the parent-death signal; see testenv.Process).
 //
 // What a test can rely on:
 //   - Server.URL is Gitea's ROOT_URL, with a trailing slash (as in a task's context.server_url);
@@ -16,7 +17,8 @@
 //     2 s). WaitJob polls every 100 ms.
 //   - Restart keeps the data (database, repositories, tokens) and the port; with ChannelQueue,
 //     queued webhooks and notifications in flight at Stop are lost.
-//   - Only the standard library is used here, so any package's tests may import it.
+//   - Only the standard library and internal/testenv (standard library only) are used here, so
+//     any package's tests may import it.
 //
 // REST endpoints (Gitea 1.27.3) the helpers use:
 //
@@ -30,72 +32,39 @@
 //	POST /api/v1/admin/hooks                                       AddSystemWebhook
 //	POST /user/login, POST /{o}/{r}/actions/runs/{run_id}/cancel   CancelRun (web routes; no REST
 //	                                                               cancel exists in 1.27.3)
-package giteatest
+package giteaenv
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
 // Version is the Gitea release the harness is written against and scripts/peers/gitea.sh builds.
 const Version = "v1.27.3"
 
 // Binary returns the Gitea binary and its static folder (options/, templates/, public/; the
-// binary has no bindata). GDR_GITEA_BIN overrides the binary (static defaults to the "static"
-// folder next to it, GDR_GITEA_STATIC overrides that); otherwise both come from the versioned
-// folder ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/gitea-v1.27.3 written by `make peers`.
-// If they are missing the test is skipped, except with CI=true, where it fails: CI must never
-// pass without the real peer.
+// binary has no bindata), both in the folder `make peers` writes (see testenv.Peer: the folder
+// is ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/gitea-v1.27.3, or $GDR_GITEA_DIR). If they
+// are missing the test is skipped, except with CI=true, where it fails (testenv.RequirePeer).
 func Binary(t testing.TB) (bin, static string) {
 	t.Helper()
-	var missing string
-	if bin = os.Getenv("GDR_GITEA_BIN"); bin != "" {
-		static = os.Getenv("GDR_GITEA_STATIC")
-		if static == "" {
-			static = filepath.Join(filepath.Dir(bin), "static")
-		}
-	} else {
-		root := os.Getenv("GDR_PEERS")
-		if root == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				t.Fatalf("giteatest: no home directory and no GDR_PEERS: %v", err)
-			}
-			root = filepath.Join(home, ".cache", "gitea-dynamic-runner")
-		}
-		dir := filepath.Join(root, "gitea-"+Version)
-		bin, static = filepath.Join(dir, "gitea"), filepath.Join(dir, "static")
-		if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
-			missing = dir + " is not a complete build"
-		}
-	}
-	if missing == "" {
-		if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			missing = bin + " is not an executable file"
-		} else if _, err := os.Stat(filepath.Join(static, "options")); err != nil {
-			missing = static + " has no options/ folder"
-		}
-	}
-	if missing != "" {
-		msg := "giteatest: Gitea " + Version + " not built (" + missing + "): run `make peers`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
-		}
-		t.Skip(msg)
-	}
-	return bin, static
+	dir := testenv.RequirePeer(t, testenv.Peer{
+		Name: "gitea", Version: Version, Executables: []string{"gitea"}, Folders: []string{"static/options"},
+	})
+	return filepath.Join(dir, "gitea"), filepath.Join(dir, "static")
 }
 
 // Options tune one instance. The zero value gives Gitea's defaults.
@@ -124,8 +93,7 @@ type Server struct {
 
 	bin, conf, logPath string
 	mu                 sync.Mutex
-	proc               *exec.Cmd
-	exited             chan struct{}
+	proc               *testenv.Process
 	web                *http.Client // logged-in cookie client for web routes (CancelRun)
 }
 
@@ -134,7 +102,7 @@ func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin, static := Binary(t)
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	s := &Server{
 		URL:           fmt.Sprintf("http://127.0.0.1:%d/", port),
 		AdminUser:     "gdr-admin",
@@ -153,7 +121,7 @@ func Start(t testing.TB, opts Options) *Server {
 	t.Cleanup(func() {
 		s.kill()
 		if t.Failed() {
-			t.Logf("giteatest: tail of %s:\n%s", s.logPath, s.LogTail(60))
+			t.Logf("giteaenv: tail of %s:\n%s", s.logPath, s.LogTail(60))
 		}
 	})
 	s.start(t)
@@ -215,29 +183,24 @@ func (s *Server) start(t testing.TB) {
 	defer logf.Close() // the child holds its own descriptor
 	cmd := s.gitea("web")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: git children die with it
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("giteatest: start %s: %v", s.bin, err)
+	proc, err := testenv.StartProcess(cmd) // its own group: git children die with it
+	if err != nil {
+		t.Fatalf("giteaenv: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	s.mu.Lock()
-	s.proc, s.exited = cmd, exited
+	s.proc = proc
 	s.mu.Unlock()
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if code, _, err := s.raw(http.MethodGet, "api/healthz", nil, ""); err == nil && code == http.StatusOK {
-			return
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := proc.WaitReady(ctx, 50*time.Millisecond, func(context.Context) error {
+		code, _, err := s.raw(http.MethodGet, "api/healthz", nil, "")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("%sapi/healthz answers %d", s.URL, code)
 		}
-		select {
-		case <-exited:
-			t.Fatalf("giteatest: gitea exited during start; log tail:\n%s", s.LogTail(40))
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("giteatest: %sapi/healthz not OK after 60s; log tail:\n%s", s.URL, s.LogTail(40))
-		}
+		return err
+	}); err != nil {
+		t.Fatalf("giteaenv: gitea did not come up: %v; log tail:\n%s", err, s.LogTail(40))
 	}
 }
 
@@ -245,21 +208,12 @@ func (s *Server) start(t testing.TB) {
 // SIGTERM, then SIGKILL after 5 s, and waits for it. Safe to call when already stopped.
 func (s *Server) kill() {
 	s.mu.Lock()
-	cmd, exited := s.proc, s.exited
-	s.proc, s.exited = nil, nil
+	proc := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
+	if proc != nil {
+		proc.Stop(5 * time.Second)
 	}
-	pgid := cmd.Process.Pid // Setpgid: the group id is the leader's pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-exited
-	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL) // leftover children of the group, if any
 }
 
 // Stop stops the instance (a "Gitea down" period); the port then refuses connections.
@@ -280,25 +234,15 @@ func (s *Server) Restart(t testing.TB) {
 }
 
 // LogTail returns the last n lines of the instance's log (stdout and stderr of every start).
-func (s *Server) LogTail(n int) string {
-	b, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *Server) LogTail(n int) string { return testenv.LogTail(s.logPath, n) }
 
 func (s *Server) seedAdmin(t testing.TB) {
 	t.Helper()
 	out, err := s.gitea("admin", "user", "create", "--username", s.AdminUser, "--password", s.AdminPassword,
 		"--email", s.AdminUser+"@example.invalid", "--admin", "--must-change-password=false",
-		"--access-token", "--access-token-name", "giteatest", "--access-token-scopes", "all").CombinedOutput()
+		"--access-token", "--access-token-name", "giteaenv", "--access-token-scopes", "all").CombinedOutput()
 	if err != nil {
-		t.Fatalf("giteatest: gitea admin user create: %v\n%s", err, out)
+		t.Fatalf("giteaenv: gitea admin user create: %v\n%s", err, out)
 	}
 	const marker = "Access token was successfully created... "
 	for line := range strings.Lines(string(out)) {
@@ -307,18 +251,8 @@ func (s *Server) seedAdmin(t testing.TB) {
 		}
 	}
 	if s.AdminToken == "" {
-		t.Fatalf("giteatest: no access token in the output of gitea admin user create:\n%s", out)
+		t.Fatalf("giteaenv: no access token in the output of gitea admin user create:\n%s", out)
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func randomHex(t testing.TB, n int) string {

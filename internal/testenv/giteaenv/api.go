@@ -1,4 +1,4 @@
-package giteatest
+package giteaenv
 
 import (
 	"bytes"
@@ -61,11 +61,11 @@ func (s *Server) do(t testing.TB, method, path string, in, out any) (int, []byte
 	}
 	code, b, err := s.raw(method, "api/v1"+path, body, ct)
 	if err != nil {
-		t.Fatalf("giteatest: %s %s: %v", method, path, err)
+		t.Fatalf("giteaenv: %s %s: %v", method, path, err)
 	}
 	if out != nil && code/100 == 2 {
 		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("giteatest: %s %s: decode %q: %v", method, path, b, err)
+			t.Fatalf("giteaenv: %s %s: decode %q: %v", method, path, b, err)
 		}
 	}
 	return code, b
@@ -76,7 +76,7 @@ func (s *Server) must(t testing.TB, method, path string, in, out any, want ...in
 	t.Helper()
 	code, b := s.do(t, method, path, in, out)
 	if !slices.Contains(want, code) {
-		t.Fatalf("giteatest: %s /api/v1%s: status %d, want %v: %s", method, path, code, want, b)
+		t.Fatalf("giteaenv: %s /api/v1%s: status %d, want %v: %s", method, path, code, want, b)
 	}
 	return code
 }
@@ -102,7 +102,7 @@ func (s *Server) RegistrationToken(t testing.TB) string {
 	}
 	s.must(t, http.MethodPost, "/admin/actions/runners/registration-token", nil, &r, http.StatusOK, http.StatusCreated)
 	if r.Token == "" {
-		t.Fatal("giteatest: empty registration token")
+		t.Fatal("giteaenv: empty registration token")
 	}
 	return r.Token
 }
@@ -204,7 +204,7 @@ func (s *Server) WaitJob(t testing.TB, repo string, pred func(Job) bool, timeout
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("giteatest: no matching job in %s after %v; jobs: %+v", repo, timeout, jobs)
+			t.Fatalf("giteaenv: no matching job in %s after %v; jobs: %+v", repo, timeout, jobs)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -217,7 +217,7 @@ func (s *Server) JobLogs(t testing.TB, repo string, jobID int64) string {
 	p := fmt.Sprintf("/repos/%s/actions/jobs/%d/logs", repo, jobID)
 	code, b := s.do(t, http.MethodGet, p, nil, nil)
 	if code != http.StatusOK {
-		t.Fatalf("giteatest: GET /api/v1%s: status %d: %s", p, code, b)
+		t.Fatalf("giteaenv: GET /api/v1%s: status %d: %s", p, code, b)
 	}
 	return string(b)
 }
@@ -230,12 +230,12 @@ func (s *Server) CancelRun(t testing.TB, repo string, runID int64) {
 	web := s.webClient(t)
 	resp, err := web.PostForm(fmt.Sprintf("%s%s/actions/runs/%d/cancel", s.URL, repo, runID), nil)
 	if err != nil {
-		t.Fatalf("giteatest: cancel run %d: %v", runID, err)
+		t.Fatalf("giteaenv: cancel run %d: %v", runID, err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("giteatest: cancel run %d: status %d: %s", runID, resp.StatusCode, b)
+		t.Fatalf("giteaenv: cancel run %d: status %d: %s", runID, resp.StatusCode, b)
 	}
 }
 
@@ -259,12 +259,12 @@ func (s *Server) webClient(t testing.TB) *http.Client {
 	}
 	resp, err := c.PostForm(s.URL+"user/login", url.Values{"user_name": {s.AdminUser}, "password": {s.AdminPassword}})
 	if err != nil {
-		t.Fatalf("giteatest: web login: %v", err)
+		t.Fatalf("giteaenv: web login: %v", err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther || strings.Contains(resp.Header.Get("Location"), "login") {
-		t.Fatalf("giteatest: web login: status %d, location %q: %.300s", resp.StatusCode, resp.Header.Get("Location"), b)
+		t.Fatalf("giteaenv: web login: status %d, location %q: %.300s", resp.StatusCode, resp.Header.Get("Location"), b)
 	}
 	s.web = c
 	return c

@@ -1,9 +1,13 @@
-// Package jetstreamtest runs an embedded NATS server with JetStream for tests.
+// Package jetstreamenv runs an embedded NATS server with JetStream for tests,
+// and on it the assignment queue the functions share (NewQueue).
 //
 // Every server listens on 127.0.0.1 on a port of its own, keeps its store in
 // the test's temporary directory and is shut down when the test ends, so tests
 // that use it may run in parallel and leave nothing behind.
-package jetstreamtest
+//
+// It imports shared/assignmentqueue: that package's own tests use it from the
+// external test package assignmentqueue_test.
+package jetstreamenv
 
 import (
 	"net"
@@ -36,11 +40,11 @@ func Restart(t testing.TB, s *server.Server) (*server.Server, string) {
 	t.Helper()
 	addr, ok := s.Addr().(*net.TCPAddr)
 	if !ok {
-		t.Fatalf("jetstreamtest: server has no TCP listener to restart on")
+		t.Fatalf("jetstreamenv: server has no TCP listener to restart on")
 	}
 	storeDir := s.StoreDir()
 	if storeDir == "" {
-		t.Fatalf("jetstreamtest: server has no JetStream store to restart with")
+		t.Fatalf("jetstreamenv: server has no JetStream store to restart with")
 	}
 	// The server keeps its store in <StoreDir option>/jetstream; hand the
 	// option back, not the directory it derived.
@@ -64,7 +68,7 @@ func start(t testing.TB, storeDir string, port int) (*server.Server, string) {
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatalf("jetstreamtest: new server: %v", err)
+		t.Fatalf("jetstreamenv: new server: %v", err)
 	}
 	t.Cleanup(func() {
 		s.Shutdown()
@@ -72,10 +76,10 @@ func start(t testing.TB, storeDir string, port int) (*server.Server, string) {
 	})
 	s.Start()
 	if !s.ReadyForConnections(readyTimeout) {
-		t.Fatalf("jetstreamtest: server not ready for connections within %v", readyTimeout)
+		t.Fatalf("jetstreamenv: server not ready for connections within %v", readyTimeout)
 	}
 	if !s.JetStreamEnabled() {
-		t.Fatalf("jetstreamtest: server started without JetStream")
+		t.Fatalf("jetstreamenv: server started without JetStream")
 	}
 	return s, s.ClientURL()
 }
@@ -92,12 +96,12 @@ func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstre
 	}, opts...)
 	nc, err := nats.Connect(url, all...)
 	if err != nil {
-		t.Fatalf("jetstreamtest: connect to %s: %v", url, err)
+		t.Fatalf("jetstreamenv: connect to %s: %v", url, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
-		t.Fatalf("jetstreamtest: jetstream context: %v", err)
+		t.Fatalf("jetstreamenv: jetstream context: %v", err)
 	}
 	return nc, js
 }

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
 )
 
 // recordingTB records what the fake reports instead of failing the test.

@@ -1,0 +1,73 @@
+package jetstreamenv
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// PayloadTTL is how long the payload bucket of a Queue keeps a payload.
+const PayloadTTL = time.Hour
+
+// Queue is the assignment queue as dispatch, handle and recover share it, on a
+// server of the test's own: on return the stream (assignmentqueue.DefaultStream)
+// and the payload bucket (assignmentqueue.DefaultPayloadBucket, PayloadTTL,
+// encrypted with Key) exist, and no consumer does. Everything is shut down
+// and removed when the test ends.
+type Queue struct {
+	// Server is the embedded server, at URL; Restart(t, Server) restarts it.
+	Server *server.Server
+	URL    string
+	// Conn and JetStream are the test's connection, which survives Restart.
+	Conn      *nats.Conn
+	JetStream jetstream.JetStream
+	// Queue is the assignment queue on JetStream.
+	Queue *assignmentqueue.Queue
+	// Payloads is the payload bucket, and Key the key it encrypts with.
+	Payloads *assignmentqueue.Payloads
+	Key      secretkey.Key
+}
+
+// NewQueue starts a server (Start), connects to it (Connect) and ensures the
+// queue's stream and payload bucket. It fails the test if any step fails.
+func NewQueue(t testing.TB) *Queue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	q := &Queue{Key: secretkey.Key(bytes.Repeat([]byte{7}, 32))}
+	q.Server, q.URL = Start(t)
+	q.Conn, q.JetStream = Connect(t, q.URL)
+	q.Queue = assignmentqueue.New(q.JetStream, "")
+	if err := q.Queue.EnsureStream(ctx); err != nil {
+		t.Fatalf("jetstreamenv: ensure stream %s: %v", q.Queue.Stream(), err)
+	}
+	var err error
+	q.Payloads, err = assignmentqueue.EnsurePayloads(ctx, q.JetStream, assignmentqueue.DefaultPayloadBucket, PayloadTTL, q.Key)
+	if err != nil {
+		t.Fatalf("jetstreamenv: ensure payload bucket %s: %v", assignmentqueue.DefaultPayloadBucket, err)
+	}
+	return q
+}
+
+// OpenConsumer opens backend b's durable consumer as handle does
+// (assignmentqueue.Queue.OpenConsumer, at most capacity messages in flight)
+// and fails the test if it cannot.
+func (q *Queue) OpenConsumer(t testing.TB, b taskassignment.Backend, capacity int) jetstream.Consumer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	c, err := q.Queue.OpenConsumer(ctx, b, capacity)
+	if err != nil {
+		t.Fatalf("jetstreamenv: open consumer of %s: %v", b, err)
+	}
+	return c
+}
