@@ -29,6 +29,7 @@ func TestLoadConfig(t *testing.T) {
 	base := map[string]string{
 		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
 		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": testKey,
+		"GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 	}
 	for _, tc := range []struct {
 		name    string
@@ -40,6 +41,8 @@ func TestLoadConfig(t *testing.T) {
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY: key has 5 bytes"},
 		{"zero keep-alive", map[string]string{"GDR_KEEPALIVE": "0s"}, "GDR_KEEPALIVE"},
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},
+		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY: assignment signing key: 5 bytes"},
+		{"no signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": ""}, "GDR_ASSIGNMENT_SIGNING_KEY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range base {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
@@ -39,7 +40,7 @@ func TestWebhookHandler(t *testing.T) {
 	svc := newHTTPService(d, []dispatcher.Pool{
 		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Runner: linux, Tasks: linux},
 		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Runner: gpu, Tasks: gpu},
-	}, []byte("s3cret"), slog.New(slog.DiscardHandler))
+	}, []byte("s3cret"), function.Ticks{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
 	defer srv.Close()
 
@@ -86,13 +87,34 @@ func TestWebhookHandler(t *testing.T) {
 				tc.name, code, body, linux.declares, gpu.declares, tc.wantCode, tc.wantLinux, tc.wantGPU)
 		}
 	}
-	// A tick dispatches every pool.
-	resp, err := http.Post(srv.URL+"/", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
+	// A tick dispatches every pool, only with its token; a webhook over
+	// webhook.MaxDelivery is 413.
+	tick := func(header, value string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/", nil)
+		if header != "" {
+			req.Header.Set(header, value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted || linux.declares != 2 || gpu.declares != 3 {
-		t.Fatalf("tick: status %d, rounds linux=%d gpu=%d", resp.StatusCode, linux.declares, gpu.declares)
+	if code := tick("", ""); code != http.StatusUnauthorized || linux.declares != 1 || gpu.declares != 2 {
+		t.Fatalf("tick without its token: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
+	}
+	if code := tick("Authorization", "Bearer guess"); code != http.StatusUnauthorized || linux.declares != 1 {
+		t.Fatalf("tick with a wrong token: status %d, rounds linux=%d", code, linux.declares)
+	}
+	if code := tick("Authorization", "Bearer t1ck"); code != http.StatusAccepted || linux.declares != 2 || gpu.declares != 3 {
+		t.Fatalf("tick: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
+	}
+	if code := tick(function.HeaderTickToken, "t1ck"); code != http.StatusAccepted || linux.declares != 3 || gpu.declares != 4 {
+		t.Fatalf("PingSource tick: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
+	}
+	big := bytes.Repeat([]byte("x"), 2<<20)
+	if code, _ := send("workflow_job", big, sign(big)); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("webhook of 2 MiB: status %d, want 413", code)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,7 +38,9 @@ func BenchmarkColdStart(b *testing.B) {
 	}
 	queue := jetstreamenv.NewQueue(b)
 	url, q, ctx := queue.URL, queue.Queue, context.Background()
-	env := append(os.Environ(),
+	queue.OpenConsumer(b, taskassignment.BackendProcess, 10) // what handle's setup mode does once
+	verifyKey := base64.StdEncoding.EncodeToString(queue.Signer.Public())
+	env := append(os.Environ(), "GDR_ASSIGNMENT_VERIFY_KEYS="+verifyKey,
 		"GDR_MODE=job", "GDR_BACKEND=process", "GDR_NATS_URL="+url, "GDR_POOLS_FILE="+pools, "GDR_STATE_DIR="+dir,
 		"GDR_TRUST_DOMAIN=ci.example.org", "GDR_BOOTSTRAP_KEY=c2VjcmV0LWtleS1tYXRlcmlhbC0wMTIzNDU2Nzg5YWI=",
 		"GDR_GATEWAY_URL=https://gateway.example.org", "GDR_LOG_LEVEL=error", "GDR_FETCH_WAIT=5s",

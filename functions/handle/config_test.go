@@ -28,7 +28,7 @@ func TestLoadConfig(t *testing.T) {
 	}
 	base := map[string]string{
 		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(),
-		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org",
+		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org", "GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org",
 	}
 	for _, tc := range []struct {
@@ -48,6 +48,9 @@ func TestLoadConfig(t *testing.T) {
 		{"zero batch", map[string]string{"GDR_BATCH": "0"}, "GDR_BATCH 0"},
 		{"bad duration", map[string]string{"GDR_FETCH_WAIT": "soon"}, "FETCH_WAIT"},
 		{"bad gateway URL", map[string]string{"GDR_GATEWAY_URL": "gateway:443"}, "gateway URL"},
+		{"no verification keys", map[string]string{"GDR_ASSIGNMENT_VERIFY_KEYS": ""}, "GDR_ASSIGNMENT_VERIFY_KEYS"},
+		{"bad verification key", map[string]string{"GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=,c2hvcnQ="}, "GDR_ASSIGNMENT_VERIFY_KEYS: assignment verification key 2"},
+		{"setup needs no verification keys", map[string]string{"GDR_MODE": "setup", "GDR_ASSIGNMENT_VERIFY_KEYS": ""}, ""},
 		{"setup needs no gateway", map[string]string{"GDR_MODE": "setup", "GDR_GATEWAY_URL": "x"}, ""},
 		{"bad pools file", map[string]string{"GDR_POOLS_FILE": "/nonexistent/pools.yaml"}, "runner pools"},
 	} {

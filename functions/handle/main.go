@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -44,16 +45,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// Close flushes the acks, naks and terminations still in flight before exit.
 	defer func() { _ = natsconn.Close(nc) }()
 	q := assignmentqueue.New(js, cfg.Stream)
-	if err := q.EnsureStream(ctx); err != nil {
-		return err
-	}
-	consumer, err := q.OpenConsumer(ctx, backend, cfg.Capacity)
-	if err != nil {
-		return err
-	}
 	if cfg.Mode == modeSetup {
+		if err := q.EnsureStream(ctx); err != nil {
+			return err
+		}
+		if _, err := q.OpenConsumer(ctx, backend, cfg.Capacity); err != nil {
+			return err
+		}
 		log.Info("stream and consumer ready", slog.String("stream", q.Stream()), slog.Int("capacity", cfg.Capacity))
 		return nil
+	}
+	// Job mode only binds the consumer setup made: its NATS user may
+	// consume, never create or change a stream or a consumer (which could
+	// source the payload bucket into its own subject).
+	consumer, err := q.Consumer(ctx, backend)
+	if err != nil {
+		return fmt.Errorf("%w (has handle run with GDR_MODE=setup?)", err)
 	}
 	h, closeBackend, err := newHandler(cfg, log)
 	if err != nil {

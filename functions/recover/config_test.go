@@ -27,7 +27,7 @@ func TestLoadConfig(t *testing.T) {
 	base := map[string]string{
 		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
 		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
-		"GDR_GATEWAY_URL": "https://gw.example.org",
+		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 	}
 	for _, tc := range []struct {
 		name    string
@@ -36,6 +36,9 @@ func TestLoadConfig(t *testing.T) {
 	}{
 		{"valid", nil, ""},
 		{"bad mode", map[string]string{"GDR_RECOVER_MODE": "daemon"}, "GDR_RECOVER_MODE"},
+		{"http without a tick token", map[string]string{"GDR_RECOVER_MODE": "http"}, "GDR_TICK_TOKEN is required"},
+		{"http with a tick token", map[string]string{"GDR_RECOVER_MODE": "http", "GDR_TICK_TOKEN": "t"}, ""},
+		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY"},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY"},
 		{"no pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none")}, "runner pools"},
 	} {

@@ -43,6 +43,15 @@ func newQueue(t testing.TB) (context.Context, jetstream.JetStream, *assignmentqu
 	return testContext(t), env.JetStream, env.Queue
 }
 
+// decode authenticates and decodes a message as handle does.
+func decode(data []byte) (taskassignment.Assignment, error) {
+	msg, err := jetstreamenv.Signer().Open(data)
+	if err != nil {
+		return taskassignment.Assignment{}, err
+	}
+	return taskassignment.Decode(msg, testTD())
+}
+
 // assignment returns a valid assignment of task taskID to backend b.
 func assignment(t testing.TB, b taskassignment.Backend, taskID int64) taskassignment.Assignment {
 	t.Helper()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -34,7 +35,7 @@ const (
 func BenchmarkPublishPullAck(b *testing.B) {
 	ctx := context.Background()
 	js := newJetStream(b)
-	q := assignmentqueue.New(js, "")
+	q := assignmentqueue.New(js, "").SignedBy(jetstreamenv.Signer())
 	if err := q.EnsureStream(ctx); err != nil {
 		b.Fatalf("EnsureStream: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -93,7 +94,7 @@ func TestEnsureStreamCorrectsDrift(t *testing.T) {
 			if _, err := js.CreateStream(ctx, pre); err != nil {
 				t.Fatalf("pre-create: %v", err)
 			}
-			q := assignmentqueue.New(js, "DRIFT")
+			q := assignmentqueue.New(js, "DRIFT").SignedBy(jetstreamenv.Signer())
 			// A message stored before the correction survives it.
 			publish(t, ctx, q, assignment(t, taskassignment.BackendPod, 1))
 
@@ -363,7 +364,7 @@ func TestPublishSubjectPerBackend(t *testing.T) {
 		if got := m.Header.Get(jetstream.MsgIDHeader); got != a.ID {
 			t.Errorf("%s: Nats-Msg-Id = %q, want %q", b, got, a.ID)
 		}
-		got, err := taskassignment.Decode(m.Data, testTD())
+		got, err := decode(m.Data)
 		if err != nil {
 			t.Fatalf("%s: decode: %v", b, err)
 		}
@@ -389,7 +390,9 @@ func TestPublishRefuses(t *testing.T) {
 		{"unknown backend", q, badBackend, "pool-a-2"},
 		// The subject belongs to the queue stream; a queue naming another
 		// stream must not write into it.
-		{"other stream", assignmentqueue.New(js, "OTHER"), assignment(t, taskassignment.BackendPod, 3), `"OTHER"`},
+		{"other stream", assignmentqueue.New(js, "OTHER").SignedBy(jetstreamenv.Signer()), assignment(t, taskassignment.BackendPod, 3), `"OTHER"`},
+		// Nothing is ever written unsigned.
+		{"no signer", assignmentqueue.New(js, ""), assignment(t, taskassignment.BackendPod, 4), "no signing key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.q.Publish(ctx, tc.a)
@@ -586,7 +589,7 @@ func TestOutstandingAndQueued(t *testing.T) {
 	}
 	check("delivered, not acked", 3, want, 0)
 
-	acked, err := taskassignment.Decode(msgs[0].Data(), testTD())
+	acked, err := decode(msgs[0].Data())
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -596,8 +599,11 @@ func TestOutstandingAndQueued(t *testing.T) {
 	delete(want, acked.ID)
 	check("one acked", 2, want, 0)
 
-	// Raw garbage, and a valid assignment of another backend, on the pod
-	// subject: both are malformed for pod and change nothing else.
+	// Raw garbage, a signed assignment of another backend, and a forged
+	// (unsigned) pod assignment with the ID of a real task, on the pod
+	// subject: all are malformed for pod, none is counted as queued (a
+	// forgery must not make recover think a task is queued), and nothing
+	// else changes.
 	if _, err := js.Publish(ctx, "ci.assignment.pod", []byte("not an assignment")); err != nil {
 		t.Fatalf("publish raw: %v", err)
 	}
@@ -606,10 +612,20 @@ func TestOutstandingAndQueued(t *testing.T) {
 	if err != nil {
 		t.Fatalf("encode: %v", err)
 	}
+	if data, err = jetstreamenv.Signer().Seal(data); err != nil {
+		t.Fatalf("seal: %v", err)
+	}
 	if _, err := js.Publish(ctx, "ci.assignment.pod", data); err != nil {
 		t.Fatalf("publish misplaced: %v", err)
 	}
-	check("malformed added", 4, want, 2)
+	forged, err := taskassignment.Encode(assignment(t, pod, 11))
+	if err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+	if _, err := js.Publish(ctx, "ci.assignment.pod", forged); err != nil {
+		t.Fatalf("publish forged: %v", err)
+	}
+	check("malformed added", 5, want, 3)
 
 	ids, malformed, err := q.Queued(ctx, taskassignment.BackendOpenSandbox, testTD())
 	if err != nil {

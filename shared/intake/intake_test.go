@@ -3,6 +3,8 @@ package intake
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,7 +22,9 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -62,7 +66,14 @@ func (f acceptFunc) Accept(ctx context.Context, a taskassignment.Assignment) (bo
 	return f(ctx, a)
 }
 
+// encode returns a's message as dispatch publishes it: signed.
 func encode(t testing.TB, a taskassignment.Assignment) []byte {
+	t.Helper()
+	return seal(t, jetstreamenv.Signer(), raw(t, a))
+}
+
+// raw returns a's message unsigned.
+func raw(t testing.TB, a taskassignment.Assignment) []byte {
 	t.Helper()
 	data, err := taskassignment.Encode(a)
 	if err != nil {
@@ -71,8 +82,50 @@ func encode(t testing.TB, a taskassignment.Assignment) []byte {
 	return data
 }
 
+func seal(t testing.TB, s *assignmentsig.Signer, msg []byte) []byte {
+	t.Helper()
+	data, err := s.Seal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// never is an Acceptor that must not be reached: no backend call for a
+// message that is not authentic or does not decode.
+func never(context.Context, taskassignment.Assignment) (bool, error) { panic("must not be called") }
+
+// tamper replaces old with replacement inside the signed message of sealed,
+// keeping the signature: what a forger who copies a real message does.
+func tamper(t *testing.T, sealed []byte, old, replacement string) []byte {
+	t.Helper()
+	var e map[string]any
+	if err := json.Unmarshal(sealed, &e); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := base64.StdEncoding.DecodeString(e["msg"].(string))
+	if err != nil || !bytes.Contains(msg, []byte(old)) {
+		t.Fatalf("message %s lacks %q", msg, old)
+	}
+	e["msg"] = base64.StdEncoding.EncodeToString(bytes.Replace(msg, []byte(old), []byte(replacement), 1))
+	out, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func withImage(a taskassignment.Assignment, image string) taskassignment.Assignment {
+	a.Task.Image = image
+	return a
+}
+
 func TestHandlerOutcomes(t *testing.T) {
 	good := encode(t, assignment(t, 1))
+	stranger, err := assignmentsig.NewSigner(secretkey.Key(bytes.Repeat([]byte{1}, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name   string
 		body   []byte
@@ -82,12 +135,19 @@ func TestHandlerOutcomes(t *testing.T) {
 		{"accepted", good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, Accepted},
 		{"not yet", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, NotYet},
 		{"failed", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("api down") }, Failed},
-		{"poison", []byte("{"), func(context.Context, taskassignment.Assignment) (bool, error) { panic("must not be called") }, Poison},
-		{"poison from another trust domain", bytes.ReplaceAll(good, []byte("ci.example.org"), []byte("evil.example.org")),
-			func(context.Context, taskassignment.Assignment) (bool, error) { panic("must not be called") }, Poison},
+		{"poison", seal(t, jetstreamenv.Signer(), []byte("{")), never, Poison},
+		{"poison from another trust domain", seal(t, jetstreamenv.Signer(), bytes.ReplaceAll(raw(t, assignment(t, 1)), []byte("ci.example.org"), []byte("evil.example.org"))), never, Poison},
+		// Forged assignments: anything that reaches NATS could publish these.
+		{"unsigned", raw(t, assignment(t, 1)), never, Poison},
+		{"not even JSON", []byte("{"), never, Poison},
+		{"signed with a wrong key", seal(t, stranger, raw(t, assignment(t, 1))), never, Poison},
+		{"repository changed", tamper(t, good, "alice/repo", "mallory/repo"), never, Poison},
+		{"image changed", tamper(t, encode(t, withImage(assignment(t, 1), "golang:1.26")), "golang:1.26", "evil/miner:1"), never, Poison},
+		{"task changed", tamper(t, good, `"id":1,`, `"id":2,`), never, Poison},
+		{"pool changed", tamper(t, good, `"pool":"linux"`, `"pool":"gpu"`), never, Poison},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, got, err := Handler{Worker: tc.accept, TrustDomain: td}.Handle(context.Background(), tc.body)
+			_, got, err := Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}.Handle(context.Background(), tc.body)
 			if got != tc.want {
 				t.Fatalf("Handle() = %v (%v), want %v", got, err, tc.want)
 			}
@@ -95,6 +155,11 @@ func TestHandlerOutcomes(t *testing.T) {
 				t.Fatalf("Handle() error = %v for outcome %v", err, got)
 			}
 		})
+	}
+	// Without keys nothing is accepted, and nothing is lost either.
+	_, got, err := Handler{Worker: acceptFunc(never), TrustDomain: td}.Handle(context.Background(), good)
+	if got != Failed || err == nil {
+		t.Fatalf("Handle() without keys = %v (%v), want failed", got, err)
 	}
 }
 
@@ -152,7 +217,7 @@ func (l *logBuffer) String() string {
 }
 
 func job(c jetstream.Consumer, a Acceptor, log *logBuffer) Job {
-	h := Handler{Worker: a, TrustDomain: td}
+	h := Handler{Worker: a, TrustDomain: td, Keys: jetstreamenv.Signer()}
 	if log != nil {
 		h.Log = slog.New(slog.NewTextHandler(log, nil))
 	}
@@ -201,7 +266,7 @@ func TestJobTakesAtMostBatch(t *testing.T) {
 
 func TestJobPoisonIsTerminatedOnce(t *testing.T) {
 	q, c, js := queue(t, 4)
-	if _, err := js.Publish(context.Background(), assignmentqueue.Subject(taskassignment.BackendProcess), []byte(`{"version":9}`)); err != nil {
+	if _, err := js.Publish(context.Background(), assignmentqueue.Subject(taskassignment.BackendProcess), seal(t, jetstreamenv.Signer(), []byte(`{"version":9}`))); err != nil {
 		t.Fatal(err)
 	}
 	var log logBuffer
@@ -220,6 +285,54 @@ func TestJobPoisonIsTerminatedOnce(t *testing.T) {
 	sum, err = job(c, accept, nil).Run(context.Background())
 	if err != nil || sum.Fetched != 0 {
 		t.Fatalf("poison delivered again: %+v, %v", sum, err)
+	}
+	expectOutstanding(t, q, 0)
+}
+
+// Forged assignments published straight to the stream, as a job's own code
+// that reaches NATS could, are terminated on their first delivery with one
+// log line each naming the stream sequence, and no backend call.
+func TestJobTerminatesForgedAssignments(t *testing.T) {
+	q, c, js := queue(t, 8)
+	stranger, err := assignmentsig.NewSigner(secretkey.Key(bytes.Repeat([]byte{1}, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := encode(t, withImage(assignment(t, 5), "golang:1.26"))
+	forged := [][]byte{
+		raw(t, assignment(t, 5)),                       // unsigned
+		seal(t, stranger, raw(t, assignment(t, 5))),    // signed with a wrong key
+		tamper(t, good, "alice/repo", "mallory/repo"),  // a valid one, repository changed
+		tamper(t, good, "golang:1.26", "evil/miner:1"), // a valid one, image changed
+	}
+	for _, data := range forged {
+		if _, err := js.Publish(context.Background(), assignmentqueue.Subject(taskassignment.BackendProcess), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backend := taskworkertest.NewMemory("node-1")
+	var log logBuffer
+	j := job(c, worker(t, backend), &log)
+	j.Batch = len(forged)
+	sum, err := j.Run(context.Background())
+	if err != nil || sum != (Summary{Fetched: len(forged), Poison: len(forged)}) || backend.Creates() != 0 {
+		t.Fatalf("Run() = %+v, %v; %d executors created", sum, err, backend.Creates())
+	}
+	out := log.String()
+	if n := strings.Count(out, "unauthenticated assignment terminated"); n != len(forged) || strings.Count(out, "\n") != len(forged) {
+		t.Fatalf("want one line per forged message, got:\n%s", out)
+	}
+	for seq := 1; seq <= len(forged); seq++ {
+		if !strings.Contains(out, fmt.Sprintf("stream_seq=%d ", seq)) {
+			t.Errorf("no line names stream sequence %d:\n%s", seq, out)
+		}
+	}
+	if strings.Contains(out, "mallory") || strings.Contains(out, "miner") {
+		t.Errorf("the log quotes a forged message:\n%s", out)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if sum, err := job(c, worker(t, backend), nil).Run(context.Background()); err != nil || sum.Fetched != 0 {
+		t.Fatalf("a forged message came back: %+v, %v", sum, err)
 	}
 	expectOutstanding(t, q, 0)
 }
@@ -358,11 +471,12 @@ func TestReceiverStatusCodes(t *testing.T) {
 		{"accepted", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, http.StatusAccepted},
 		{"not yet", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, http.StatusServiceUnavailable},
 		{"failed", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, http.StatusInternalServerError},
-		{"poison", taskassignment.EventType, []byte(`{"version":1}`), nil, http.StatusBadRequest},
+		{"poison", taskassignment.EventType, seal(t, jetstreamenv.Signer(), []byte(`{"version":1}`)), nil, http.StatusBadRequest},
+		{"unsigned", taskassignment.EventType, raw(t, assignment(t, 11)), nil, http.StatusBadRequest},
 		{"another type", "dev.example.other", good, nil, http.StatusBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := Receiver{Handler: Handler{Worker: tc.accept, TrustDomain: td}}.NewHTTPHandler(context.Background())
+			h, err := Receiver{Handler: Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -393,7 +507,7 @@ func TestReceiverStatusCodes(t *testing.T) {
 
 func TestReceiverAcceptsEndToEnd(t *testing.T) {
 	backend := taskworkertest.NewMemory("node-1")
-	h, err := Receiver{Handler: Handler{Worker: worker(t, backend), TrustDomain: td}}.NewHTTPHandler(context.Background())
+	h, err := Receiver{Handler: Handler{Worker: worker(t, backend), TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -21,7 +22,8 @@ const PayloadTTL = time.Hour
 // Queue is the assignment queue as dispatch, handle and recover share it, on a
 // server of the test's own: on return the stream (assignmentqueue.DefaultStream)
 // and the payload bucket (assignmentqueue.DefaultPayloadBucket, PayloadTTL,
-// encrypted with Key) exist, and no consumer does. Everything is shut down
+// encrypted with Key) exist, and no consumer does. The queue signs what it
+// publishes with Signer, whose public key handle's Keyring must hold. Everything is shut down
 // and removed when the test ends.
 type Queue struct {
 	// Server is the embedded server, at URL; Restart(t, Server) restarts it.
@@ -30,8 +32,11 @@ type Queue struct {
 	// Conn and JetStream are the test's connection, which survives Restart.
 	Conn      *nats.Conn
 	JetStream jetstream.JetStream
-	// Queue is the assignment queue on JetStream.
+	// Queue is the assignment queue on JetStream, signed by Signer.
 	Queue *assignmentqueue.Queue
+	// Signer signs the assignments Queue publishes; it also opens them, as
+	// handle's keyring does.
+	Signer *assignmentsig.Signer
 	// Payloads is the payload bucket, and Key the key it encrypts with.
 	Payloads *assignmentqueue.Payloads
 	Key      secretkey.Key
@@ -46,7 +51,8 @@ func NewQueue(t testing.TB) *Queue {
 	q := &Queue{Key: secretkey.Key(bytes.Repeat([]byte{7}, 32))}
 	q.Server, q.URL = Start(t)
 	q.Conn, q.JetStream = Connect(t, q.URL)
-	q.Queue = assignmentqueue.New(q.JetStream, "")
+	q.Signer = Signer()
+	q.Queue = assignmentqueue.New(q.JetStream, "").SignedBy(q.Signer)
 	if err := q.Queue.EnsureStream(ctx); err != nil {
 		t.Fatalf("jetstreamenv: ensure stream %s: %v", q.Queue.Stream(), err)
 	}
@@ -56,6 +62,16 @@ func NewQueue(t testing.TB) *Queue {
 		t.Fatalf("jetstreamenv: ensure payload bucket %s: %v", assignmentqueue.DefaultPayloadBucket, err)
 	}
 	return q
+}
+
+// Signer returns the signer every Queue signs with, from a fixed test key:
+// a handler under test authenticates a Queue's messages with it.
+func Signer() *assignmentsig.Signer {
+	s, err := assignmentsig.NewSigner(secretkey.Key(bytes.Repeat([]byte{8}, 32)))
+	if err != nil {
+		panic(err) // a 32-byte seed is always a key
+	}
+	return s
 }
 
 // OpenConsumer opens backend b's durable consumer as handle does
