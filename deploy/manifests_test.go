@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -197,6 +198,7 @@ var builtins = map[string]func() any{
 	"batch/v1/CronJob":                         func() any { return &batchv1.CronJob{} },
 	"rbac.authorization.k8s.io/v1/Role":        func() any { return &rbacv1.Role{} },
 	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
+	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
 }
 
 // strict decodes data into v, failing on unknown and duplicate fields.
@@ -643,7 +645,8 @@ func TestVariablesAndSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := map[string][]string{}
-	secretKeys := map[string]bool{"bootstrap-key": true, "payload-key": true, "webhook-secret": true}
+	secretKeys := map[string]bool{"bootstrap-key": true, "payload-key": true, "webhook-secret": true,
+		"assignment-signing-key": true, "tick-token": true}
 	for _, d := range loadManifests(t) {
 		walk(d.obj, func(m map[string]any) {
 			if n, ok := m["name"].(string); ok && strings.HasPrefix(n, "GDR_") {
@@ -653,7 +656,7 @@ func TestVariablesAndSecrets(t *testing.T) {
 			}
 			if ref, ok := m["secretKeyRef"].(map[string]any); ok {
 				if ref["name"] != "gdr-secrets" || !secretKeys[fmt.Sprint(ref["key"])] {
-					t.Errorf("%s: secretKeyRef %v: want gdr-secrets with key bootstrap-key, payload-key or webhook-secret", d, ref)
+					t.Errorf("%s: secretKeyRef %v: want gdr-secrets with a key deploy/README.md has it created with", d, ref)
 				}
 			}
 		})

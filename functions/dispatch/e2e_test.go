@@ -79,7 +79,7 @@ func setupWith(t testing.TB, capacity int, opts giteaenv.Options) *e2e {
 		"GDR_GITEA_URL": g.URL, "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": filepath.Join(dir, "state"),
 		"GDR_NATS_URL": url, "GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": payloadKey,
 		"GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
-		"GDR_WEBHOOK_SECRET": webhookSecret, "GDR_REGISTRATION_TOKEN": g.RegistrationToken(t),
+		"GDR_WEBHOOK_SECRET":         webhookSecret, "GDR_REGISTRATION_TOKEN": g.RegistrationToken(t),
 		"GDR_KEEPALIVE": "5s",
 	} {
 		t.Setenv(k, v)

@@ -1,0 +1,730 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+)
+
+// authorizationFile is the shipped nats-server authorization block.
+const authorizationFile = "nats/authorization.conf"
+
+// natsUsers are the users of authorizationFile, each named by the variable holding its public
+// key (NKEY_<user>).
+var natsUsers = []string{"DISPATCH", "RECOVER", "HANDLE_SETUP", "HANDLE_POD", "GATEWAY"}
+
+var testTD = spiffeid.RequireTrustDomainFromString("example.org")
+
+// authorizedNATS is a nats-server started from an authorization block.
+type authorizedNATS struct {
+	url string
+	// seeds are the seed files per user, written as `nk -gen user -pubout` writes them (the
+	// seed, then the public key): the content of a gdr-nats-<function> Secret.
+	seeds map[string]string
+}
+
+// startAuthorizedNATS runs nats-server on 127.0.0.1 with JetStream and the authorization block
+// conf included the way deploy/README.md says, and a fresh nkey pair per user whose public key
+// it finds in its environment (NKEY_<user>), as a deployed server does.
+func startAuthorizedNATS(t *testing.T, conf string) authorizedNATS {
+	t.Helper()
+	return startAuthorizedNATSWith(t, conf, "")
+}
+
+// startAuthorizedNATSWith is startAuthorizedNATS with extra lines of server configuration.
+func startAuthorizedNATSWith(t *testing.T, conf, extra string) authorizedNATS {
+	t.Helper()
+	dir := t.TempDir()
+	srv := authorizedNATS{seeds: map[string]string{}}
+	for _, u := range natsUsers {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("NKEY_"+u, pub)
+		file := filepath.Join(dir, strings.ToLower(u)+".nk")
+		if err := os.WriteFile(file, []byte(string(seed)+"\n"+pub+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		srv.seeds[u] = file
+	}
+	if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mainConf := fmt.Sprintf("host: 127.0.0.1\nport: -1\njetstream { store_dir: %q }\n%s\ninclude ./authorization.conf\n", filepath.Join(dir, "js"), extra)
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(mainConf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatalf("nats-server refuses %s: %v", authorizationFile, err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	if !s.JetStreamEnabled() {
+		t.Fatal("nats-server without JetStream")
+	}
+	srv.url = s.ClientURL()
+	return srv
+}
+
+// natsClient is one function's connection, recording the permissions violations the server
+// reports on it (they arrive asynchronously, as -ERR).
+type natsClient struct {
+	user string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+
+	mu         sync.Mutex
+	violations []string
+}
+
+// connect connects as user with its seed file, as a function with GDR_NATS_NKEY does.
+func (s authorizedNATS) connect(t *testing.T, user string) *natsClient {
+	t.Helper()
+	c := &natsClient{user: user}
+	opt, err := nats.NkeyOptionFromSeed(s.seeds[user])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.url, opt, nats.Name(strings.ToLower(user)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				c.mu.Lock()
+				c.violations = append(c.violations, err.Error())
+				c.mu.Unlock()
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	if c.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// clean fails the test if the server reported any permissions violation on c: an allowed flow
+// must not even touch a subject it may not use (some nats.go calls ignore a failed request, e.g.
+// the deletion of an ordered consumer, and would hide a missing permission otherwise).
+func (c *natsClient) clean(t *testing.T) {
+	t.Helper()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the async error callback of a last -ERR may still be queued
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.violations) > 0 {
+		t.Errorf("%s: permissions violations in an allowed flow:\n%s", c.user, strings.Join(c.violations, "\n"))
+	}
+	c.violations = nil
+}
+
+// denied runs call, which must fail, and requires the server to report a permissions violation
+// for subject (publish or subscription) on c. Denied requests get no answer, so call gets a short
+// deadline.
+func (c *natsClient) denied(t *testing.T, what, subject string, call func(ctx context.Context) error) {
+	t.Helper()
+	c.mu.Lock()
+	c.violations = nil
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := call(ctx); err == nil {
+		t.Errorf("%s: %s succeeded; want it refused", c.user, what)
+		return
+	}
+	// The server quotes the subject; a prefix is enough for subjects with a generated part
+	// (an ordered consumer's name).
+	quoted := `"` + subject
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		c.mu.Lock()
+		v := slices.Clone(c.violations)
+		c.mu.Unlock()
+		if slices.ContainsFunc(v, func(s string) bool { return strings.Contains(s, quoted) }) {
+			c.mu.Lock()
+			c.violations = nil
+			c.mu.Unlock()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: %s failed without a permissions violation for %s (violations: %v)", c.user, what, quoted, v)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// subscribeDenied is denied for a core subscription to subject; while it is attempted, poke
+// publishes on the subject (as another user), so a subscription that slipped through would
+// receive it.
+func (c *natsClient) subscribeDenied(t *testing.T, subject string, poke func()) {
+	t.Helper()
+	c.denied(t, "subscribe to "+subject, subject, func(ctx context.Context) error {
+		sub, err := c.nc.SubscribeSync(subject)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := c.nc.Flush(); err != nil {
+			return err
+		}
+		poke()
+		m, err := sub.NextMsgWithContext(ctx)
+		if err == nil {
+			return fmt.Errorf("received %s", m.Subject) // slipped through: no violation follows
+		}
+		return err
+	})
+}
+
+func testAssignment(t *testing.T, taskID int64) taskassignment.Assignment {
+	t.Helper()
+	id, err := taskidentity.New(testTD, "owner/repo", "build", taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := taskassignment.New(taskassignment.BackendPod, taskassignment.Task{ID: taskID, Pool: "linux"}, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func readAuthorization(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(authorizationFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// convergeLine is an allow entry marked "# converge": the permissions handle's job mode needs
+// only because it converges the stream and consumer on every run.
+var convergeLine = regexp.MustCompile(`(?m)^\s*"[^"]+",\s*# converge\s*$\n`)
+
+var payloadKey = secretkey.Key(bytes.Repeat([]byte{7}, 32))
+
+const bucket = assignmentqueue.DefaultPayloadBucket
+
+// TestNATSAuthorization runs, as each user of the shipped authorization block, the JetStream calls
+// its function makes (functions/<name>/main.go and the shared package it drives, in that order),
+// and the calls it must never be able to make.
+func TestNATSAuthorization(t *testing.T) {
+	srv := startAuthorizedNATS(t, readAuthorization(t))
+	a1, a2, a3, a4, a5 := testAssignment(t, 1), testAssignment(t, 2), testAssignment(t, 3), testAssignment(t, 4), testAssignment(t, 5)
+
+	if !t.Run("no credentials", func(t *testing.T) {
+		// An executor (a job's own code) has no key: it cannot even connect.
+		if nc, err := nats.Connect(srv.url); err == nil {
+			nc.Close()
+			t.Fatal("a connection without credentials was accepted")
+		} else if !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+			t.Fatalf("err = %v, want an authorization violation", err)
+		}
+		// Nor with a key of its own making.
+		kp, _ := nkeys.CreateUser()
+		pub, _ := kp.PublicKey()
+		nc, err := nats.Connect(srv.url, nats.Nkey(pub, kp.Sign))
+		if err == nil {
+			nc.Close()
+			t.Fatal("an unknown nkey was accepted")
+		}
+	}) {
+		return
+	}
+
+	// handle-setup (GDR_MODE=setup): functions/handle serve(): EnsureStream, OpenConsumer.
+	setup := srv.connect(t, "HANDLE_SETUP")
+	if !t.Run("handle-setup", func(t *testing.T) {
+		ctx := flowContext(t)
+		q := assignmentqueue.New(setup.js, "")
+		if err := q.EnsureStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
+			t.Fatal(err)
+		}
+		setup.clean(t)
+		setup.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
+			_, err := q.Publish(ctx, a1)
+			return err
+		})
+		setup.denied(t, "open the payload bucket", "$JS.API.STREAM.INFO.KV_CI_TASKS", func(ctx context.Context) error {
+			_, err := assignmentqueue.OpenPayloads(ctx, setup.js, bucket, payloadKey)
+			return err
+		})
+	}) {
+		return
+	}
+
+	// dispatch: functions/dispatch newService() (EnsureStream, EnsurePayloads), then
+	// shared/dispatcher: IDs, Started, Put, Publish, Delete.
+	dispatch := srv.connect(t, "DISPATCH")
+	var dq *assignmentqueue.Queue
+	var dp *assignmentqueue.Payloads
+	if !t.Run("dispatch", func(t *testing.T) {
+		ctx := flowContext(t)
+		dq = assignmentqueue.New(dispatch.js, "")
+		if err := dq.EnsureStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if dp, err = assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
+			t.Fatal(err)
+		}
+		if ids, err := dp.IDs(ctx); err != nil || len(ids) != 0 {
+			t.Fatalf("IDs = %v, %v", ids, err)
+		}
+		for _, a := range []taskassignment.Assignment{a1, a2, a3, a4} {
+			if err := dp.Put(ctx, a.ID, &runnerv1.Task{Id: a.Task.ID}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a2 stays an orphan (a crash between payload and message) for recover; a4 is a task
+		// Gitea ended while it waited, whose payload dispatch deletes below.
+		for _, a := range []taskassignment.Assignment{a1, a3} {
+			if _, err := dq.Publish(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A message that never decodes, for handle to terminate.
+		if _, err := dispatch.js.Publish(ctx, assignmentqueue.Subject(taskassignment.BackendPod), []byte("not an assignment")); err != nil {
+			t.Fatal(err)
+		}
+		if started, err := dp.Started(ctx, a1.ID); err != nil || started {
+			t.Fatalf("Started = %v, %v", started, err)
+		}
+		ids, err := dp.IDs(ctx)
+		if err != nil || !slices.Equal(ids, []string{a1.ID, a2.ID, a3.ID, a4.ID}) {
+			t.Fatalf("IDs = %v, %v", ids, err)
+		}
+		if err := dp.Delete(ctx, a4.ID); err != nil {
+			t.Fatal(err)
+		}
+		dispatch.clean(t)
+		dispatch.denied(t, "consume the queue", "$JS.API.CONSUMER.MSG.NEXT.CI_RUNNER.pod", func(ctx context.Context) error {
+			_, err := dispatch.nc.RequestWithContext(ctx, "$JS.API.CONSUMER.MSG.NEXT.CI_RUNNER.pod", []byte(`{"batch":1}`))
+			return err
+		})
+	}) {
+		return
+	}
+
+	// handle in job mode (functions/handle serve(): EnsureStream, OpenConsumer; then
+	// shared/intake Job.Run: Fetch, and per message Metadata and Ack, NakWithDelay / Nak, or
+	// TermWithReason).
+	handle := srv.connect(t, "HANDLE_POD")
+	if !t.Run("handle-pod", func(t *testing.T) {
+		ctx := flowContext(t)
+		runHandleJob(ctx, t, handle, true, map[string]string{a1.ID: "ack", a3.ID: "nak", "": "term"})
+		runHandleJob(ctx, t, handle, true, map[string]string{a3.ID: "ack"})
+		handleForbidden(t, handle, dispatch, dp, a5)
+	}) {
+		return
+	}
+
+	// gateway: functions/gateway serve() (OpenPayloads), shared/gateway FetchTask: Get,
+	// MarkStarted.
+	gateway := srv.connect(t, "GATEWAY")
+	if !t.Run("gateway", func(t *testing.T) {
+		ctx := flowContext(t)
+		p, err := assignmentqueue.OpenPayloads(ctx, gateway.js, bucket, payloadKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := p.Get(ctx, a1.ID)
+		if err != nil || task.GetId() != a1.Task.ID {
+			t.Fatalf("Get = %v, %v", task, err)
+		}
+		if err := p.MarkStarted(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
+		gateway.clean(t)
+		if started, err := dp.Started(ctx, a1.ID); err != nil || !started {
+			t.Fatalf("dispatch sees Started = %v, %v after the gateway's mark", started, err)
+		}
+		gateway.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
+			_, err := assignmentqueue.New(gateway.js, "").Publish(ctx, a5)
+			return err
+		})
+		gateway.denied(t, "overwrite a payload", "$KV.CI_TASKS."+a1.ID, func(ctx context.Context) error {
+			return p.Put(ctx, a1.ID, &runnerv1.Task{Id: 99})
+		})
+		gateway.denied(t, "read the queue", "$JS.API.STREAM.INFO.CI_RUNNER", func(ctx context.Context) error {
+			_, _, err := assignmentqueue.New(gateway.js, "").Queued(ctx, taskassignment.BackendPod, testTD)
+			return err
+		})
+		gateway.denied(t, "list payloads", "$JS.API.CONSUMER.CREATE.KV_CI_TASKS", func(ctx context.Context) error {
+			_, err := p.IDs(ctx)
+			return err
+		})
+	}) {
+		return
+	}
+
+	// recover: functions/recover build() (OpenPayloads), shared/recovery Run: Delete of finished
+	// tasks, IDs, Queued, Get (rebuild), Publish (re-publish an orphan).
+	recoverC := srv.connect(t, "RECOVER")
+	if !t.Run("recover", func(t *testing.T) {
+		ctx := flowContext(t)
+		if _, err := dq.Publish(ctx, a5); err != nil { // still queued during the pass
+			t.Fatal(err)
+		}
+		p, err := assignmentqueue.OpenPayloads(ctx, recoverC.js, bucket, payloadKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := assignmentqueue.New(recoverC.js, "")
+		if err := p.Delete(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
+		ids, err := p.IDs(ctx)
+		if err != nil || !slices.Equal(ids, []string{a2.ID, a3.ID}) {
+			t.Fatalf("IDs = %v, %v", ids, err)
+		}
+		queued, malformed, err := q.Queued(ctx, taskassignment.BackendPod, testTD)
+		if err != nil || malformed != 0 || len(queued) != 1 || !queued[a5.ID] {
+			t.Fatalf("Queued = %v, %d, %v; want only %s", queued, malformed, err, a5.ID)
+		}
+		if task, err := p.Get(ctx, a2.ID); err != nil || task.GetId() != a2.Task.ID {
+			t.Fatalf("Get = %v, %v", task, err)
+		}
+		if _, err := q.Publish(ctx, a2); err != nil {
+			t.Fatal(err)
+		}
+		recoverC.clean(t)
+		recoverC.denied(t, "consume the queue", "$JS.API.CONSUMER.CREATE.CI_RUNNER.pod.ci.assignment.pod", func(ctx context.Context) error {
+			_, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10)
+			return err
+		})
+		recoverC.denied(t, "reconfigure the stream", "$JS.API.STREAM.UPDATE.CI_RUNNER", func(ctx context.Context) error {
+			_, err := recoverC.js.UpdateStream(ctx, jetstream.StreamConfig{Name: assignmentqueue.DefaultStream, Subjects: []string{"ci.assignment.>"}})
+			return err
+		})
+	}) {
+		return
+	}
+
+	// The re-published orphan reaches handle like any other assignment.
+	t.Run("handle takes the re-published orphan", func(t *testing.T) {
+		ctx := flowContext(t)
+		runHandleJob(ctx, t, handle, true, map[string]string{a2.ID: "ack", a5.ID: "ack"})
+	})
+}
+
+// flowContext bounds one function's flow: a request the server drops for a missing permission
+// waits for its deadline.
+func flowContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// runHandleJob is one job-mode run of handle (functions/handle serve() and shared/intake
+// Job.Run) as client c: with converge, EnsureStream and OpenConsumer as the code does today,
+// else only the existing consumer (Queue.Consumer). It fetches exactly len(want) messages and
+// settles each as want says for its assignment ID ("" for one that does not decode): ack, nak
+// (NakWithDelay, then a plain Nak on the redelivery) or term. Nothing may be left unsettled.
+func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, converge bool, want map[string]string) {
+	t.Helper()
+	q := assignmentqueue.New(c.js, "")
+	var consumer jetstream.Consumer
+	var err error
+	if converge {
+		if err := q.EnsureStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+		consumer, err = q.OpenConsumer(ctx, taskassignment.BackendPod, 10)
+	} else {
+		consumer, err = q.Consumer(ctx, taskassignment.BackendPod)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetchCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	msgs, err := consumer.Fetch(len(want), jetstream.FetchContext(fetchCtx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for msg := range msgs.Messages() {
+		if _, err := msg.Metadata(); err != nil {
+			t.Errorf("metadata: %v", err)
+		}
+		id := ""
+		if a, err := taskassignment.Decode(msg.Data(), testTD); err == nil {
+			id = a.ID
+		}
+		seen[id] = true
+		switch want[id] {
+		case "ack":
+			err = msg.Ack()
+		case "nak":
+			if err = msg.NakWithDelay(time.Millisecond); err == nil {
+				// Redelivered at once: a plain Nak (the shutdown path) on it too.
+				var again jetstream.Msg
+				if again, err = consumer.Next(jetstream.FetchMaxWait(5 * time.Second)); err == nil {
+					err = again.Nak()
+				}
+			}
+		case "term":
+			err = msg.TermWithReason("malformed assignment")
+		default:
+			t.Errorf("unexpected message %q", id)
+		}
+		if err != nil {
+			t.Errorf("settle %q: %v", id, err)
+		}
+	}
+	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("fetch: %v", err)
+	}
+	for id := range want {
+		if !seen[id] {
+			t.Errorf("message %q not delivered", id)
+		}
+	}
+	c.clean(t)
+}
+
+// handleForbidden checks what handle (job mode, client c) must never do, with dispatch (d, its
+// payload store dp) writing meanwhile so that a permission that slipped through would show.
+func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payloads, forged taskassignment.Assignment) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := assignmentqueue.New(c.js, "")
+	// The attack this deployment closes: a forged assignment for another task.
+	c.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
+		_, err := q.Publish(ctx, forged)
+		return err
+	})
+	c.denied(t, "publish for another backend", "ci.assignment.process", func(ctx context.Context) error {
+		f := forged
+		f.Backend = taskassignment.BackendProcess
+		_, err := q.Publish(ctx, f)
+		return err
+	})
+	c.denied(t, "open the payload bucket", "$JS.API.STREAM.INFO.KV_CI_TASKS", func(ctx context.Context) error {
+		_, err := assignmentqueue.OpenPayloads(ctx, c.js, bucket, payloadKey)
+		return err
+	})
+	c.denied(t, "read a payload directly", "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, nil)
+		return err
+	})
+	c.denied(t, "read the payload stream", "$JS.API.STREAM.MSG.GET.KV_CI_TASKS", func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_CI_TASKS", []byte(`{"seq":1}`))
+		return err
+	})
+	c.denied(t, "create a consumer on the payload stream", "$JS.API.CONSUMER.CREATE.KV_CI_TASKS.x", func(ctx context.Context) error {
+		_, err := c.js.CreateOrUpdateConsumer(ctx, "KV_CI_TASKS", jetstream.ConsumerConfig{Name: "x"})
+		return err
+	})
+	c.denied(t, "write a payload", "$KV.CI_TASKS."+forged.ID, func(ctx context.Context) error {
+		_, err := c.js.Publish(ctx, "$KV.CI_TASKS."+forged.ID, []byte("x"))
+		return err
+	})
+	c.subscribeDenied(t, "$KV.CI_TASKS.>", func() {
+		_ = dp.Put(ctx, forged.ID, &runnerv1.Task{Id: forged.Task.ID})
+	})
+	if err := dp.Delete(ctx, forged.ID); err != nil {
+		t.Fatal(err)
+	}
+	c.subscribeDenied(t, "ci.assignment.>", func() {
+		_ = d.nc.Publish("ci.assignment.none", []byte("x")) // a core publish no stream takes
+	})
+	c.denied(t, "open another backend's consumer", "$JS.API.CONSUMER.INFO.CI_RUNNER.process", func(ctx context.Context) error {
+		_, err := q.Consumer(ctx, taskassignment.BackendProcess)
+		return err
+	})
+	c.denied(t, "create another backend's consumer", "$JS.API.CONSUMER.CREATE.CI_RUNNER.process.ci.assignment.process", func(ctx context.Context) error {
+		_, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 10)
+		return err
+	})
+	c.denied(t, "purge the queue", "$JS.API.STREAM.PURGE.CI_RUNNER", func(ctx context.Context) error {
+		s, err := c.js.Stream(ctx, assignmentqueue.DefaultStream)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx)
+	})
+	c.denied(t, "delete the queue", "$JS.API.STREAM.DELETE.CI_RUNNER", func(ctx context.Context) error {
+		return c.js.DeleteStream(ctx, assignmentqueue.DefaultStream)
+	})
+}
+
+// TestNATSAuthorizationWithoutConverge is the handle-pod user without its "# converge" lines:
+// what job mode needs once it only opens the existing consumer. It proves that set is enough
+// for a run (consumer info, fetch, ack) and that today's converging calls are what needs more.
+func TestNATSAuthorizationWithoutConverge(t *testing.T) {
+	conf := readAuthorization(t)
+	strict := convergeLine.ReplaceAllString(conf, "")
+	if n := len(convergeLine.FindAllString(conf, -1)); n != 3 {
+		t.Fatalf("%d allow entries marked # converge, want 3 (stream info and update, consumer create)", n)
+	}
+	srv := startAuthorizedNATS(t, strict)
+	ctx := flowContext(t)
+	// dispatch first this time: it creates the stream and the bucket on a fresh server (the
+	// other test has handle-setup create the stream, and dispatch update it).
+	dispatch := srv.connect(t, "DISPATCH")
+	dq := assignmentqueue.New(dispatch.js, "")
+	if err := dq.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
+		t.Fatal(err)
+	}
+	dispatch.clean(t)
+	setup := srv.connect(t, "HANDLE_SETUP")
+	q := assignmentqueue.New(setup.js, "")
+	if err := q.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
+		t.Fatal(err)
+	}
+	setup.clean(t)
+	a := testAssignment(t, 1)
+	if _, err := dq.Publish(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+
+	handle := srv.connect(t, "HANDLE_POD")
+	runHandleJob(ctx, t, handle, false, map[string]string{a.ID: "ack"})
+
+	hq := assignmentqueue.New(handle.js, "")
+	handle.denied(t, "EnsureStream", "$JS.API.STREAM.INFO.CI_RUNNER", func(ctx context.Context) error {
+		return hq.EnsureStream(ctx)
+	})
+	// What the converge entries allow today: copy the payload bucket into handle's own queue
+	// subject by a stream source, and read the sealed payloads through the consumer.
+	handle.denied(t, "source the payload bucket into the queue", "$JS.API.STREAM.UPDATE.CI_RUNNER", func(ctx context.Context) error {
+		_, err := handle.js.UpdateStream(ctx, jetstream.StreamConfig{
+			Name: assignmentqueue.DefaultStream, Subjects: []string{"ci.assignment.>"},
+			Storage: jetstream.FileStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: assignmentqueue.DuplicateWindow,
+			Sources: []*jetstream.StreamSource{{Name: "KV_CI_TASKS", SubjectTransforms: []jetstream.SubjectTransformConfig{
+				{Source: "$KV.CI_TASKS.*", Destination: "ci.assignment.pod"}}}},
+		})
+		return err
+	})
+	handle.denied(t, "OpenConsumer", "$JS.API.CONSUMER.CREATE.CI_RUNNER.pod.ci.assignment.pod", func(ctx context.Context) error {
+		_, err := hq.OpenConsumer(ctx, taskassignment.BackendPod, 10)
+		return err
+	})
+}
+
+// TestNATSSubjectFormats covers the subjects whose shape nats-server can change: acks and
+// flow-control replies, in the v1 format (the default) and the v2 format (feature flag
+// js_ack_fc_v2: $JS.ACK.<domain>.<account hash>.<stream>..., $JS.FC.<domain>.<account hash>...),
+// so the file keeps working when v2 becomes the default. Flow control needs an ordered consumer
+// to deliver more than 1 MiB (half of its 2 MiB window): a bucket of 12000 keys does.
+func TestNATSSubjectFormats(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("js_ack_fc_v2=%v", v2), func(t *testing.T) {
+			srv := startAuthorizedNATSWith(t, readAuthorization(t), fmt.Sprintf("feature_flags { js_ack_fc_v2: %v }", v2))
+			ctx := flowContext(t)
+			setup := srv.connect(t, "HANDLE_SETUP")
+			sq := assignmentqueue.New(setup.js, "")
+			if err := sq.EnsureStream(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sq.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
+				t.Fatal(err)
+			}
+			dispatch := srv.connect(t, "DISPATCH")
+			dq := assignmentqueue.New(dispatch.js, "")
+			a1, a2 := testAssignment(t, 1), testAssignment(t, 2)
+			for _, a := range []taskassignment.Assignment{a1, a2} {
+				if _, err := dq.Publish(ctx, a); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := dispatch.js.Publish(ctx, assignmentqueue.Subject(taskassignment.BackendPod), []byte("poison")); err != nil {
+				t.Fatal(err)
+			}
+			handle := srv.connect(t, "HANDLE_POD")
+			runHandleJob(ctx, t, handle, true, map[string]string{a1.ID: "ack", a2.ID: "nak", "": "term"})
+			runHandleJob(ctx, t, handle, false, map[string]string{a2.ID: "ack"})
+			if n, err := assignmentqueue.New(handle.js, "").Outstanding(ctx, taskassignment.BackendPod); err != nil || n != 0 {
+				t.Fatalf("outstanding after the runs: %d, %v; want everything settled", n, err)
+			}
+			handle.clean(t)
+
+			dp, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, time.Hour, payloadKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const keys = 12000
+			for i := range keys {
+				if _, err := dispatch.js.PublishAsync(fmt.Sprintf("$KV.CI_TASKS.started.linux-%d", i+1), []byte{1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-dispatch.js.PublishAsyncComplete():
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+			if _, err := dp.IDs(ctx); err != nil {
+				t.Fatal(err)
+			}
+			dispatch.clean(t)
+			recoverC := srv.connect(t, "RECOVER")
+			rp, err := assignmentqueue.OpenPayloads(ctx, recoverC.js, bucket, payloadKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rp.IDs(ctx); err != nil {
+				t.Fatal(err)
+			}
+			recoverC.clean(t)
+		})
+	}
+}

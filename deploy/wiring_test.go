@@ -1,0 +1,165 @@
+package deploy
+
+import (
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// natsSecretDir is where every function mounts its gdr-nats-<user> Secret.
+const natsSecretDir = "/var/run/secrets/gitea-dynamic-runner/nats"
+
+// natsUser is the NATS user (deploy/nats/authorization.conf) a Pod template connects as, or ""
+// for one that must hold no NATS credentials: executors, and handle in http mode (Knative: the
+// channel's dispatcher talks to NATS, handle only to Kubernetes).
+func natsUser(p podTemplate) string {
+	switch f := p.function(); f {
+	case "dispatch", "recover", "gateway":
+		return f
+	case "handle":
+		env := p.env()
+		switch env["GDR_MODE"].Value {
+		case "setup":
+			return "handle-setup"
+		case "http":
+			return ""
+		default:
+			return "handle-" + env["GDR_BACKEND"].Value
+		}
+	}
+	return ""
+}
+
+// TestNATSCredentialsWiring checks that every function that talks to NATS reads its own user's
+// nkey seed from its own Secret, mounted read-only, that the user exists in the authorization
+// file, and that nothing else (executors above all) holds NATS credentials.
+func TestNATSCredentialsWiring(t *testing.T) {
+	conf := readAuthorization(t)
+	users := map[string]bool{}
+	for _, m := range regexp.MustCompile(`nkey:\s*\$NKEY_([A-Z_]+)`).FindAllStringSubmatch(conf, -1) {
+		users[strings.ToLower(strings.ReplaceAll(m[1], "_", "-"))] = true
+	}
+	if len(users) != len(natsUsers) {
+		t.Fatalf("authorization file users %v, want the %d of natsUsers", users, len(natsUsers))
+	}
+	seen := map[string]bool{}
+	for _, p := range podTemplates(t, loadManifests(t)) {
+		user := natsUser(p)
+		env := p.env()
+		var natsSecrets []corev1.Volume
+		for _, v := range p.spec.Volumes {
+			if v.Secret != nil && strings.HasPrefix(v.Secret.SecretName, "gdr-nats-") {
+				natsSecrets = append(natsSecrets, v)
+			}
+		}
+		if user == "" {
+			for name := range env {
+				if strings.HasPrefix(name, "GDR_NATS_") && name != "GDR_NATS_URL" {
+					t.Errorf("%s: %s set, but %s does not talk to NATS", p, name, p.function())
+				}
+			}
+			if len(natsSecrets) > 0 {
+				t.Errorf("%s: mounts %s, but %s must hold no NATS credentials", p, natsSecrets[0].Secret.SecretName, p.function())
+			}
+			continue
+		}
+		seen[user] = true
+		if !users[user] {
+			t.Errorf("%s: NATS user %s is not in %s", p, user, authorizationFile)
+		}
+		if got := env["GDR_NATS_NKEY"]; got.Value != natsSecretDir+"/nkey" {
+			t.Errorf("%s: GDR_NATS_NKEY %q, want %s/nkey", p, got.Value, natsSecretDir)
+		}
+		if len(natsSecrets) != 1 || natsSecrets[0].Secret.SecretName != "gdr-nats-"+user {
+			t.Errorf("%s: want exactly the Secret gdr-nats-%s mounted, have %v", p, user, natsSecrets)
+			continue
+		}
+		mounted := slices.ContainsFunc(p.spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == natsSecrets[0].Name && filepath.Clean(m.MountPath) == natsSecretDir && m.ReadOnly
+		})
+		if !mounted {
+			t.Errorf("%s: gdr-nats-%s is not mounted read-only at %s", p, user, natsSecretDir)
+		}
+		if mode := natsSecrets[0].Secret.DefaultMode; mode == nil || *mode&0o022 != 0 {
+			t.Errorf("%s: gdr-nats-%s: want a defaultMode without write bits for group and others", p, user)
+		}
+	}
+	for u := range users {
+		if !seen[u] {
+			t.Errorf("NATS user %s of %s is used by no manifest", u, authorizationFile)
+		}
+	}
+}
+
+// envFrom returns where a variable of p comes from: "secret:<name>/<key>",
+// "configmap:<name>/<key>", "value:<v>" or "" when unset.
+func envFrom(p podTemplate, name string) string {
+	e, ok := p.env()[name]
+	switch {
+	case !ok:
+		return ""
+	case e.ValueFrom == nil:
+		return "value:" + e.Value
+	case e.ValueFrom.SecretKeyRef != nil:
+		return "secret:" + e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+	case e.ValueFrom.ConfigMapKeyRef != nil:
+		return "configmap:" + e.ValueFrom.ConfigMapKeyRef.Name + "/" + e.ValueFrom.ConfigMapKeyRef.Key
+	}
+	return "other"
+}
+
+// TestAssignmentKeysWiring: only dispatch and recover hold the signing key; every handle
+// that takes assignments checks them with the public verify keys.
+func TestAssignmentKeysWiring(t *testing.T) {
+	for _, p := range podTemplates(t, loadManifests(t)) {
+		signing, verify := envFrom(p, "GDR_ASSIGNMENT_SIGNING_KEY"), envFrom(p, "GDR_ASSIGNMENT_VERIFY_KEYS")
+		switch f := p.function(); f {
+		case "dispatch", "recover":
+			if signing != "secret:gdr-secrets/assignment-signing-key" {
+				t.Errorf("%s: GDR_ASSIGNMENT_SIGNING_KEY from %q, want the Secret gdr-secrets key assignment-signing-key", p, signing)
+			}
+		default:
+			if signing != "" {
+				t.Errorf("%s: %s holds the assignment signing key", p, f)
+			}
+			if f == "handle" && natsUser(p) != "handle-setup" && verify != "configmap:gdr-assignment-verify-keys/verify-keys" {
+				t.Errorf("%s: GDR_ASSIGNMENT_VERIFY_KEYS from %q, want the ConfigMap gdr-assignment-verify-keys key verify-keys", p, verify)
+			}
+		}
+	}
+}
+
+// TestTickTokenWiring: a PingSource can only tick a Service with the tick token, which it
+// carries as the CloudEvent extension gdrtoken (header Ce-Gdrtoken); the committed manifests
+// hold a placeholder, never a token. Nothing ticks the KEDA dispatch, so it has no token and
+// refuses ticks.
+func TestTickTokenWiring(t *testing.T) {
+	docs := loadManifests(t)
+	ticked := map[string]bool{}
+	for _, ps := range find(docs, "PingSource", "") {
+		target, _ := path(ps.obj, "spec", "sink", "ref", "name").(string)
+		ticked[target] = true
+		if got := path(ps.obj, "spec", "ceOverrides", "extensions", "gdrtoken"); got != "${GDR_TICK_TOKEN}" {
+			t.Errorf("%s: ceOverrides.extensions.gdrtoken = %v, want the placeholder ${GDR_TICK_TOKEN} (filled in at apply time)", ps, got)
+		}
+	}
+	for _, p := range podTemplates(t, docs) {
+		token := envFrom(p, "GDR_TICK_TOKEN")
+		name := p.doc.name()
+		switch {
+		case p.knative && ticked[name]:
+			if token != "secret:gdr-secrets/tick-token" {
+				t.Errorf("%s: ticked by a PingSource, GDR_TICK_TOKEN from %q, want the Secret gdr-secrets key tick-token", p, token)
+			}
+		case token != "":
+			t.Errorf("%s: GDR_TICK_TOKEN set, but no PingSource ticks it", p)
+		}
+	}
+	if !ticked["recover"] || !ticked["dispatch"] {
+		t.Errorf("PingSources tick %v, want recover and dispatch", ticked)
+	}
+}
