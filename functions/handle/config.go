@@ -69,8 +69,10 @@ func (c *Config) Check() error {
 		if _, err := c.Keyring(); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := c.Settings.New(); err != nil {
-			errs = append(errs, err)
+		if td, _, err := c.Parse(); err == nil {
+			if _, err := c.Settings.New(td); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		pools, err := c.Source.Load()
 		if err != nil {

@@ -48,6 +48,8 @@ func TestLoadConfig(t *testing.T) {
 		{"zero batch", map[string]string{"GDR_BATCH": "0"}, "GDR_BATCH 0"},
 		{"bad duration", map[string]string{"GDR_FETCH_WAIT": "soon"}, "FETCH_WAIT"},
 		{"bad gateway URL", map[string]string{"GDR_GATEWAY_URL": "gateway:443"}, "gateway URL"},
+		{"plain http gateway", map[string]string{"GDR_GATEWAY_URL": "http://gateway.example.org"}, "not an absolute https URL"},
+		{"gateway ID of another trust domain", map[string]string{"GDR_GATEWAY_SPIFFE_ID": "spiffe://evil.example.org/gateway"}, "GDR_GATEWAY_SPIFFE_ID"},
 		{"no verification keys", map[string]string{"GDR_ASSIGNMENT_VERIFY_KEYS": ""}, "GDR_ASSIGNMENT_VERIFY_KEYS"},
 		{"bad verification key", map[string]string{"GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=,c2hvcnQ="}, "GDR_ASSIGNMENT_VERIFY_KEYS: assignment verification key 2"},
 		{"setup needs no verification keys", map[string]string{"GDR_MODE": "setup", "GDR_ASSIGNMENT_VERIFY_KEYS": ""}, ""},

@@ -85,7 +85,7 @@ func newHandler(cfg Config, log *slog.Logger) (intake.Handler, func() error, err
 	if err != nil {
 		return intake.Handler{}, nil, err
 	}
-	boot, err := cfg.Settings.New()
+	boot, err := cfg.Settings.New(td)
 	if err != nil {
 		return intake.Handler{}, nil, err
 	}

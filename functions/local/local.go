@@ -108,7 +108,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	boot, err := bootstrap.New(secretkey.Key(keys.Bootstrap), "https://"+cfg.GatewayAddr)
+	boot, err := bootstrap.New(secretkey.Key(keys.Bootstrap), "https://"+cfg.GatewayAddr, spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath))
 	if err != nil {
 		return nil, l.fail(err)
 	}
@@ -288,7 +288,7 @@ func (l *local) startNATS() (jetstream.JetStream, error) {
 }
 
 func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *assignmentqueue.Payloads, boot *bootstrap.Bootstrap, client *gitea.Client) error {
-	svid, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), 30*24*time.Hour)
+	svid, err := ca.Mint(spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath), 30*24*time.Hour)
 	if err != nil {
 		return err
 	}

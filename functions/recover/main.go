@@ -58,8 +58,10 @@ func (c *Config) Check() error {
 	if _, _, err := c.Parse(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := c.Settings.New(); err != nil {
-		errs = append(errs, err)
+	if td, _, err := c.Parse(); err == nil {
+		if _, err := c.Settings.New(td); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if _, err := c.Signer(); err != nil {
 		errs = append(errs, err)
@@ -116,7 +118,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 	if err != nil {
 		return nil, nil, err
 	}
-	boot, err := cfg.Settings.New()
+	boot, err := cfg.Settings.New(td)
 	if err != nil {
 		return nil, nil, err
 	}

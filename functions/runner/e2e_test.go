@@ -118,7 +118,7 @@ func newWorld(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	w.gatewayURL = "https://" + ln.Addr().String()
-	if w.boot, err = bootstrap.New(bytes.Repeat([]byte{8}, 32), w.gatewayURL); err != nil {
+	if w.boot, err = bootstrap.New(bytes.Repeat([]byte{8}, 32), w.gatewayURL, spiffeid.RequireFromString("spiffe://ci.example.org/gateway")); err != nil {
 		t.Fatal(err)
 	}
 	w.steps = &firstStep{Forwarder: client, seen: map[int64]time.Time{}}

@@ -19,6 +19,8 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -35,7 +37,15 @@ const (
 	EnvSPIFFEID     = "CI_SPIFFE_ID"
 	EnvCapability   = "CI_RUNNER_CAPABILITY"
 	EnvGatewayURL   = "CI_GATEWAY_URL"
+	// EnvGatewayID is the SPIFFE ID the runner requires of the gateway: an
+	// executor talks to that one service and no other member of the trust
+	// domain, so a compromised workload with another SVID cannot pose as it.
+	EnvGatewayID = "CI_GATEWAY_SPIFFE_ID"
 )
+
+// DefaultGatewayPath is the path of the gateway's SPIFFE ID in the trust
+// domain when none is configured: spiffe://<trust domain>/gateway.
+const DefaultGatewayPath = "/gateway"
 
 // Optional executor variables a backend adds to the environment itself.
 const (
@@ -52,7 +62,7 @@ const (
 
 // Variables lists every variable Environment sets.
 func Variables() []string {
-	return []string{EnvAssignmentID, EnvTaskID, EnvSPIFFEID, EnvCapability, EnvGatewayURL}
+	return []string{EnvAssignmentID, EnvTaskID, EnvSPIFFEID, EnvCapability, EnvGatewayURL, EnvGatewayID}
 }
 
 // capabilityDomain separates these MACs from any other use of the key.
@@ -62,19 +72,31 @@ const capabilityDomain = "gitea-dynamic-runner/capability/v1"
 type Bootstrap struct {
 	key        []byte
 	gatewayURL string
+	gatewayID  spiffeid.ID
 }
 
-// New returns a Bootstrap for executors that reach the gateway at gatewayURL.
-// A key shorter than MinKeyLength is refused.
-func New(key secretkey.Key, gatewayURL string) (*Bootstrap, error) {
+// New returns a Bootstrap for executors that reach the gateway at gatewayURL
+// (https: the gateway serves SPIFFE mTLS only), which they require to
+// present gatewayID. A key shorter than MinKeyLength is refused.
+func New(key secretkey.Key, gatewayURL string, gatewayID spiffeid.ID) (*Bootstrap, error) {
 	if err := key.AtLeast("bootstrap capability key", MinKeyLength); err != nil {
 		return nil, err
 	}
-	u, err := url.Parse(gatewayURL)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return nil, fmt.Errorf("bootstrap: gateway URL %q is not an absolute http(s) URL", gatewayURL)
+	if err := checkGatewayURL(gatewayURL); err != nil {
+		return nil, err
 	}
-	return &Bootstrap{key: append([]byte(nil), key...), gatewayURL: gatewayURL}, nil
+	if gatewayID.IsZero() {
+		return nil, errors.New("bootstrap: no gateway SPIFFE ID")
+	}
+	return &Bootstrap{key: append([]byte(nil), key...), gatewayURL: gatewayURL, gatewayID: gatewayID}, nil
+}
+
+func checkGatewayURL(gatewayURL string) error {
+	u, err := url.Parse(gatewayURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return fmt.Errorf("bootstrap: gateway URL %q is not an absolute https URL", gatewayURL)
+	}
+	return nil
 }
 
 // NewVerifier returns a Bootstrap that only verifies capabilities (the
@@ -127,6 +149,7 @@ func (b *Bootstrap) Environment(a taskassignment.Assignment) (map[string]string,
 		EnvSPIFFEID:     a.Identity.SPIFFEID,
 		EnvCapability:   b.Capability(a.ID, a.Task.ID, a.Identity.SPIFFEID),
 		EnvGatewayURL:   b.gatewayURL,
+		EnvGatewayID:    b.gatewayID.String(),
 	}, nil
 }
 
@@ -137,6 +160,7 @@ type Values struct {
 	SPIFFEID     string
 	Capability   string
 	GatewayURL   string
+	GatewayID    spiffeid.ID
 }
 
 // Read reads the executor environment through getenv (os.Getenv in the
@@ -152,12 +176,20 @@ func Read(getenv func(string) string) (Values, error) {
 	if err != nil || taskID <= 0 {
 		return Values{}, fmt.Errorf("bootstrap: %s is not a task ID", EnvTaskID)
 	}
+	if err := checkGatewayURL(getenv(EnvGatewayURL)); err != nil {
+		return Values{}, fmt.Errorf("bootstrap: %s: %w", EnvGatewayURL, err)
+	}
+	gatewayID, err := spiffeid.FromString(getenv(EnvGatewayID))
+	if err != nil {
+		return Values{}, fmt.Errorf("bootstrap: %s is not a SPIFFE ID", EnvGatewayID)
+	}
 	return Values{
 		AssignmentID: getenv(EnvAssignmentID),
 		TaskID:       taskID,
 		SPIFFEID:     getenv(EnvSPIFFEID),
 		Capability:   getenv(EnvCapability),
 		GatewayURL:   getenv(EnvGatewayURL),
+		GatewayID:    gatewayID,
 	}, nil
 }
 
@@ -165,8 +197,36 @@ func Read(getenv func(string) string) (Values, error) {
 // checks capabilities.
 type Settings struct {
 	Key        secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	GatewayURL string        `envconfig:"GATEWAY_URL" required:"true" desc:"URL at which executors reach the gateway"`
+	GatewayURL string        `envconfig:"GATEWAY_URL" required:"true" desc:"https URL at which executors reach the gateway"`
+	GatewayID  string        `envconfig:"GATEWAY_SPIFFE_ID" desc:"SPIFFE ID executors require of the gateway; empty: spiffe://<trust domain>/gateway"`
 }
 
-// New returns the Bootstrap of s.
-func (s Settings) New() (*Bootstrap, error) { return New(s.Key, s.GatewayURL) }
+// New returns the Bootstrap of s for executors of trust domain td. Its
+// errors name the variable at fault.
+func (s Settings) New(td spiffeid.TrustDomain) (*Bootstrap, error) {
+	id, err := GatewayID(td, s.GatewayID)
+	if err != nil {
+		return nil, err
+	}
+	return New(s.Key, s.GatewayURL, id)
+}
+
+// GatewayID is the gateway's SPIFFE ID: configured, which must be of trust
+// domain td, or spiffe://<td>/gateway when empty.
+func GatewayID(td spiffeid.TrustDomain, configured string) (spiffeid.ID, error) {
+	if configured == "" {
+		id, err := spiffeid.FromPath(td, DefaultGatewayPath)
+		if err != nil {
+			return spiffeid.ID{}, fmt.Errorf("GDR_GATEWAY_SPIFFE_ID: %w", err)
+		}
+		return id, nil
+	}
+	id, err := spiffeid.FromString(configured)
+	if err != nil {
+		return spiffeid.ID{}, fmt.Errorf("GDR_GATEWAY_SPIFFE_ID %q: %w", configured, err)
+	}
+	if !id.MemberOf(td) {
+		return spiffeid.ID{}, fmt.Errorf("GDR_GATEWAY_SPIFFE_ID %q is outside trust domain %q", configured, td.Name())
+	}
+	return id, nil
+}

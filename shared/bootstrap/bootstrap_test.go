@@ -28,7 +28,7 @@ func assignment(t *testing.T, taskID int64) taskassignment.Assignment {
 
 func newBootstrap(t *testing.T, fill byte) *Bootstrap {
 	t.Helper()
-	b, err := New(bytes.Repeat([]byte{fill}, MinKeyLength), "https://gateway.example.org:8443")
+	b, err := New(bytes.Repeat([]byte{fill}, MinKeyLength), "https://gateway.example.org:8443", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,11 +36,11 @@ func newBootstrap(t *testing.T, fill byte) *Bootstrap {
 }
 
 func TestNewRefuses(t *testing.T) {
-	if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength-1), "https://g.example.org"); err == nil || !strings.Contains(err.Error(), "31 bytes") {
+	if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength-1), "https://g.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway")); err == nil || !strings.Contains(err.Error(), "31 bytes") {
 		t.Fatalf("a 31-byte key: err = %v", err)
 	}
 	for _, u := range []string{"", "gateway:8443", "ftp://g.example.org", "https://"} {
-		if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength), u); err == nil {
+		if _, err := New(bytes.Repeat([]byte{1}, MinKeyLength), u, spiffeid.RequireFromString("spiffe://ci.example.org/gateway")); err == nil {
 			t.Errorf("gateway URL %q accepted", u)
 		}
 	}
@@ -117,7 +117,8 @@ func TestReadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Values{AssignmentID: a.ID, TaskID: 42, SPIFFEID: a.Identity.SPIFFEID, Capability: env[EnvCapability], GatewayURL: "https://gateway.example.org:8443"}
+	want := Values{AssignmentID: a.ID, TaskID: 42, SPIFFEID: a.Identity.SPIFFEID, Capability: env[EnvCapability],
+		GatewayURL: "https://gateway.example.org:8443", GatewayID: spiffeid.RequireFromString("spiffe://ci.example.org/gateway")}
 	if got != want {
 		t.Fatalf("Read() = %+v, want %+v", got, want)
 	}
@@ -151,5 +152,44 @@ func TestVerifierOnlyVerifies(t *testing.T) {
 	}
 	if _, err := NewVerifier(make([]byte, 8)); err == nil {
 		t.Fatal("a short key was accepted")
+	}
+}
+
+func TestGatewayMustBeHTTPSAndNamed(t *testing.T) {
+	key := bytes.Repeat([]byte{1}, MinKeyLength)
+	gw := spiffeid.RequireFromString("spiffe://ci.example.org/gateway")
+	for _, url := range []string{"http://gateway.example.org", "gateway.example.org:443", "https://"} {
+		if _, err := New(key, url, gw); err == nil || !strings.Contains(err.Error(), "https") {
+			t.Errorf("New(%q) = %v, want an https error", url, err)
+		}
+	}
+	if _, err := New(key, "https://gateway.example.org", spiffeid.ID{}); err == nil {
+		t.Error("New without a gateway ID succeeded")
+	}
+	env, err := newBootstrap(t, 1).Environment(assignment(t, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, value := range map[string]string{EnvGatewayURL: "http://gateway.example.org", EnvGatewayID: "not a SPIFFE ID"} {
+		bad := maps.Clone(env)
+		bad[name] = value
+		if _, err := Read(func(k string) string { return bad[k] }); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("Read with %s=%q: %v", name, value, err)
+		}
+	}
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	for _, tc := range []struct{ configured, want string }{
+		{"", "spiffe://ci.example.org/gateway"},
+		{"spiffe://ci.example.org/ns/gdr/sa/gateway", "spiffe://ci.example.org/ns/gdr/sa/gateway"},
+		{"spiffe://evil.example.org/gateway", ""},
+		{"gateway", ""},
+	} {
+		id, err := GatewayID(td, tc.configured)
+		if (tc.want == "") != (err != nil) || (err == nil && id.String() != tc.want) {
+			t.Errorf("GatewayID(%q) = %v, %v; want %q", tc.configured, id, err, tc.want)
+		}
+		if err != nil && !strings.Contains(err.Error(), "GDR_GATEWAY_SPIFFE_ID") {
+			t.Errorf("GatewayID(%q) error %v does not name the variable", tc.configured, err)
+		}
 	}
 }

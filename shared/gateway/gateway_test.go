@@ -72,7 +72,7 @@ func start(t *testing.T) fixture {
 		t.Fatal(err)
 	}
 	payloads := jetstreamenv.NewQueue(t).Payloads
-	boot, err := bootstrap.New(bytes.Repeat([]byte{6}, 32), "https://unused.example.org")
+	boot, err := bootstrap.New(bytes.Repeat([]byte{6}, 32), "https://unused.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestAnotherTaskIsForbidden(t *testing.T) {
 func TestBadCapabilityIsUnauthenticated(t *testing.T) {
 	f := start(t)
 	ctx := context.Background()
-	forged, _ := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://x.example.org")
+	forged, _ := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://x.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	for name, c := range map[string]runnerv1connect.RunnerServiceClient{
 		"forged capability":  f.client(t, 7, "linux-7", forged.Capability("linux-7", 7, taskID(7).String())),
 		"missing capability": f.client(t, 7, "linux-7", ""),

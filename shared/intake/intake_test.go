@@ -48,7 +48,7 @@ func assignment(t testing.TB, taskID int64) taskassignment.Assignment {
 
 func worker(t testing.TB, backend taskworker.Backend) taskworker.Worker {
 	t.Helper()
-	b, err := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://gateway.example.org")
+	b, err := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://gateway.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func newHarness(t *testing.T, edit ...func(*opensandboxbackend.Config)) *harness
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.boot, err = bootstrap.New(bytes.Repeat([]byte{7}, 32), gatewayURL)
+	h.boot, err = bootstrap.New(bytes.Repeat([]byte{7}, 32), gatewayURL, spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,7 +85,7 @@ func TestE2EWorker(t *testing.T) {
 	ctx := ctxT(t)
 	b := env.backend(t, spire.Entries())
 	key := secretkey.Key(strings.Repeat("k", bootstrap.MinKeyLength))
-	boot, err := bootstrap.New(key, "https://gateway.example.org:8443")
+	boot, err := bootstrap.New(key, "https://gateway.example.org:8443", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}

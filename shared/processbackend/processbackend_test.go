@@ -44,7 +44,7 @@ func setup(t *testing.T, body string) (*Backend, taskassignment.Assignment, task
 	}
 	id, _ := taskidentity.New(td, "alice/repo", "build", 9)
 	a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: 9, Pool: "local", Image: "golang:1.26"}, id)
-	boot, _ := bootstrap.New([]byte(strings.Repeat("k", 32)), "https://127.0.0.1:1")
+	boot, _ := bootstrap.New([]byte(strings.Repeat("k", 32)), "https://127.0.0.1:1", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	env, _ := boot.Environment(a)
 	env[bootstrap.EnvJobImage] = "golang:1.26"
 	return b, a, taskworker.LaunchSpec{Metadata: keys.Metadata(a), Environment: env}

@@ -58,7 +58,7 @@ func setup(t *testing.T) fixture {
 	env.OpenConsumer(t, taskassignment.BackendProcess, 10)
 	q, payloads := env.Queue, env.Payloads
 	keys, _ := taskassignment.NewKeys("ci.example.org")
-	boot, _ := bootstrap.New(bytes.Repeat([]byte{3}, 32), "https://gw.example.org")
+	boot, _ := bootstrap.New(bytes.Repeat([]byte{3}, 32), "https://gw.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	mem := taskworkertest.NewMemory("local")
 	mem.Keys, mem.TrustDomain = keys, td
 	g := &giteaView{over: map[int64]bool{}, reported: map[int64]taskworker.Phase{}}

@@ -37,7 +37,7 @@ func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
 	defer closeSource()
 	client := gateway.NewClient(v.GatewayURL, gateway.Credentials{
 		SVID: svid, Bundle: bundle, AssignmentID: v.AssignmentID, Capability: v.Capability,
-	}, tlsconfig.AuthorizeMemberOf(id.TrustDomain()))
+	}, tlsconfig.AuthorizeID(v.GatewayID)) // the gateway itself, not any member of the trust domain
 	task, err := fetch(startCtx, client, log)
 	if err != nil {
 		log.Error("no task", slog.Any("error", err))

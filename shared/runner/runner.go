@@ -110,7 +110,8 @@ func secretVars() []string {
 }
 
 // scrubAndReexec reads the bootstrap values, and executes this program again
-// with an environment without them, handing them over through a pipe.
+// with an environment without them, handing them over through a descriptor
+// that survives the exec (see handoverFD).
 func scrubAndReexec(self []string) int {
 	b, err := bootstrap.Read(os.Getenv)
 	if err != nil {
@@ -124,21 +125,9 @@ func scrubAndReexec(self []string) int {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 2
 	}
-	r, w, err := os.Pipe()
+	fd, err := handoverFD(data)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
-		return 2
-	}
-	// The values are a few kilobytes: far below the pipe's buffer, so the
-	// write completes before anyone reads.
-	if _, err := w.Write(data); err != nil {
-		fmt.Fprintf(os.Stderr, "runner: pipe: %v\n", err)
-		return 2
-	}
-	_ = w.Close()
-	fd := int(r.Fd())
-	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
-		fmt.Fprintf(os.Stderr, "runner: keep the bootstrap pipe across exec: %v\n", errno)
+		fmt.Fprintf(os.Stderr, "runner: hand the bootstrap values over: %v\n", err)
 		return 2
 	}
 	env := make([]string, 0, len(os.Environ()))
@@ -174,7 +163,10 @@ func readValues(fd int) (values, error) {
 		return values{}, fmt.Errorf("bootstrap descriptor %d is not open", fd)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	data, err := io.ReadAll(io.LimitReader(f, maxValues+1))
+	if err == nil && len(data) > maxValues {
+		err = fmt.Errorf("more than %d bytes", maxValues)
+	}
 	if err != nil {
 		return values{}, fmt.Errorf("read the bootstrap values: %w", err)
 	}
@@ -189,6 +181,10 @@ func readValues(fd int) (values, error) {
 	}
 	return v, nil
 }
+
+// maxValues bounds the bootstrap values read back: an SVID, its key and a
+// trust bundle of many authorities fit well inside.
+const maxValues = 4 << 20
 
 // startTimeout bounds getting an identity and the task.
 const startTimeout = 2 * time.Minute

@@ -97,7 +97,7 @@ func fixture(t *testing.T) (Worker, *recorder, taskassignment.Assignment, *[]Eve
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := bootstrap.New(bytes.Repeat([]byte{7}, 32), "https://gateway.example.org")
+	b, err := bootstrap.New(bytes.Repeat([]byte{7}, 32), "https://gateway.example.org", spiffeid.RequireFromString("spiffe://ci.example.org/gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,90 @@
+package runner
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+)
+
+// envHandoverChild makes the test binary act as the runner's two selves:
+// the first scrubs and re-executes, the second (with -bootstrap-fd) reads the
+// values back and prints what it got.
+const envHandoverChild = "GDR_TEST_HANDOVER_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envHandoverChild) == "1" {
+		os.Exit(handoverChild())
+	}
+	os.Exit(m.Run())
+}
+
+func handoverChild() int {
+	for _, arg := range os.Args[1:] {
+		var fd int
+		if _, err := fmt.Sscanf(arg, "-bootstrap-fd=%d", &fd); err == nil {
+			v, err := readValues(fd)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 3
+			}
+			sum := sha256.Sum256([]byte(v.SVIDBundle))
+			leaked := []string{}
+			for _, name := range secretVars() {
+				if _, ok := os.LookupEnv(name); ok {
+					leaked = append(leaked, name)
+				}
+			}
+			fmt.Printf("task=%d gateway=%s bundle=%s leaked=%s\n", v.TaskID, v.GatewayID, hex.EncodeToString(sum[:]), strings.Join(leaked, ","))
+			return 0
+		}
+	}
+	return scrubAndReexec(os.Args[:1])
+}
+
+// The hand-over to the re-executed runner completes whatever the size of the
+// values: a trust bundle of many authorities once filled a pipe's buffer
+// with nobody reading, and the runner hung before its first step.
+func TestHandoverOfLargeValues(t *testing.T) {
+	// One variable holds at most 128 KiB (MAX_ARG_STRLEN); a pipe buffers 64 KiB.
+	for _, size := range []int{1 << 10, 100 << 10, 120 << 10} {
+		t.Run(fmt.Sprintf("bundle of %d bytes", size), func(t *testing.T) {
+			bundle := strings.Repeat("A", size)
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), envHandoverChild+"=1",
+				bootstrap.EnvAssignmentID+"=linux-7", bootstrap.EnvTaskID+"=7",
+				bootstrap.EnvSPIFFEID+"=spiffe://ci.example.org/repo/alice/repo/task/7",
+				bootstrap.EnvCapability+"=cap", bootstrap.EnvGatewayURL+"=https://gateway.example.org",
+				bootstrap.EnvGatewayID+"=spiffe://ci.example.org/gateway",
+				bootstrap.EnvSVIDBundle+"="+bundle)
+			var out, errOut bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errOut
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("runner: %v\n%s", err, errOut.String())
+				}
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatal("the hand-over hung")
+			}
+			sum := sha256.Sum256([]byte(bundle))
+			want := fmt.Sprintf("task=7 gateway=spiffe://ci.example.org/gateway bundle=%s leaked=\n", hex.EncodeToString(sum[:]))
+			if out.String() != want {
+				t.Fatalf("re-executed runner printed %q, want %q", out.String(), want)
+			}
+		})
+	}
+}
