@@ -28,9 +28,10 @@ unit:
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
-## run: the local quick start: make run GITEA_URL=http://127.0.0.1:3000/ TOKEN=<registration token>
+## run: the local quick start: GDR_LOCAL_REGISTRATION_TOKEN=<token> make run GITEA_URL=http://127.0.0.1:3000/
+##      (the token comes from the environment, never a command line: ps shows every argument)
 run:
-	$(GO) run ./functions/local --gitea-url "$(GITEA_URL)" $(if $(TOKEN),--registration-token "$(TOKEN)") $(if $(LABELS),--labels "$(LABELS)")
+	$(GO) run ./functions/local --gitea-url "$(GITEA_URL)" $(if $(LABELS),--labels "$(LABELS)")
 
 ## try-gitea: a throwaway Gitea on 127.0.0.1:3000 to try local mode against
 try-gitea:

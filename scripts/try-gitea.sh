@@ -86,7 +86,7 @@ INI
   echo "Repository:         ${URL}gdr/demo (a push runs its workflow)"
   echo "Registration token: $reg"
   echo
-  echo "Run:  make run GITEA_URL=$URL TOKEN=$reg"
+  echo "Run:  GDR_LOCAL_REGISTRATION_TOKEN=$reg make run GITEA_URL=$URL"
 }
 
 case "${1:-up}" in

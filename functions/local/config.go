@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -17,7 +18,7 @@ type Config struct {
 	function.Common
 
 	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
-	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (flag --registration-token)"`
+	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (or flag --registration-token-file; never on a command line)"`
 	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
 	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors (flag --state-dir)"`
 	Capacity          int           `envconfig:"LOCAL_CAPACITY" default:"2" desc:"local: jobs run at once (flag --capacity)"`
@@ -26,12 +27,16 @@ type Config struct {
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
 	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover runs"`
+
+	// tokenFile is --registration-token-file: a token is never given on the
+	// command line, where every user's ps shows it.
+	tokenFile string
 }
 
 // Flags defines the flags that override the environment.
 func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GiteaURL, "gitea-url", c.GiteaURL, "Gitea's root URL")
-	fs.StringVar(&c.RegistrationToken, "registration-token", c.RegistrationToken, "runner registration token (first start only)")
+	fs.StringVar(&c.tokenFile, "registration-token-file", "", "file holding the runner registration token (first start only); or GDR_LOCAL_REGISTRATION_TOKEN")
 	fs.StringVar(&c.Labels, "labels", c.Labels, "comma-separated runner labels")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory")
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "jobs run at once")
@@ -42,6 +47,17 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 // Check checks the configuration once flags are applied.
 func (c *Config) Check() error {
 	var errs []error
+	if c.tokenFile != "" {
+		data, err := os.ReadFile(c.tokenFile)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--registration-token-file: %w", err))
+		case strings.TrimSpace(string(data)) == "":
+			errs = append(errs, fmt.Errorf("--registration-token-file %s is empty", c.tokenFile))
+		default:
+			c.RegistrationToken = strings.TrimSpace(string(data))
+		}
+	}
 	if c.GiteaURL == "" {
 		errs = append(errs, errors.New("--gitea-url (GDR_LOCAL_GITEA_URL) is required"))
 	} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

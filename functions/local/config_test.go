@@ -2,6 +2,8 @@ package main
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,6 +19,18 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 
 func TestLoadConfig(t *testing.T) {
 	t.Setenv("GDR_LOCAL_CAPACITY", "3")
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withToken := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(withToken, []byte(" tok3n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var c Config
+	if _, err := program.Load(&c, []string{"--gitea-url", "http://x", "--registration-token-file", withToken}, io.Discard); err != nil || c.RegistrationToken != "tok3n" {
+		t.Fatalf("token from a file: %q, %v", c.RegistrationToken, err)
+	}
 	for _, tc := range []struct {
 		name    string
 		args    []string
@@ -27,6 +41,9 @@ func TestLoadConfig(t *testing.T) {
 		{"not a URL", []string{"--gitea-url", "gitea:3000"}, "not an http(s) URL"},
 		{"no labels", []string{"--gitea-url", "http://x", "--labels", " , "}, "--labels is empty"},
 		{"zero capacity", []string{"--gitea-url", "http://x", "--capacity", "0"}, "--capacity 0"},
+		{"token file missing", []string{"--gitea-url", "http://x", "--registration-token-file", "/nonexistent/token"}, "--registration-token-file"},
+		{"token file empty", []string{"--gitea-url", "http://x", "--registration-token-file", empty}, "is empty"},
+		{"no token flag", []string{"--gitea-url", "http://x", "--registration-token", "secret"}, "flag provided but not defined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c Config

@@ -110,7 +110,7 @@ func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {
 type setup struct {
 	gitea   *giteaenv.Server
 	repo    string
-	token   string
+	token   string // the path of a file holding the registration token
 	state   string
 	gateway string
 }
@@ -118,14 +118,25 @@ type setup struct {
 func newSetup(t *testing.T) setup {
 	t.Helper()
 	g := giteaenv.Start(t, giteaenv.Options{ChannelQueue: true})
-	return setup{gitea: g, repo: g.CreateRepo(t, "demo"), token: g.RegistrationToken(t),
+	return setup{gitea: g, repo: g.CreateRepo(t, "demo"), token: tokenFile(t, g.RegistrationToken(t)),
 		state: filepath.Join(t.TempDir(), "state"), gateway: freeAddr(t)}
+}
+
+// tokenFile writes a registration token to a file of the test's, for
+// --registration-token-file: a token never goes on a command line.
+func tokenFile(t testing.TB, token string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "registration-token")
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func (s setup) args(withToken bool) []string {
 	a := []string{"--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", s.gateway, "--capacity", "3"}
 	if withToken {
-		a = append(a, "--registration-token", s.token)
+		a = append(a, "--registration-token-file", s.token)
 	}
 	return a
 }
@@ -280,9 +291,9 @@ func TestE2ELocalFailsFastOnBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unreachable Gitea", []string{"--gitea-url", "http://127.0.0.1:1/", "--registration-token", "x", "--state-dir", s.state, "--gateway-addr", s.gateway}, "cannot reach Gitea at http://127.0.0.1:1/"},
-		{"wrong registration token", []string{"--gitea-url", s.gitea.URL, "--registration-token", "not-a-token", "--state-dir", s.state, "--gateway-addr", s.gateway}, "refused the registration token"},
-		{"no token on a first start", []string{"--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", s.gateway}, "--registration-token is required"},
+		{"unreachable Gitea", []string{"--gitea-url", "http://127.0.0.1:1/", "--registration-token-file", tokenFile(t, "x"), "--state-dir", s.state, "--gateway-addr", s.gateway}, "cannot reach Gitea at http://127.0.0.1:1/"},
+		{"wrong registration token", []string{"--gitea-url", s.gitea.URL, "--registration-token-file", tokenFile(t, "not-a-token"), "--state-dir", s.state, "--gateway-addr", s.gateway}, "refused the registration token"},
+		{"no token on a first start", []string{"--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", s.gateway}, "a registration token is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(localBinary(t), tc.args...)

@@ -28,6 +28,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
@@ -167,7 +168,7 @@ func (l *local) registration(ctx context.Context) (*gitea.Client, error) {
 	switch {
 	case errors.Is(err, gitea.ErrNoCredentials):
 		if l.cfg.RegistrationToken == "" {
-			return nil, fmt.Errorf("this is the first start with state directory %s: --registration-token is required", l.cfg.StateDir)
+			return nil, fmt.Errorf("this is the first start with state directory %s: a registration token is required (GDR_LOCAL_REGISTRATION_TOKEN or --registration-token-file)", l.cfg.StateDir)
 		}
 		creds, err = gitea.Register(ctx, l.cfg.GiteaURL, hc, gitea.Registration{
 			Token: l.cfg.RegistrationToken, Name: "gitea-dynamic-runner-local", Labels: l.cfg.labels(),
@@ -185,7 +186,7 @@ func (l *local) registration(ctx context.Context) (*gitea.Client, error) {
 	}
 	if err := client.Declare(ctx, l.cfg.labels()); err != nil {
 		if gitea.CodeOf(err) == connect.CodeUnauthenticated {
-			return nil, fmt.Errorf("Gitea no longer knows the runner registered in %s: delete it and start again with --registration-token", store.Path)
+			return nil, fmt.Errorf("Gitea no longer knows the runner registered in %s: delete it and start again with a registration token", store.Path)
 		}
 		return nil, explain(l.cfg.GiteaURL, "declare", err)
 	}
@@ -298,7 +299,7 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 	if err != nil {
 		return fmt.Errorf("the gateway cannot listen on %s (is another local mode running? --gateway-addr picks another): %w", l.cfg.GatewayAddr, err)
 	}
-	l.gw = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	l.gw = function.Server(g.Handler(), gateway.MaxRequestBytes)
 	go func() { _ = l.gw.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer()))) }()
 	return nil
 }
@@ -323,7 +324,7 @@ func (l *local) startWebhook() error {
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}
-	l.hook = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	l.hook = function.Server(mux, webhook.MaxDelivery)
 	go func() { _ = l.hook.Serve(ln) }()
 	return nil
 }

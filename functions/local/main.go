@@ -22,7 +22,7 @@ import (
 )
 
 // program is local mode's command line: it logs for a person at a terminal.
-var program = function.Program{Name: "local", Synopsis: "--gitea-url URL [--registration-token TOKEN] [flags]", TextLog: true}
+var program = function.Program{Name: "local", Synopsis: "--gitea-url URL [--registration-token-file FILE] [flags]", TextLog: true}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "runner" {

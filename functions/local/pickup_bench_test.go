@@ -21,7 +21,7 @@ func BenchmarkE2ELocalPickup(b *testing.B) {
 	g := giteaenv.Start(b, giteaenv.Options{})
 	repo := g.CreateRepo(b, "demo")
 	state := b.TempDir()
-	cmd := startBench(b, localBinary(b), "--gitea-url", g.URL, "--registration-token", g.RegistrationToken(b),
+	cmd := startBench(b, localBinary(b), "--gitea-url", g.URL, "--registration-token-file", tokenFile(b, g.RegistrationToken(b)),
 		"--state-dir", state, "--gateway-addr", "127.0.0.1:41449", "--capacity", "4")
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	var lat []time.Duration
