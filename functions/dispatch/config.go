@@ -40,23 +40,11 @@ type Config struct {
 // Check checks what envconfig cannot, and loads the pools file. Its errors
 // name the variable or pool at fault and never echo a secret.
 func (c *Config) Check() error {
-	var errs []error
-	if _, _, err := c.Parse(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.PayloadStore.Check(); err != nil {
-		errs = append(errs, err)
-	}
-	if _, err := c.Signer(); err != nil {
-		errs = append(errs, err)
-	}
+	var keepAlive error
 	if c.KeepAlive <= 0 {
-		errs = append(errs, fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive))
+		keepAlive = fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive)
 	}
 	pools, err := c.Source.Load()
-	if err != nil {
-		errs = append(errs, err)
-	}
 	c.pools = pools
-	return errors.Join(errs...)
+	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), keepAlive, err)
 }

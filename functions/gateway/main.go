@@ -64,25 +64,13 @@ func main() {
 
 // Check checks what envconfig cannot, and loads the pools file.
 func (c *Config) Check() error {
-	var errs []error
-	if _, _, err := c.Parse(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.PayloadStore.Check(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength); err != nil {
-		errs = append(errs, err)
-	}
+	var svid error
 	if (c.SVIDCert == "") != (c.SVIDKey == "") || (c.SVIDCert == "") != (c.SVIDBundle == "") {
-		errs = append(errs, errors.New("GDR_SVID_CERT, GDR_SVID_KEY and GDR_SVID_BUNDLE go together"))
+		svid = errors.New("GDR_SVID_CERT, GDR_SVID_KEY and GDR_SVID_BUNDLE go together")
 	}
 	pools, err := c.Source.Load()
-	if err != nil {
-		errs = append(errs, err)
-	}
 	c.pools = pools
-	return errors.Join(errs...)
+	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err)
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {

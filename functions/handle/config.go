@@ -56,9 +56,7 @@ func (c *Config) Check() error {
 	if _, err := taskassignment.ParseBackend(c.Backend); err != nil {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", err))
 	}
-	if _, _, err := c.Parse(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Naming.Check())
 	if c.Capacity < 1 {
 		errs = append(errs, fmt.Errorf("GDR_CAPACITY %d: want at least 1", c.Capacity))
 	}
@@ -66,19 +64,11 @@ func (c *Config) Check() error {
 		errs = append(errs, fmt.Errorf("GDR_BATCH %d: want at least 1", c.Batch))
 	}
 	if c.Mode != modeSetup {
-		if _, err := c.Keyring(); err != nil {
-			errs = append(errs, err)
-		}
-		if td, _, err := c.Parse(); err == nil {
-			if _, err := c.Settings.New(td); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		_, keysErr := c.Keyring()
+		td, _, _ := c.Parse()
 		pools, err := c.Source.Load()
-		if err != nil {
-			errs = append(errs, err)
-		}
 		c.pools = pools
+		errs = append(errs, keysErr, c.Settings.Check(td), err)
 	}
 	return errors.Join(errs...)
 }

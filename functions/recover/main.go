@@ -54,33 +54,17 @@ type Config struct {
 
 // Check checks what envconfig cannot, and loads the pools file.
 func (c *Config) Check() error {
-	var errs []error
-	if _, _, err := c.Parse(); err != nil {
-		errs = append(errs, err)
+	var mode error
+	switch {
+	case c.Mode != "once" && c.Mode != "http":
+		mode = fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode)
+	case c.Mode == "http" && c.TickToken == "":
+		mode = errors.New("GDR_TICK_TOKEN is required in http mode: every pass must be asked for by a known caller")
 	}
-	if td, _, err := c.Parse(); err == nil {
-		if _, err := c.Settings.New(td); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if _, err := c.Signer(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.PayloadStore.Check(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Mode != "once" && c.Mode != "http" {
-		errs = append(errs, fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode))
-	}
-	if c.Mode == "http" && c.TickToken == "" {
-		errs = append(errs, errors.New("GDR_TICK_TOKEN is required in http mode: every pass must be asked for by a known caller"))
-	}
+	td, _, _ := c.Parse()
 	pools, err := c.Source.Load()
-	if err != nil {
-		errs = append(errs, err)
-	}
 	c.pools = pools
-	return errors.Join(errs...)
+	return errors.Join(c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err)
 }
 
 func main() {

@@ -204,6 +204,12 @@ func (s SigningSettings) Signer() (*Signer, error) {
 	return signer, nil
 }
 
+// Check reports what Signer would fail on.
+func (s SigningSettings) Check() error {
+	_, err := s.Signer()
+	return err
+}
+
 // VerifySettings is embedded in the configuration of the functions that
 // take assignments (handle).
 type VerifySettings struct {

@@ -211,6 +211,16 @@ func (s Settings) New(td spiffeid.TrustDomain) (*Bootstrap, error) {
 	return New(s.Key, s.GatewayURL, id)
 }
 
+// Check reports what New(td) would fail on; with a trust domain that did
+// not parse (zero), only what does not depend on it.
+func (s Settings) Check(td spiffeid.TrustDomain) error {
+	if td.IsZero() {
+		return errors.Join(s.Key.AtLeast("GDR_BOOTSTRAP_KEY", MinKeyLength), checkGatewayURL(s.GatewayURL))
+	}
+	_, err := s.New(td)
+	return err
+}
+
 // GatewayID is the gateway's SPIFFE ID: configured, which must be of trust
 // domain td, or spiffe://<td>/gateway when empty.
 func GatewayID(td spiffeid.TrustDomain, configured string) (spiffeid.ID, error) {

@@ -209,6 +209,22 @@ func (g *Gateway) bound(ctx context.Context, c caller) (*runnerv1.Task, error) {
 	return task, nil
 }
 
+// forwarderFor returns the registration to forward a call about taskID
+// with, once the caller is known to be that task's own executor (see bound).
+func (g *Gateway) forwarderFor(ctx context.Context, taskID int64) (Forwarder, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if taskID != c.taskID {
+		return nil, notYours(c, taskID)
+	}
+	if _, err := g.bound(ctx, c); err != nil {
+		return nil, err
+	}
+	return g.forwarder(c)
+}
+
 func notYours(c caller, taskID int64) error {
 	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("task %d is not the task of %s", taskID, c.spiffeID))
 }
@@ -246,17 +262,7 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 
 // UpdateTask forwards the caller's own task state; any other task is 403.
 func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
-	c, err := callerOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if id := req.Msg.GetState().GetId(); id != c.taskID {
-		return nil, notYours(c, id)
-	}
-	if _, err := s.g.bound(ctx, c); err != nil {
-		return nil, err
-	}
-	f, err := s.g.forwarder(c)
+	f, err := s.g.forwarderFor(ctx, req.Msg.GetState().GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -269,17 +275,7 @@ func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 
 // UpdateLog forwards the caller's own log rows; any other task is 403.
 func (s service) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error) {
-	c, err := callerOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if id := req.Msg.GetTaskId(); id != c.taskID {
-		return nil, notYours(c, id)
-	}
-	if _, err := s.g.bound(ctx, c); err != nil {
-		return nil, err
-	}
-	f, err := s.g.forwarder(c)
+	f, err := s.g.forwarderFor(ctx, req.Msg.GetTaskId())
 	if err != nil {
 		return nil, err
 	}

@@ -153,6 +153,12 @@ type Naming struct {
 	MetadataPrefix string `envconfig:"METADATA_PREFIX" default:"gitea-dynamic-runner.io" desc:"key prefix of executor labels and annotations"`
 }
 
+// Check reports what Parse would fail on.
+func (n Naming) Check() error {
+	_, _, err := n.Parse()
+	return err
+}
+
 // Parse returns the trust domain and the metadata keys of n.
 func (n Naming) Parse() (spiffeid.TrustDomain, Keys, error) {
 	td, err := spiffeid.TrustDomainFromString(n.TrustDomain)
