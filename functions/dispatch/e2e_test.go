@@ -128,8 +128,16 @@ func (e *e2e) published(t *testing.T) []taskassignment.Assignment {
 	if err != nil {
 		t.Fatal(err)
 	}
+	signer, err := e.cfg.Signer()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for m := range batch.Messages() {
-		a, err := taskassignment.Decode(m.Data(), td)
+		msg, err := signer.Open(m.Data()) // as handle authenticates it
+		if err != nil {
+			t.Fatalf("published message is not signed by dispatch's key: %v", err)
+		}
+		a, err := taskassignment.Decode(msg, td)
 		if err != nil {
 			t.Fatalf("published message does not decode: %v", err)
 		}
