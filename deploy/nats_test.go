@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -244,11 +244,43 @@ func readAuthorization(t *testing.T) string {
 	return string(b)
 }
 
-// convergeLine is an allow entry marked "# converge": the permissions handle's job mode needs
-// only because it converges the stream and consumer on every run.
-var convergeLine = regexp.MustCompile(`(?m)^\s*"[^"]+",\s*# converge\s*$\n`)
-
 var payloadKey = secretkey.Key(bytes.Repeat([]byte{7}, 32))
+
+// signer is the assignment signing key of dispatch and recover (GDR_ASSIGNMENT_SIGNING_KEY); its
+// Open is what handle's keyring (GDR_ASSIGNMENT_VERIFY_KEYS) does to every message.
+var signer = jetstreamenv.Signer()
+
+// signedQueue is the assignment queue of js as the functions open it: signed, so that Publish and
+// Queued reach the server (a queue without a signer refuses both before sending anything, which
+// would hide a missing or excess permission).
+func signedQueue(js jetstream.JetStream) *assignmentqueue.Queue {
+	return assignmentqueue.New(js, "").SignedBy(signer)
+}
+
+// Keys of runHandleJob's want for the messages that carry no assignment: one nobody signed
+// (handle terminates it as "unauthenticated assignment") and one signed that does not decode
+// ("malformed assignment").
+const (
+	unauthenticatedMsg = "(unauthenticated)"
+	malformedMsg       = "(malformed)"
+)
+
+// publishPoison publishes, as dispatch (d), one message of each kind handle must terminate: bytes
+// nobody signed (what a forger with publish rights would send) and a signed non-assignment.
+func publishPoison(ctx context.Context, t *testing.T, d *natsClient) {
+	t.Helper()
+	subject := assignmentqueue.Subject(taskassignment.BackendPod)
+	if _, err := d.js.Publish(ctx, subject, []byte("not an assignment")); err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := signer.Seal([]byte("not an assignment"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.js.Publish(ctx, subject, sealed); err != nil {
+		t.Fatal(err)
+	}
+}
 
 const bucket = assignmentqueue.DefaultPayloadBucket
 
@@ -291,8 +323,9 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatal(err)
 		}
 		setup.clean(t)
+		// Even with the signing key, the server refuses the publish.
 		setup.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
-			_, err := q.Publish(ctx, a1)
+			_, err := signedQueue(setup.js).Publish(ctx, a1)
 			return err
 		})
 		setup.denied(t, "open the payload bucket", "$JS.API.STREAM.INFO.KV_CI_TASKS", func(ctx context.Context) error {
@@ -310,7 +343,7 @@ func TestNATSAuthorization(t *testing.T) {
 	var dp *assignmentqueue.Payloads
 	if !t.Run("dispatch", func(t *testing.T) {
 		ctx := flowContext(t)
-		dq = assignmentqueue.New(dispatch.js, "")
+		dq = signedQueue(dispatch.js)
 		if err := dq.EnsureStream(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -333,10 +366,8 @@ func TestNATSAuthorization(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// A message that never decodes, for handle to terminate.
-		if _, err := dispatch.js.Publish(ctx, assignmentqueue.Subject(taskassignment.BackendPod), []byte("not an assignment")); err != nil {
-			t.Fatal(err)
-		}
+		// Messages for handle to terminate: unsigned, and signed but no assignment.
+		publishPoison(ctx, t, dispatch)
 		if started, err := dp.Started(ctx, a1.ID); err != nil || started {
 			t.Fatalf("Started = %v, %v", started, err)
 		}
@@ -356,14 +387,14 @@ func TestNATSAuthorization(t *testing.T) {
 		return
 	}
 
-	// handle in job mode (functions/handle serve(): EnsureStream, OpenConsumer; then
-	// shared/intake Job.Run: Fetch, and per message Metadata and Ack, NakWithDelay / Nak, or
-	// TermWithReason).
+	// handle in job mode (functions/handle serve(): only Queue.Consumer, the consumer
+	// handle-setup made; then shared/intake Job.Run: Fetch, and per message Metadata and Ack,
+	// NakWithDelay / Nak, or TermWithReason).
 	handle := srv.connect(t, "HANDLE_POD")
 	if !t.Run("handle-pod", func(t *testing.T) {
 		ctx := flowContext(t)
-		runHandleJob(ctx, t, handle, true, map[string]string{a1.ID: "ack", a3.ID: "nak", "": "term"})
-		runHandleJob(ctx, t, handle, true, map[string]string{a3.ID: "ack"})
+		runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a3.ID: "nak", unauthenticatedMsg: "term", malformedMsg: "term"})
+		runHandleJob(ctx, t, handle, map[string]string{a3.ID: "ack"})
 		handleForbidden(t, handle, dispatch, dp, a5)
 	}) {
 		return
@@ -390,14 +421,14 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatalf("dispatch sees Started = %v, %v after the gateway's mark", started, err)
 		}
 		gateway.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
-			_, err := assignmentqueue.New(gateway.js, "").Publish(ctx, a5)
+			_, err := signedQueue(gateway.js).Publish(ctx, a5)
 			return err
 		})
 		gateway.denied(t, "overwrite a payload", "$KV.CI_TASKS."+a1.ID, func(ctx context.Context) error {
 			return p.Put(ctx, a1.ID, &runnerv1.Task{Id: 99})
 		})
 		gateway.denied(t, "read the queue", "$JS.API.STREAM.INFO.CI_RUNNER", func(ctx context.Context) error {
-			_, _, err := assignmentqueue.New(gateway.js, "").Queued(ctx, taskassignment.BackendPod, testTD)
+			_, _, err := signedQueue(gateway.js).Queued(ctx, taskassignment.BackendPod, testTD)
 			return err
 		})
 		gateway.denied(t, "list payloads", "$JS.API.CONSUMER.CREATE.KV_CI_TASKS", func(ctx context.Context) error {
@@ -420,7 +451,7 @@ func TestNATSAuthorization(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q := assignmentqueue.New(recoverC.js, "")
+		q := signedQueue(recoverC.js)
 		if err := p.Delete(ctx, a1.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -454,7 +485,7 @@ func TestNATSAuthorization(t *testing.T) {
 	// The re-published orphan reaches handle like any other assignment.
 	t.Run("handle takes the re-published orphan", func(t *testing.T) {
 		ctx := flowContext(t)
-		runHandleJob(ctx, t, handle, true, map[string]string{a2.ID: "ack", a5.ID: "ack"})
+		runHandleJob(ctx, t, handle, map[string]string{a2.ID: "ack", a5.ID: "ack"})
 	})
 }
 
@@ -467,23 +498,14 @@ func flowContext(t *testing.T) context.Context {
 }
 
 // runHandleJob is one job-mode run of handle (functions/handle serve() and shared/intake
-// Job.Run) as client c: with converge, EnsureStream and OpenConsumer as the code does today,
-// else only the existing consumer (Queue.Consumer). It fetches exactly len(want) messages and
-// settles each as want says for its assignment ID ("" for one that does not decode): ack, nak
-// (NakWithDelay, then a plain Nak on the redelivery) or term. Nothing may be left unsettled.
-func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, converge bool, want map[string]string) {
+// Job.Run) as client c: it binds the existing consumer (Queue.Consumer, nothing else: job mode
+// neither creates nor changes the stream or the consumer), fetches exactly len(want) messages and
+// settles each as want says for its assignment ID (unauthenticatedMsg, malformedMsg for the
+// messages without one): ack, nak (NakWithDelay, then a plain Nak on the redelivery) or term,
+// with the reason handle gives. Nothing may be left unsettled.
+func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, want map[string]string) {
 	t.Helper()
-	q := assignmentqueue.New(c.js, "")
-	var consumer jetstream.Consumer
-	var err error
-	if converge {
-		if err := q.EnsureStream(ctx); err != nil {
-			t.Fatal(err)
-		}
-		consumer, err = q.OpenConsumer(ctx, taskassignment.BackendPod, 10)
-	} else {
-		consumer, err = q.Consumer(ctx, taskassignment.BackendPod)
-	}
+	consumer, err := assignmentqueue.New(c.js, "").Consumer(ctx, taskassignment.BackendPod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,9 +520,13 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, converge boo
 		if _, err := msg.Metadata(); err != nil {
 			t.Errorf("metadata: %v", err)
 		}
-		id := ""
-		if a, err := taskassignment.Decode(msg.Data(), testTD); err == nil {
-			id = a.ID
+		// As shared/intake decodes: authenticate, then decode.
+		id, reason := unauthenticatedMsg, "unauthenticated assignment"
+		if opened, err := signer.Open(msg.Data()); err == nil {
+			id, reason = malformedMsg, "malformed assignment"
+			if a, err := taskassignment.Decode(opened, testTD); err == nil {
+				id = a.ID
+			}
 		}
 		seen[id] = true
 		switch want[id] {
@@ -515,7 +541,7 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, converge boo
 				}
 			}
 		case "term":
-			err = msg.TermWithReason("malformed assignment")
+			err = msg.TermWithReason(reason)
 		default:
 			t.Errorf("unexpected message %q", id)
 		}
@@ -539,7 +565,8 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, converge boo
 func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payloads, forged taskassignment.Assignment) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	q := assignmentqueue.New(c.js, "")
+	// With the signing key, so that what refuses the publish is the server, not the missing key.
+	q := signedQueue(c.js)
 	// The attack this deployment closes: a forged assignment for another task.
 	c.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
 		_, err := q.Publish(ctx, forged)
@@ -588,40 +615,69 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 		_, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, 10)
 		return err
 	})
+	// Job mode binds the consumer handle-setup made and converges nothing: no stream info,
+	// update or consumer create, not even for its own backend.
+	c.denied(t, "converge the stream (EnsureStream)", "$JS.API.STREAM.INFO.CI_RUNNER", func(ctx context.Context) error {
+		return q.EnsureStream(ctx)
+	})
+	c.denied(t, "converge its own consumer (OpenConsumer)", "$JS.API.CONSUMER.CREATE.CI_RUNNER.pod.ci.assignment.pod", func(ctx context.Context) error {
+		_, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10)
+		return err
+	})
+	// What a stream update would allow: source the payload bucket into handle's own queue
+	// subject and read the (sealed) payloads through its consumer.
+	c.denied(t, "source the payload bucket into the queue", "$JS.API.STREAM.UPDATE.CI_RUNNER", func(ctx context.Context) error {
+		_, err := c.js.UpdateStream(ctx, jetstream.StreamConfig{
+			Name: assignmentqueue.DefaultStream, Subjects: []string{"ci.assignment.>"},
+			Storage: jetstream.FileStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: assignmentqueue.DuplicateWindow,
+			Sources: []*jetstream.StreamSource{{Name: "KV_CI_TASKS", SubjectTransforms: []jetstream.SubjectTransformConfig{
+				{Source: "$KV.CI_TASKS.*", Destination: "ci.assignment.pod"}}}},
+		})
+		return err
+	})
+	if s, err := d.js.Stream(ctx, assignmentqueue.DefaultStream); err != nil {
+		t.Fatal(err)
+	} else if src := s.CachedInfo().Config.Sources; len(src) != 0 {
+		t.Errorf("stream %s has sources %v after handle's refused update", assignmentqueue.DefaultStream, src)
+	}
 	c.denied(t, "purge the queue", "$JS.API.STREAM.PURGE.CI_RUNNER", func(ctx context.Context) error {
-		s, err := c.js.Stream(ctx, assignmentqueue.DefaultStream)
-		if err != nil {
-			return err
-		}
-		return s.Purge(ctx)
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.PURGE.CI_RUNNER", nil)
+		return err
 	})
 	c.denied(t, "delete the queue", "$JS.API.STREAM.DELETE.CI_RUNNER", func(ctx context.Context) error {
 		return c.js.DeleteStream(ctx, assignmentqueue.DefaultStream)
 	})
 }
 
-// TestNATSAuthorizationWithoutConverge is the handle-pod user without its "# converge" lines:
-// what job mode needs once it only opens the existing consumer. It proves that set is enough
-// for a run (consumer info, fetch, ack) and that today's converging calls are what needs more.
-func TestNATSAuthorizationWithoutConverge(t *testing.T) {
-	conf := readAuthorization(t)
-	strict := convergeLine.ReplaceAllString(conf, "")
-	if n := len(convergeLine.FindAllString(conf, -1)); n != 3 {
-		t.Fatalf("%d allow entries marked # converge, want 3 (stream info and update, consumer create)", n)
-	}
-	srv := startAuthorizedNATS(t, strict)
+// TestNATSAuthorizationDispatchFirst starts dispatch before handle-setup on a fresh server, which
+// the apply order allows (both converge the stream): dispatch then creates the stream (its
+// STREAM.CREATE.CI_RUNNER, which TestNATSAuthorization, with handle-setup first, never needs) and
+// the bucket, and handle-setup only updates the stream and adds the consumer. Until handle-setup
+// has run, a handle-pod run finds no consumer (and creates none): that is why handle-setup runs
+// first.
+func TestNATSAuthorizationDispatchFirst(t *testing.T) {
+	srv := startAuthorizedNATS(t, readAuthorization(t))
 	ctx := flowContext(t)
-	// dispatch first this time: it creates the stream and the bucket on a fresh server (the
-	// other test has handle-setup create the stream, and dispatch update it).
 	dispatch := srv.connect(t, "DISPATCH")
-	dq := assignmentqueue.New(dispatch.js, "")
+	dq := signedQueue(dispatch.js)
 	if err := dq.EnsureStream(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
 		t.Fatal(err)
 	}
+	a := testAssignment(t, 1)
+	if _, err := dq.Publish(ctx, a); err != nil {
+		t.Fatal(err)
+	}
 	dispatch.clean(t)
+
+	handle := srv.connect(t, "HANDLE_POD")
+	if _, err := assignmentqueue.New(handle.js, "").Consumer(ctx, taskassignment.BackendPod); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("handle-pod before handle-setup: Consumer err = %v, want %v", err, jetstream.ErrConsumerNotFound)
+	}
+	handle.clean(t)
+
 	setup := srv.connect(t, "HANDLE_SETUP")
 	q := assignmentqueue.New(setup.js, "")
 	if err := q.EnsureStream(ctx); err != nil {
@@ -631,33 +687,8 @@ func TestNATSAuthorizationWithoutConverge(t *testing.T) {
 		t.Fatal(err)
 	}
 	setup.clean(t)
-	a := testAssignment(t, 1)
-	if _, err := dq.Publish(ctx, a); err != nil {
-		t.Fatal(err)
-	}
 
-	handle := srv.connect(t, "HANDLE_POD")
-	runHandleJob(ctx, t, handle, false, map[string]string{a.ID: "ack"})
-
-	hq := assignmentqueue.New(handle.js, "")
-	handle.denied(t, "EnsureStream", "$JS.API.STREAM.INFO.CI_RUNNER", func(ctx context.Context) error {
-		return hq.EnsureStream(ctx)
-	})
-	// What the converge entries allow today: copy the payload bucket into handle's own queue
-	// subject by a stream source, and read the sealed payloads through the consumer.
-	handle.denied(t, "source the payload bucket into the queue", "$JS.API.STREAM.UPDATE.CI_RUNNER", func(ctx context.Context) error {
-		_, err := handle.js.UpdateStream(ctx, jetstream.StreamConfig{
-			Name: assignmentqueue.DefaultStream, Subjects: []string{"ci.assignment.>"},
-			Storage: jetstream.FileStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: assignmentqueue.DuplicateWindow,
-			Sources: []*jetstream.StreamSource{{Name: "KV_CI_TASKS", SubjectTransforms: []jetstream.SubjectTransformConfig{
-				{Source: "$KV.CI_TASKS.*", Destination: "ci.assignment.pod"}}}},
-		})
-		return err
-	})
-	handle.denied(t, "OpenConsumer", "$JS.API.CONSUMER.CREATE.CI_RUNNER.pod.ci.assignment.pod", func(ctx context.Context) error {
-		_, err := hq.OpenConsumer(ctx, taskassignment.BackendPod, 10)
-		return err
-	})
+	runHandleJob(ctx, t, handle, map[string]string{a.ID: "ack"})
 }
 
 // TestNATSSubjectFormats covers the subjects whose shape nats-server can change: acks and
@@ -679,19 +710,17 @@ func TestNATSSubjectFormats(t *testing.T) {
 				t.Fatal(err)
 			}
 			dispatch := srv.connect(t, "DISPATCH")
-			dq := assignmentqueue.New(dispatch.js, "")
+			dq := signedQueue(dispatch.js)
 			a1, a2 := testAssignment(t, 1), testAssignment(t, 2)
 			for _, a := range []taskassignment.Assignment{a1, a2} {
 				if _, err := dq.Publish(ctx, a); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := dispatch.js.Publish(ctx, assignmentqueue.Subject(taskassignment.BackendPod), []byte("poison")); err != nil {
-				t.Fatal(err)
-			}
+			publishPoison(ctx, t, dispatch)
 			handle := srv.connect(t, "HANDLE_POD")
-			runHandleJob(ctx, t, handle, true, map[string]string{a1.ID: "ack", a2.ID: "nak", "": "term"})
-			runHandleJob(ctx, t, handle, false, map[string]string{a2.ID: "ack"})
+			runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a2.ID: "nak", unauthenticatedMsg: "term", malformedMsg: "term"})
+			runHandleJob(ctx, t, handle, map[string]string{a2.ID: "ack"})
 			if n, err := assignmentqueue.New(handle.js, "").Outstanding(ctx, taskassignment.BackendPod); err != nil || n != 0 {
 				t.Fatalf("outstanding after the runs: %d, %v; want everything settled", n, err)
 			}
