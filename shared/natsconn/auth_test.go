@@ -82,3 +82,40 @@ func TestConnectWithNkey(t *testing.T) {
 		})
 	}
 }
+
+// A user that may subscribe to its own reply subjects only still makes
+// JetStream calls: Connect names its inbox after the connection.
+func TestRepliesComeToTheConnectionsOwnInbox(t *testing.T) {
+	seed, pub := seedFile(t)
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix("probe") + ".>"}},
+		}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS did not start")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{{"probe", true}, {"other", false}} {
+		nc, js, err := Connect(ctx, Config{URL: s.ClientURL(), NKey: seed}, tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		callCtx, callCancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = js.AccountInfo(callCtx)
+		callCancel()
+		_ = Close(nc)
+		if (err == nil) != tc.ok {
+			t.Errorf("JetStream call as connection %q: %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}

@@ -59,8 +59,15 @@ func (c Config) Check() error {
 	return err
 }
 
+// InboxPrefix is the prefix of the reply subjects of a connection named
+// name: "_INBOX_<name>". With one prefix per function, each NATS user may
+// subscribe to its own replies only (deploy/nats/authorization.conf), so no
+// function can read another's answers (a payload the gateway reads, say).
+func InboxPrefix(name string) string { return "_INBOX_" + name }
+
 // Connect opens a connection named name (it shows in the server's
-// monitoring) and a JetStream context on it. The caller closes the
+// monitoring, and names its reply subjects: InboxPrefix) and a JetStream
+// context on it. The caller closes the
 // connection with Close before it exits, so that acknowledgements in flight
 // are sent.
 func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
@@ -68,7 +75,8 @@ func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstrea
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, auth...)
+	opts := append([]nats.Option{nats.Name(name), nats.CustomInboxPrefix(InboxPrefix(name)),
+		nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, auth...)
 	if deadline, ok := ctx.Deadline(); ok {
 		opts = append(opts, nats.Timeout(time.Until(deadline)))
 	}
