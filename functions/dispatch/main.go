@@ -75,6 +75,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string) error
 			}
 			pools = runnerpool.Pools{p}
 		}
+		if cmd == "serve" && cfg.WebhookSecret == "" && !cfg.AllowUnsigned {
+			return function.Usage(errors.New("serve: GDR_WEBHOOK_SECRET is not set, and unsigned webhook deliveries are refused (GDR_ALLOW_UNSIGNED_WEBHOOKS=true accepts them)"))
+		}
 		svc, closeFn, err := newService(ctx, cfg, pools, hc, log)
 		if err != nil {
 			return fmt.Errorf("dispatch could not start: %w", err)
@@ -82,9 +85,6 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string) error
 		defer closeFn()
 		if cmd == "run" {
 			return svc.dispatchAll(ctx, svc.pools)
-		}
-		if cfg.WebhookSecret == "" && !cfg.AllowUnsigned {
-			return function.Usage(errors.New("serve: GDR_WEBHOOK_SECRET is not set, and unsigned webhook deliveries are refused (GDR_ALLOW_UNSIGNED_WEBHOOKS=true accepts them)"))
 		}
 		return svc.serve(ctx, cfg.HTTPAddr, cfg.Interval)
 	default:
