@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -33,6 +35,18 @@ const authorizationFile = "nats/authorization.conf"
 // natsUsers are the users of authorizationFile, each named by the variable holding its public
 // key (NKEY_<user>).
 var natsUsers = []string{"DISPATCH", "RECOVER", "HANDLE_SETUP", "HANDLE_POD", "GATEWAY"}
+
+// handlePod is the connection name of handle for the pod backend ("handle-"+GDR_BACKEND), in
+// job mode and in setup mode alike.
+var handlePod = "handle-" + string(taskassignment.BackendPod)
+
+// natsConnName is the connection name each user's function passes to natsconn.Connect
+// (functions/<function>/main.go, checked by TestNATSConnectionNames); it names the connection's
+// reply subjects (natsconn.InboxPrefix), which the user's subscribe permission must match.
+var natsConnName = map[string]string{
+	"DISPATCH": "dispatch", "RECOVER": "recover", "GATEWAY": "gateway",
+	"HANDLE_SETUP": handlePod, "HANDLE_POD": handlePod,
+}
 
 var testTD = spiffeid.RequireTrustDomainFromString("example.org")
 
@@ -119,30 +133,27 @@ type natsClient struct {
 	violations []string
 }
 
-// connect connects as user with its seed file, as a function with GDR_NATS_NKEY does.
+// connect connects as user with its seed file through natsconn.Connect, under its function's
+// connection name, exactly as a function with GDR_NATS_NKEY does (and so with that function's
+// reply inbox prefix).
 func (s authorizedNATS) connect(t *testing.T, user string) *natsClient {
 	t.Helper()
 	c := &natsClient{user: user}
-	opt, err := nats.NkeyOptionFromSeed(s.seeds[user])
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(s.url, opt, nats.Name(strings.ToLower(user)),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			if errors.Is(err, nats.ErrPermissionViolation) {
-				c.mu.Lock()
-				c.violations = append(c.violations, err.Error())
-				c.mu.Unlock()
-			}
-		}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, js, err := natsconn.Connect(ctx, natsconn.Config{URL: s.url, NKey: s.seeds[user]}, natsConnName[user])
 	if err != nil {
 		t.Fatalf("connect as %s: %v", user, err)
 	}
 	t.Cleanup(nc.Close)
-	c.nc = nc
-	if c.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			c.mu.Lock()
+			c.violations = append(c.violations, err.Error())
+			c.mu.Unlock()
+		}
+	})
+	c.nc, c.js = nc, js
 	return c
 }
 
@@ -435,6 +446,14 @@ func TestNATSAuthorization(t *testing.T) {
 			_, err := p.IDs(ctx)
 			return err
 		})
+		// The replies to the gateway's reads carry the (sealed) payloads: handle cannot
+		// subscribe to the gateway's inbox to take them as the gateway reads.
+		handle.subscribeDenied(t, natsconn.InboxPrefix("gateway")+".>", func() {
+			if _, err := p.Get(ctx, a1.ID); err != nil {
+				t.Errorf("gateway Get: %v", err)
+			}
+		})
+		gateway.clean(t)
 	}) {
 		return
 	}
@@ -483,10 +502,93 @@ func TestNATSAuthorization(t *testing.T) {
 	}
 
 	// The re-published orphan reaches handle like any other assignment.
-	t.Run("handle takes the re-published orphan", func(t *testing.T) {
+	if !t.Run("handle takes the re-published orphan", func(t *testing.T) {
 		ctx := flowContext(t)
 		runHandleJob(ctx, t, handle, map[string]string{a2.ID: "ack", a5.ID: "ack"})
+	}) {
+		return
+	}
+
+	t.Run("inboxes", func(t *testing.T) {
+		inboxesDenied(t, dispatch, []*natsClient{setup, dispatch, handle, gateway, recoverC})
 	})
+}
+
+// inboxesDenied checks that no client may subscribe to the shared _INBOX.> or to the inbox of
+// another function's connection (each user may read its own replies only). Dispatch (d) pokes
+// each inbox meanwhile: a request whose reply JetStream sends there, which a subscription that
+// slipped through would receive.
+func inboxesDenied(t *testing.T, d *natsClient, clients []*natsClient) {
+	prefixes := []string{"_INBOX"}
+	for _, u := range natsUsers {
+		if p := natsconn.InboxPrefix(natsConnName[u]); !slices.Contains(prefixes, p) {
+			prefixes = append(prefixes, p)
+		}
+	}
+	for _, c := range clients {
+		own := natsconn.InboxPrefix(natsConnName[c.user])
+		t.Run(c.user, func(t *testing.T) {
+			t.Parallel()
+			for _, p := range prefixes {
+				if p == own {
+					continue
+				}
+				c.subscribeDenied(t, p+".>", func() {
+					if err := d.nc.PublishRequest("$JS.API.INFO", p+".poke", nil); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			c.clean(t)
+		})
+	}
+}
+
+// TestNATSConnectionNames ties natsConnName, and so the subscribe permission of each user, to
+// the name each function passes to natsconn.Connect: a renamed connection would take its replies
+// on an inbox its user may not read.
+func TestNATSConnectionNames(t *testing.T) {
+	want := map[string]string{ // function: the name argument of its natsconn.Connect
+		"dispatch": `"dispatch"`, "recover": `"recover"`, "gateway": `"gateway"`,
+		"handle": `"handle-"+cfg.Backend`, // handlePod for GDR_BACKEND=pod, in setup and job mode
+	}
+	for _, u := range natsUsers {
+		if _, ok := natsConnName[u]; !ok {
+			t.Errorf("user %s has no connection name", u)
+		}
+	}
+	if natsConnName["HANDLE_SETUP"] != handlePod || natsConnName["HANDLE_POD"] != handlePod {
+		t.Errorf("handle-setup and handle-pod connect as %q, not %q and %q", handlePod, natsConnName["HANDLE_SETUP"], natsConnName["HANDLE_POD"])
+	}
+	call := regexp.MustCompile(`natsconn\.Connect\((.*)\)`)
+	for fn, name := range want {
+		files, err := filepath.Glob(filepath.Join("..", "functions", fn, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found []string
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+				args := strings.Split(m[1], ", ")
+				found = append(found, args[len(args)-1])
+			}
+		}
+		if len(found) == 0 {
+			t.Errorf("functions/%s: no natsconn.Connect call", fn)
+		}
+		for _, got := range found {
+			if got != name {
+				t.Errorf("functions/%s connects to NATS as %s, want %s (deploy/nats/authorization.conf allows its user the replies of that name only)", fn, got, name)
+			}
+		}
+	}
 }
 
 // flowContext bounds one function's flow: a request the server drops for a missing permission
