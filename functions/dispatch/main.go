@@ -158,7 +158,9 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, pools.PayloadTTL(), cfg.PayloadKey)
+	// The bucket is every pool's: its TTL comes from the whole pools file,
+	// also when this process serves one pool.
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, cfg.pools.PayloadTTL(), cfg.PayloadKey)
 	if err != nil {
 		closeFn()
 		return nil, nil, err
