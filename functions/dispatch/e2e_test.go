@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -447,6 +448,43 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 	// The reaper had a full timeout to take the kept task too, and did not.
 	if st := e.statuses(t); st["kept"] != "in_progress/" {
 		t.Fatalf("statuses = %v", st)
+	}
+}
+
+// A waiting task whose repository is deleted: Gitea answers its heartbeat
+// "resource does not exist". The round drops it and goes on to claim the
+// next job, which only the freed slot lets in (capacity 1).
+func TestE2EKeepAliveDropsATaskWhoseRepositoryIsDeleted(t *testing.T) {
+	e := setup(t, 1, giteaenv.Options{})
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("doomed"))
+	e.waitQueued(t, 1)
+	ctx := context.Background()
+	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
+		t.Fatal(err)
+	}
+	doomed := e.published(t)
+	if len(doomed) != 1 {
+		t.Fatalf("published %d, want 1", len(doomed))
+	}
+	if code := e.gitea.Do(t, http.MethodDelete, "/repos/"+e.repo, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete repository: status %d", code)
+	}
+	e.repo = e.gitea.CreateRepo(t, "next")
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("next"))
+	e.waitQueued(t, 1)
+	e.svc.d.KeepAlive = time.Nanosecond // the doomed task is due
+	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
+		t.Fatalf("the round failed on the deleted task: %v", err)
+	}
+	if as := e.published(t); len(as) != 1 || as[0].Identity.Task != "next" {
+		t.Fatalf("published %+v, want the next job", as)
+	}
+	payloads, err := assignmentqueue.OpenPayloads(ctx, e.js, "CI_TASKS", e.cfg.PayloadKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+		t.Fatalf("payload of the deleted repository's task: %v, want it dropped", err)
 	}
 }
 
