@@ -148,6 +148,22 @@ func (e *e2e) published(t *testing.T) []taskassignment.Assignment {
 	return out
 }
 
+// claim pushes a workflow of jobs to the repository, waits for them to be
+// queued, runs a round and returns the assignments it published, one per job.
+func (e *e2e) claim(t *testing.T, jobs ...string) []taskassignment.Assignment {
+	t.Helper()
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow(jobs...))
+	e.waitQueued(t, len(jobs))
+	if err := e.svc.dispatchAll(context.Background(), e.svc.pools); err != nil {
+		t.Fatal(err)
+	}
+	as := e.published(t)
+	if len(as) != len(jobs) {
+		t.Fatalf("published %d assignments, want %d", len(as), len(jobs))
+	}
+	return as
+}
+
 func (e *e2e) waitQueued(t *testing.T, n int) []giteaenv.Job {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -407,16 +423,8 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 		t.Skip("takes about 90 s")
 	}
 	e := setup(t, 5, giteaenv.Options{ZombieTaskTimeout: time.Minute, ZombieSchedule: "@every 5s"})
-	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("kept", "dropped"))
-	e.waitQueued(t, 2)
+	as := e.claim(t, "kept", "dropped")
 	ctx := context.Background()
-	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
-		t.Fatal(err)
-	}
-	as := e.published(t)
-	if len(as) != 2 {
-		t.Fatalf("published %d", len(as))
-	}
 	payloads, err := assignmentqueue.EnsurePayloads(ctx, e.js, "CI_TASKS", time.Hour, e.cfg.PayloadKey)
 	if err != nil {
 		t.Fatal(err)
@@ -456,16 +464,8 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 // next job, which only the freed slot lets in (capacity 1).
 func TestE2EKeepAliveDropsATaskWhoseRepositoryIsDeleted(t *testing.T) {
 	e := setup(t, 1, giteaenv.Options{})
-	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("doomed"))
-	e.waitQueued(t, 1)
+	doomed := e.claim(t, "doomed")
 	ctx := context.Background()
-	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
-		t.Fatal(err)
-	}
-	doomed := e.published(t)
-	if len(doomed) != 1 {
-		t.Fatalf("published %d, want 1", len(doomed))
-	}
 	if code := e.gitea.Do(t, http.MethodDelete, "/repos/"+e.repo, nil, nil); code != http.StatusNoContent {
 		t.Fatalf("delete repository: status %d", code)
 	}
