@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -145,6 +146,22 @@ func (e *e2e) published(t *testing.T) []taskassignment.Assignment {
 		out = append(out, a)
 	}
 	return out
+}
+
+// claim pushes a workflow of jobs to the repository, waits for them to be
+// queued, runs a round and returns the assignments it published, one per job.
+func (e *e2e) claim(t *testing.T, jobs ...string) []taskassignment.Assignment {
+	t.Helper()
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow(jobs...))
+	e.waitQueued(t, len(jobs))
+	if err := e.svc.dispatchAll(context.Background(), e.svc.pools); err != nil {
+		t.Fatal(err)
+	}
+	as := e.published(t)
+	if len(as) != len(jobs) {
+		t.Fatalf("published %d assignments, want %d", len(as), len(jobs))
+	}
+	return as
 }
 
 func (e *e2e) waitQueued(t *testing.T, n int) []giteaenv.Job {
@@ -406,16 +423,8 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 		t.Skip("takes about 90 s")
 	}
 	e := setup(t, 5, giteaenv.Options{ZombieTaskTimeout: time.Minute, ZombieSchedule: "@every 5s"})
-	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("kept", "dropped"))
-	e.waitQueued(t, 2)
+	as := e.claim(t, "kept", "dropped")
 	ctx := context.Background()
-	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
-		t.Fatal(err)
-	}
-	as := e.published(t)
-	if len(as) != 2 {
-		t.Fatalf("published %d", len(as))
-	}
 	payloads, err := assignmentqueue.EnsurePayloads(ctx, e.js, "CI_TASKS", time.Hour, e.cfg.PayloadKey)
 	if err != nil {
 		t.Fatal(err)
@@ -447,6 +456,35 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 	// The reaper had a full timeout to take the kept task too, and did not.
 	if st := e.statuses(t); st["kept"] != "in_progress/" {
 		t.Fatalf("statuses = %v", st)
+	}
+}
+
+// A waiting task whose repository is deleted: Gitea answers its heartbeat
+// "resource does not exist". The round drops it and goes on to claim the
+// next job, which only the freed slot lets in (capacity 1).
+func TestE2EKeepAliveDropsATaskWhoseRepositoryIsDeleted(t *testing.T) {
+	e := setup(t, 1, giteaenv.Options{})
+	doomed := e.claim(t, "doomed")
+	ctx := context.Background()
+	if code := e.gitea.Do(t, http.MethodDelete, "/repos/"+e.repo, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete repository: status %d", code)
+	}
+	e.repo = e.gitea.CreateRepo(t, "next")
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml", workflow("next"))
+	e.waitQueued(t, 1)
+	e.svc.d.KeepAlive = time.Nanosecond // the doomed task is due
+	if err := e.svc.dispatchAll(ctx, e.svc.pools); err != nil {
+		t.Fatalf("the round failed on the deleted task: %v", err)
+	}
+	if as := e.published(t); len(as) != 1 || as[0].Identity.Task != "next" {
+		t.Fatalf("published %+v, want the next job", as)
+	}
+	payloads, err := assignmentqueue.OpenPayloads(ctx, e.js, "CI_TASKS", e.cfg.PayloadKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+		t.Fatalf("payload of the deleted repository's task: %v, want it dropped", err)
 	}
 }
 

@@ -127,8 +127,8 @@ func register(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.
 	return errors.Join(errs...)
 }
 
-// newService connects to NATS and Gitea for the pools. The returned function
-// drains the NATS connection.
+// newService connects to NATS and Gitea for the pools; its background rounds
+// run on ctx. The returned function drains the NATS connection.
 func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.Client, log *slog.Logger) (*service, func(), error) {
 	td, _, err := cfg.Parse()
 	if err != nil {
@@ -158,11 +158,13 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, pools.PayloadTTL(), cfg.PayloadKey)
+	// The bucket is every pool's: its TTL comes from the whole pools file,
+	// also when this process serves one pool.
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, cfg.pools.PayloadTTL(), cfg.PayloadKey)
 	if err != nil {
 		closeFn()
 		return nil, nil, err
 	}
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive}
-	return newHTTPService(d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log), closeFn, nil
+	return newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log), closeFn, nil
 }

@@ -12,18 +12,30 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
-// service runs dispatch rounds on demand: per webhook, per tick, per interval.
+// roundsGrace bounds how long serve waits, once its context has ended, for
+// the rounds in flight: a cancelled round claims nothing more, and the claim
+// in flight takes at most a FetchTask, a payload write and a final report,
+// each bounded by dispatcher.ClaimTimeout.
+const roundsGrace = 3 * dispatcher.ClaimTimeout
+
+// service runs dispatch rounds on demand: per webhook, per tick, per interval
+// in the background (rounds), and `dispatch run` in the foreground.
 type service struct {
 	d        *dispatcher.Dispatcher
 	pools    []dispatcher.Pool
 	receiver webhook.Receiver
 	ticks    function.Ticks
+	rounds   *rounds
 	log      *slog.Logger
 }
 
-func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
-	return &service{d: d, pools: pools, log: log, ticks: ticks,
+// newHTTPService returns the service of pools; its background rounds run on
+// ctx and stop claiming when it ends.
+func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
+	s := &service{d: d, pools: pools, log: log, ticks: ticks,
 		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
+	s.rounds = newRounds(ctx, func(ctx context.Context, p dispatcher.Pool) { _ = s.dispatch(ctx, p) })
+	return s
 }
 
 // dispatchAll runs one round for each pool; an error of one pool does not
@@ -31,17 +43,23 @@ func newHTTPService(d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []
 func (s *service) dispatchAll(ctx context.Context, pools []dispatcher.Pool) error {
 	var errs []error
 	for _, p := range pools {
-		res, err := s.d.Dispatch(ctx, p)
-		attrs := []any{slog.String("pool", p.Name), slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
-			slog.Int("free", res.Free), slog.Int("kept_alive", res.KeptAlive), slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected)}
-		if err != nil {
-			s.log.Error("dispatch round failed", append(attrs, slog.Any("error", err))...)
-			errs = append(errs, err)
-			continue
-		}
-		s.log.Info("dispatch round", attrs...)
+		errs = append(errs, s.dispatch(ctx, p))
 	}
 	return errors.Join(errs...)
+}
+
+// dispatch runs one round for p and logs what it did.
+func (s *service) dispatch(ctx context.Context, p dispatcher.Pool) error {
+	res, err := s.d.Dispatch(ctx, p)
+	attrs := []any{slog.String("pool", p.Name), slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
+		slog.Int("free", res.Free), slog.Int("kept_alive", res.KeptAlive), slog.Int("ended", res.Ended),
+		slog.Int("unbeaten", res.Unbeaten), slog.Int("rejected", res.Rejected)}
+	if err != nil {
+		s.log.Error("dispatch round failed", append(attrs, slog.Any("error", err))...)
+		return err
+	}
+	s.log.Info("dispatch round", attrs...)
+	return nil
 }
 
 func (s *service) handler() http.Handler {
@@ -53,9 +71,8 @@ func (s *service) handler() http.Handler {
 }
 
 // webhook answers a Gitea delivery: 401 for a bad signature, 400 for a body
-// that is not a job delivery, 202 otherwise; a queued job triggers a round for
-// the pools its labels match (before the answer, so a caller that sees 202
-// knows the round ran).
+// that is not a job delivery, 202 otherwise, at once; a queued job wakes a
+// round of the pools its labels match, which runs after the answer.
 func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 	job, ok := s.receiver.Receive(w, r)
 	if !ok {
@@ -71,26 +88,27 @@ func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ignored: no pool has these labels", http.StatusAccepted)
 		return
 	}
-	if err := s.dispatchAll(r.Context(), pools); err != nil {
-		http.Error(w, "dispatch failed; see the log", http.StatusServiceUnavailable)
-		return
-	}
+	s.rounds.wake(pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// tick runs a round for every pool (a PingSource event, or any POST to /).
-func (s *service) tick(w http.ResponseWriter, r *http.Request) {
-	if err := s.dispatchAll(r.Context(), s.pools); err != nil {
-		http.Error(w, "dispatch failed; see the log", http.StatusServiceUnavailable)
-		return
-	}
+// tick wakes a round of every pool (a PingSource event, or any POST to /)
+// and answers 202 at once.
+func (s *service) tick(w http.ResponseWriter, _ *http.Request) {
+	s.rounds.wake(s.pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// serve answers HTTP until ctx ends, and with interval > 0 also runs a round
-// for every pool that often.
+// serve answers HTTP until ctx (the context the service was made with) ends,
+// and with interval > 0 also wakes a round of every pool that often. It
+// returns once the rounds in flight have ended, or after roundsGrace.
 func (s *service) serve(ctx context.Context, addr string, interval time.Duration) error {
 	s.log.Info("serving", slog.String("addr", addr), slog.Duration("interval", interval))
+	defer func() {
+		if !s.rounds.wait(roundsGrace) {
+			s.log.Warn("dispatch rounds still running at exit", slog.Duration("waited", roundsGrace))
+		}
+	}()
 	if interval > 0 {
 		done := make(chan struct{})
 		defer func() { <-done }()
@@ -106,7 +124,7 @@ func (s *service) serve(ctx context.Context, addr string, interval time.Duration
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					_ = s.dispatchAll(ctx, s.pools)
+					s.rounds.wake(s.pools...)
 				}
 			}
 		}()

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +22,26 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
-// countingRunner counts the rounds that reached Gitea.
-type countingRunner struct{ declares int }
+// countingRunner counts the rounds that reached Gitea. With gate set, a
+// round waits in Declare until gate is closed.
+type countingRunner struct {
+	declares atomic.Int64
+	gate     chan struct{}
+}
 
-func (c *countingRunner) Declare(context.Context, []string) error { c.declares++; return nil }
+func (c *countingRunner) Declare(ctx context.Context, _ []string) error {
+	c.declares.Add(1)
+	if c.gate == nil {
+		return nil
+	}
+	select {
+	case <-c.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (c *countingRunner) FetchTask(context.Context) (*runnerv1.Task, error) {
 	return nil, nil
 }
@@ -32,36 +50,69 @@ func (c *countingRunner) Finalize(context.Context, int64, runnerv1.Result, strin
 	return nil
 }
 
-func TestWebhookHandler(t *testing.T) {
+// testService is a service of two pools, linux (ubuntu-latest) and gpu
+// (ubuntu-latest, gpu), on a JetStream of the test's own, served over HTTP.
+type testService struct {
+	svc        *service
+	url        string
+	linux, gpu *countingRunner
+}
+
+func newTestService(t *testing.T, linux, gpu *countingRunner) testService {
+	t.Helper()
 	env := jetstreamenv.NewQueue(t)
-	q, payloads := env.Queue, env.Payloads
-	linux, gpu := &countingRunner{}, &countingRunner{}
-	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: q, Payloads: payloads, KeepAlive: time.Minute}
-	svc := newHTTPService(d, []dispatcher.Pool{
+	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: env.Queue, Payloads: env.Payloads, KeepAlive: time.Minute}
+	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{
 		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Runner: linux, Tasks: linux},
 		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Runner: gpu, Tasks: gpu},
 	}, []byte("s3cret"), function.Ticks{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return testService{svc: svc, url: srv.URL, linux: linux, gpu: gpu}
+}
 
-	delivery := func(job int, action string, labels string) []byte {
-		return []byte(`{"action":"` + action + `","workflow_job":{"id":` + string(rune('0'+job)) + `,"labels":` + labels + `}}`)
+// delivery is the body of a workflow_job delivery.
+func delivery(job int, action string, labels string) []byte {
+	return []byte(`{"action":"` + action + `","workflow_job":{"id":` + strconv.Itoa(job) + `,"labels":` + labels + `}}`)
+}
+
+func sign(b []byte) string { return webhook.Sign([]byte("s3cret"), b) }
+
+// send posts a delivery to the webhook and returns the answer.
+func (ts testService) send(t *testing.T, event string, body []byte, sig string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, ts.url+"/webhook", bytes.NewReader(body))
+	req.Header.Set(webhook.HeaderEvent, event)
+	if sig != "" {
+		req.Header.Set(webhook.HeaderSignature, sig)
 	}
-	send := func(event string, body []byte, sig string) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/webhook", bytes.NewReader(body))
-		req.Header.Set(webhook.HeaderEvent, event)
-		if sig != "" {
-			req.Header.Set(webhook.HeaderSignature, sig)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sign := func(b []byte) string { return webhook.Sign([]byte("s3cret"), b) }
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// rounds waits until the pools have had linux and gpu rounds (they run
+// after the answer), and fails the test if they do not within 5 s.
+func (ts testService) rounds(t *testing.T, linux, gpu int64) bool {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for ts.linux.declares.Load() != linux || ts.gpu.declares.Load() != gpu {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+func TestWebhookHandler(t *testing.T) {
+	ts := newTestService(t, &countingRunner{}, &countingRunner{})
+	linux, gpu := ts.linux, ts.gpu
+	send := func(event string, body []byte, sig string) (int, string) { return ts.send(t, event, body, sig) }
 	gpuJob := delivery(1, "queued", `["ubuntu-latest","gpu"]`)
 	for _, tc := range []struct {
 		name               string
@@ -69,7 +120,7 @@ func TestWebhookHandler(t *testing.T) {
 		body               []byte
 		sig                string
 		wantCode           int
-		wantLinux, wantGPU int
+		wantLinux, wantGPU int64
 	}{
 		{"unsigned", "workflow_job", gpuJob, "", http.StatusUnauthorized, 0, 0},
 		{"forged", "workflow_job", gpuJob, webhook.Sign([]byte("guess"), gpuJob), http.StatusUnauthorized, 0, 0},
@@ -82,15 +133,15 @@ func TestWebhookHandler(t *testing.T) {
 		{"no pool matches", "workflow_job", delivery(4, "queued", `["windows"]`), sign(delivery(4, "queued", `["windows"]`)), http.StatusAccepted, 1, 2},
 	} {
 		code, body := send(tc.event, tc.body, tc.sig)
-		if code != tc.wantCode || linux.declares != tc.wantLinux || gpu.declares != tc.wantGPU {
+		if code != tc.wantCode || !ts.rounds(t, tc.wantLinux, tc.wantGPU) {
 			t.Fatalf("%s: status %d (%s), rounds linux=%d gpu=%d; want %d, %d, %d",
-				tc.name, code, body, linux.declares, gpu.declares, tc.wantCode, tc.wantLinux, tc.wantGPU)
+				tc.name, code, body, linux.declares.Load(), gpu.declares.Load(), tc.wantCode, tc.wantLinux, tc.wantGPU)
 		}
 	}
 	// A tick dispatches every pool, only with its token; a webhook over
 	// webhook.MaxDelivery is 413.
 	tick := func(header, value string) int {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/", nil)
+		req, _ := http.NewRequest(http.MethodPost, ts.url+"/", nil)
 		if header != "" {
 			req.Header.Set(header, value)
 		}
@@ -101,20 +152,72 @@ func TestWebhookHandler(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := tick("", ""); code != http.StatusUnauthorized || linux.declares != 1 || gpu.declares != 2 {
-		t.Fatalf("tick without its token: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
-	}
-	if code := tick("Authorization", "Bearer guess"); code != http.StatusUnauthorized || linux.declares != 1 {
-		t.Fatalf("tick with a wrong token: status %d, rounds linux=%d", code, linux.declares)
-	}
-	if code := tick("Authorization", "Bearer t1ck"); code != http.StatusAccepted || linux.declares != 2 || gpu.declares != 3 {
-		t.Fatalf("tick: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
-	}
-	if code := tick(function.HeaderTickToken, "t1ck"); code != http.StatusAccepted || linux.declares != 3 || gpu.declares != 4 {
-		t.Fatalf("PingSource tick: status %d, rounds linux=%d gpu=%d", code, linux.declares, gpu.declares)
+	for _, tc := range []struct {
+		name               string
+		header, value      string
+		wantCode           int
+		wantLinux, wantGPU int64
+	}{
+		{"tick without its token", "", "", http.StatusUnauthorized, 1, 2},
+		{"tick with a wrong token", "Authorization", "Bearer guess", http.StatusUnauthorized, 1, 2},
+		{"tick", "Authorization", "Bearer t1ck", http.StatusAccepted, 2, 3},
+		{"PingSource tick", function.HeaderTickToken, "t1ck", http.StatusAccepted, 3, 4},
+	} {
+		if code := tick(tc.header, tc.value); code != tc.wantCode || !ts.rounds(t, tc.wantLinux, tc.wantGPU) {
+			t.Fatalf("%s: status %d, rounds linux=%d gpu=%d; want %d, %d, %d",
+				tc.name, code, linux.declares.Load(), gpu.declares.Load(), tc.wantCode, tc.wantLinux, tc.wantGPU)
+		}
 	}
 	big := bytes.Repeat([]byte("x"), 2<<20)
 	if code, _ := send("workflow_job", big, sign(big)); code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("webhook of 2 MiB: status %d, want 413", code)
+	}
+}
+
+// The webhook answers as soon as a delivery is verified and matched: a round
+// that hangs (a slow Gitea) does not hold the answer back past Gitea's 5 s
+// delivery timeout, and the round runs on.
+func TestWebhookAnswersBeforeTheRound(t *testing.T) {
+	gate := make(chan struct{})
+	defer close(gate)
+	ts := newTestService(t, &countingRunner{gate: gate}, &countingRunner{gate: gate})
+	job := delivery(1, "queued", `["ubuntu-latest"]`)
+	start := time.Now()
+	if code, body := ts.send(t, webhook.EventWorkflowJob, job, sign(job)); code != http.StatusAccepted {
+		t.Fatalf("status %d (%s), want 202", code, body)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("the answer took %v: it waited for the round", took)
+	}
+	if !ts.rounds(t, 1, 1) {
+		t.Fatalf("rounds linux=%d gpu=%d, want one each, running", ts.linux.declares.Load(), ts.gpu.declares.Load())
+	}
+}
+
+// Deliveries and ticks that arrive during a pool's round wake exactly one
+// more round of it after that round, however many there are; a pool whose
+// round is not running is not held up by another's.
+func TestWakeUpsDuringARoundCoalesce(t *testing.T) {
+	gate := make(chan struct{})
+	ts := newTestService(t, &countingRunner{}, &countingRunner{gate: gate})
+	gpuJob := func(id int) []byte { return delivery(id, "queued", `["ubuntu-latest","gpu"]`) }
+	if code, _ := ts.send(t, webhook.EventWorkflowJob, gpuJob(1), sign(gpuJob(1))); code != http.StatusAccepted || !ts.rounds(t, 0, 1) {
+		t.Fatalf("first delivery: status %d, rounds gpu=%d", code, ts.gpu.declares.Load())
+	}
+	for id := 2; id <= 6; id++ {
+		if code, _ := ts.send(t, webhook.EventWorkflowJob, gpuJob(id), sign(gpuJob(id))); code != http.StatusAccepted {
+			t.Fatalf("delivery %d during the round: status %d", id, code)
+		}
+	}
+	both := delivery(7, "queued", `["ubuntu-latest"]`)
+	if code, _ := ts.send(t, webhook.EventWorkflowJob, both, sign(both)); code != http.StatusAccepted || !ts.rounds(t, 1, 1) {
+		t.Fatalf("delivery for both pools: status %d, rounds linux=%d gpu=%d", code, ts.linux.declares.Load(), ts.gpu.declares.Load())
+	}
+	close(gate)
+	if !ts.svc.rounds.wait(5 * time.Second) {
+		t.Fatal("rounds still running 5 s after the gate opened")
+	}
+	if got := ts.gpu.declares.Load(); got != 2 {
+		t.Fatalf("gpu had %d rounds, want 2: the one running and one for the 6 wake-ups during it", got)
 	}
 }

@@ -63,6 +63,17 @@ func (c *Config) Check() error {
 	if c.Batch < 1 {
 		errs = append(errs, fmt.Errorf("GDR_BATCH %d: want at least 1", c.Batch))
 	}
+	// Each must be positive: a delay that is not redelivers a failing
+	// assignment at once, burning its deliveries in seconds (or, at zero,
+	// would quietly mean intake's default): a mistake to report, not guess.
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"GDR_FETCH_WAIT", c.FetchWait}, {"GDR_NAK_DELAY", c.NakDelay}, {"GDR_ERROR_DELAY", c.ErrorDelay}} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", d.name, d.value))
+		}
+	}
 	if c.Mode != modeSetup {
 		_, keysErr := c.Keyring()
 		td, _, _ := c.Parse()

@@ -54,9 +54,12 @@ type Payloads struct {
 // EnsurePayloads creates bucket, or brings an existing one back to file
 // storage, one revision per key and a TTL of ttl (the longest a job may run,
 // after which its payload is useless), leaving the replica count of an
-// existing bucket as it is. It returns a store sealing values under key, which
-// must be exactly 32 bytes. ttl must be positive. Errors name the bucket and
-// never contain the key.
+// existing bucket as it is. It never shrinks an existing bucket's TTL: the
+// larger of the two is kept, so a process that knows fewer or shorter pools
+// (an older configuration, `dispatch run -pool`) cannot expire payloads of
+// running jobs early for everyone. It returns a store sealing values under
+// key, which must be exactly 32 bytes. ttl must be positive. Errors name the
+// bucket and never contain the key.
 func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, ttl time.Duration, key secretkey.Key) (*Payloads, error) {
 	aead, err := newAEAD(bucket, key)
 	if err != nil {
@@ -82,6 +85,7 @@ func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, 
 			return nil, fmt.Errorf("payload store %q: status: %w", bucket, err)
 		}
 		cfg.Replicas = st.Config().Replicas
+		cfg.TTL = max(cfg.TTL, st.TTL())
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {

@@ -83,29 +83,57 @@ func checkNoSecret(t *testing.T, err error, key secretkey.Key) {
 	}
 }
 
+// bucketConfig returns the configuration of testBucket.
+func bucketConfig(t testing.TB, ctx context.Context, js jetstream.JetStream) jetstream.KeyValueConfig {
+	t.Helper()
+	kv, err := js.KeyValue(ctx, testBucket)
+	if err != nil {
+		t.Fatalf("bucket: %v", err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return st.Config()
+}
+
 func TestEnsurePayloadsConfig(t *testing.T) {
 	ctx, js, _, _ := newPayloads(t, testKey(1))
 	check := func(ttl time.Duration) {
 		t.Helper()
-		kv, err := js.KeyValue(ctx, testBucket)
-		if err != nil {
-			t.Fatalf("bucket: %v", err)
-		}
-		st, err := kv.Status(ctx)
-		if err != nil {
-			t.Fatalf("status: %v", err)
-		}
-		cfg := st.Config()
+		cfg := bucketConfig(t, ctx, js)
 		if cfg.TTL != ttl || cfg.History != 1 || cfg.Storage != jetstream.FileStorage {
 			t.Errorf("bucket TTL %v, history %d, storage %v; want %v, 1, file", cfg.TTL, cfg.History, cfg.Storage, ttl)
 		}
 	}
 	check(time.Hour)
-	// Ensuring again with another TTL corrects the bucket in place.
+	// Ensuring again with a longer TTL corrects the bucket in place.
 	if _, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, 3*time.Hour, testKey(1)); err != nil {
 		t.Fatalf("second EnsurePayloads: %v", err)
 	}
 	check(3 * time.Hour)
+}
+
+// A bucket's TTL only ever grows: a process that knows only shorter pools
+// must not expire the payloads of everyone's running jobs early.
+func TestEnsurePayloadsNeverShrinksTheTTL(t *testing.T) {
+	ctx := testContext(t)
+	js := newJetStream(t)
+	for _, step := range []struct {
+		ensure, want time.Duration
+	}{
+		{4 * time.Hour, 4 * time.Hour},
+		{2 * time.Hour, 4 * time.Hour},
+		{5 * time.Hour, 5 * time.Hour},
+		{time.Hour, 5 * time.Hour},
+	} {
+		if _, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, step.ensure, testKey(1)); err != nil {
+			t.Fatalf("EnsurePayloads(%v): %v", step.ensure, err)
+		}
+		if got := bucketConfig(t, ctx, js).TTL; got != step.want {
+			t.Fatalf("after EnsurePayloads(%v): TTL %v, want %v", step.ensure, got, step.want)
+		}
+	}
 }
 
 func TestEnsurePayloadsRefuses(t *testing.T) {

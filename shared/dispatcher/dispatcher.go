@@ -9,6 +9,9 @@
 // and the payload write (milliseconds): a crash there leaves a task that
 // Gitea runs as claimed until its zombie reaper fails it after
 // ZOMBIE_TASK_TIMEOUT; the job ends failed and visible, never silently hung.
+// A cancelled caller (SIGTERM, a request that timed out) is no crash: it
+// stops further claims, but the claim in flight and the work on a claimed
+// task run to the end on a context of their own (see ClaimTimeout).
 package dispatcher
 
 import (
@@ -23,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -34,6 +38,8 @@ type Runner interface {
 }
 
 // Tasks is what dispatch needs of gitea.TaskState for the same registration.
+// An error of Result that wraps gitea.ErrTaskGone says the task is over for
+// this registration.
 type Tasks interface {
 	Result(ctx context.Context, taskID int64) (runnerv1.Result, error)
 	Finalize(ctx context.Context, taskID int64, result runnerv1.Result, reason string) error
@@ -64,6 +70,15 @@ type Pool struct {
 // ZOMBIE_TASK_TIMEOUT.
 const DefaultKeepAlive = time.Minute
 
+// ClaimTimeout bounds each step of the work on one claim, on a context
+// detached from the caller's: the FetchTask call, then storing and publishing
+// the task it returned, then (if that failed, or the task cannot run here)
+// failing it in Gitea. From the moment Gitea is asked for a task, the
+// caller's cancellation (a SIGTERM, a webhook delivery Gitea gave up on) can
+// no longer leave a claimed task with neither a payload nor a final result
+// until the zombie reaper; it only stops the next claim.
+const ClaimTimeout = 30 * time.Second
+
 // Dispatcher claims and queues tasks. Its only memory (per-pool locks, the
 // time of the last heartbeat per task) saves work; losing it loses nothing.
 // Safe for concurrent use: calls for one pool are serialized in-process.
@@ -92,8 +107,10 @@ type Result struct {
 	// claims; Free is what capacity left.
 	InFlight, Free int
 	// KeptAlive counts heartbeats sent for waiting tasks; Ended counts
-	// waiting tasks found over in Gitea (cancelled, reaped) and dropped.
-	KeptAlive, Ended int
+	// waiting tasks found over (cancelled, reaped) or gone (deleted, another
+	// runner's) in Gitea and dropped; Unbeaten counts waiting tasks whose
+	// keep-alive failed this round (tried again next round).
+	KeptAlive, Ended, Unbeaten int
 	// Rejected counts claimed tasks that cannot run here and were failed in
 	// Gitea with a log line saying why.
 	Rejected int
@@ -123,13 +140,18 @@ func (d *Dispatcher) lock(pool string) func() {
 }
 
 // Dispatch runs one round for pool p: keep its waiting tasks alive (dropping
-// those Gitea has ended), then claim tasks until Gitea has none for the pool
-// or the pool is full. Free capacity is the pool's Capacity minus its tasks
-// in flight: every task claimed whose payload is still stored (queued, being
-// started or running; recover deletes payloads of finished tasks).
+// those Gitea has ended or no longer has), then claim tasks until Gitea has
+// none for the pool or the pool is full. Free capacity is the pool's Capacity
+// minus its tasks in flight: every task claimed whose payload is still stored
+// (queued, being started or running; recover deletes payloads of finished
+// tasks).
 //
-// An error stops the round: tasks claimed before it are queued and in the
-// Result. Nothing is claimed when Gitea or the payload store is unreachable.
+// Keep-alive is per task: one task's failed heartbeat is logged and counted
+// (Unbeaten), and the round goes on, so a single broken task never stops its
+// pool from claiming. Any other error stops the round: tasks claimed before
+// it are queued and in the Result. Nothing is claimed when Gitea or the
+// payload store is unreachable. Once ctx ends no further task is claimed,
+// and the claim in flight still runs to its end (ClaimTimeout).
 func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 	defer d.lock(p.Name)()
 	res := Result{Pool: p.Name}
@@ -141,7 +163,10 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 	for _, id := range inFlight {
 		kept, ended, err := d.keepAlive(ctx, p, id)
 		if err != nil {
-			return res, err
+			// Another task's heartbeat, and the claims, may well succeed.
+			d.log().Warn("keep-alive failed; trying again next round", slog.String("pool", p.Name),
+				slog.String("assignment", id), slog.Any("error", err))
+			res.Unbeaten++
 		}
 		if kept {
 			res.KeptAlive++
@@ -159,7 +184,10 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 		return res, fmt.Errorf("pool %s: declare: %w", p.Name, err)
 	}
 	for len(res.Claimed) < res.Free {
-		task, err := p.Runner.FetchTask(ctx)
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
+		}
+		task, err := d.fetch(ctx, p)
 		if err != nil {
 			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
 		}
@@ -181,7 +209,25 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 
 var errRejected = errors.New("task rejected")
 
-// queue stores and publishes one claimed task.
+// detached returns a context that keeps ctx's values but not its
+// cancellation, ending after ClaimTimeout: work on a claimed task must not
+// stop half-way because its caller went away.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
+}
+
+// fetch claims one task for p, or returns nil when Gitea has none. The call
+// is not cancelled with ctx: Gitea may have claimed the task by the time a
+// cancel would abort the call, and the answer would be lost with the task.
+func (d *Dispatcher) fetch(ctx context.Context, p Pool) (*runnerv1.Task, error) {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	return p.Runner.FetchTask(ctx)
+}
+
+// queue stores and publishes one claimed task, or fails it in Gitea with the
+// reason it cannot run. Every step runs on a detached context: a cancelled
+// ctx never leaves the task claimed with neither a payload nor a result.
 func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
 	log := d.log().With(slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
 	a, err := d.assignment(p, task)
@@ -190,20 +236,26 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 		// the zombie reaper. End it with the reason instead.
 		log.Error("claimed task cannot run here", slog.Any("error", err))
 		reason := fmt.Sprintf("gitea-dynamic-runner cannot run this task: %v", err)
-		if ferr := p.Tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_FAILURE, reason); ferr != nil {
+		if ferr := d.finalize(ctx, p, task.GetId(), reason); ferr != nil {
 			return a, fmt.Errorf("pool %s: task %d: %w (and failing it in Gitea: %w)", p.Name, task.GetId(), err, ferr)
 		}
 		return a, errRejected
 	}
 	log = log.With(slog.String("assignment", a.ID))
-	if err := d.Payloads.Put(ctx, a.ID, task); err != nil {
+	putCtx, cancel := detached(ctx)
+	err = d.Payloads.Put(putCtx, a.ID, task)
+	cancel()
+	if err != nil {
 		reason := "gitea-dynamic-runner could not store the task for an executor; run the job again"
-		if ferr := p.Tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_FAILURE, reason); ferr != nil {
+		if ferr := d.finalize(ctx, p, task.GetId(), reason); ferr != nil {
 			log.Error("claimed task neither stored nor failed; Gitea's zombie reaper will end it", slog.Any("error", ferr))
 		}
 		return a, fmt.Errorf("pool %s: store task %d: %w", p.Name, task.GetId(), err)
 	}
-	if _, err := d.Queue.Publish(ctx, a); err != nil {
+	pubCtx, cancel := detached(ctx)
+	_, err = d.Queue.Publish(pubCtx, a)
+	cancel()
+	if err != nil {
 		// The payload is stored: recover re-publishes it.
 		return a, fmt.Errorf("pool %s: publish assignment %s (recover will re-publish it): %w", p.Name, a.ID, err)
 	}
@@ -211,6 +263,13 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 	log.Info("task claimed and queued", slog.String("repository", a.Identity.Repository),
 		slog.String("job", a.Identity.Task), slog.String("backend", string(a.Backend)))
 	return a, nil
+}
+
+// finalize fails a claimed task in Gitea with reason, on a detached context.
+func (d *Dispatcher) finalize(ctx context.Context, p Pool, taskID int64, reason string) error {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	return p.Tasks.Finalize(ctx, taskID, runnerv1.Result_RESULT_FAILURE, reason)
 }
 
 func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
@@ -222,7 +281,11 @@ func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Ass
 // has ended (cancelled while waiting, reaped) is dropped: its payload is
 // deleted, and recover deletes any executor it has. (Registrations do not
 // declare "cancelling", so a cancelled task is done at once and needs no
-// final report from us.)
+// final report from us.) So is a task Gitea no longer has for this
+// registration (gitea.ErrTaskGone: deleted with its repository, another
+// runner's): its payload would otherwise count against the pool's capacity
+// until it expired, hours later. Any other error leaves the task as it is,
+// due again next round.
 func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string) (kept, ended bool, err error) {
 	_, taskID, err := taskassignment.ParseID(assignmentID)
 	if err != nil {
@@ -240,6 +303,10 @@ func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string)
 		return false, false, nil
 	}
 	result, err := p.Tasks.Result(ctx, taskID)
+	if errors.Is(err, gitea.ErrTaskGone) {
+		err = d.drop(ctx, p, assignmentID, taskID, "waiting task gone from Gitea; dropped", slog.Any("answer", err))
+		return false, err == nil, err
+	}
 	if err != nil {
 		return false, false, fmt.Errorf("pool %s: keep-alive of %s: %w", p.Name, assignmentID, err)
 	}
@@ -247,13 +314,19 @@ func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string)
 	if result == runnerv1.Result_RESULT_UNSPECIFIED {
 		return true, false, nil
 	}
-	log := d.log().With(slog.String("pool", p.Name), slog.String("assignment", assignmentID), slog.String("result", result.String()))
+	err = d.drop(ctx, p, assignmentID, taskID, "waiting task ended in Gitea; dropped", slog.String("result", result.String()))
+	return true, err == nil, err
+}
+
+// drop deletes the payload of a waiting task that is over for us, and logs
+// why. On an error the task is not ended: it stays in flight, due again.
+func (d *Dispatcher) drop(ctx context.Context, p Pool, assignmentID string, taskID int64, msg string, why slog.Attr) error {
 	if err := d.Payloads.Delete(ctx, assignmentID); err != nil {
-		return true, false, fmt.Errorf("pool %s: drop ended %s: %w", p.Name, assignmentID, err)
+		return fmt.Errorf("pool %s: drop %s: %w", p.Name, assignmentID, err)
 	}
 	d.forget(taskID)
-	log.Info("waiting task ended in Gitea; dropped")
-	return true, true, nil
+	d.log().Info(msg, slog.String("pool", p.Name), slog.String("assignment", assignmentID), why)
+	return nil
 }
 
 func (d *Dispatcher) due(taskID int64) bool {

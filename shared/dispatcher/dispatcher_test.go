@@ -3,18 +3,21 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -22,39 +25,54 @@ import (
 var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
 
 // fakeGitea is one registration's view of Gitea: waiting tasks to hand out
-// and the result of every claimed task.
+// and the result of every claimed task. Like an HTTP client, every call
+// fails once its context has ended.
 type fakeGitea struct {
 	mu        sync.Mutex
 	waiting   []*runnerv1.Task
+	claimed   []int64
 	results   map[int64]runnerv1.Result
+	resultErr map[int64]error // the answer to a task's heartbeat, when set
 	declared  [][]string
 	fetches   int
 	beats     map[int64]int
 	finalized map[int64]string
 	down      bool
+	// onClaim, if set, runs once Gitea has claimed a task and before its
+	// answer reaches the caller; with answerLost, a caller whose context has
+	// ended by then gets its error instead of the task, as over HTTP.
+	onClaim    func()
+	answerLost bool
 }
 
 func newFakeGitea(tasks ...*runnerv1.Task) *fakeGitea {
-	return &fakeGitea{waiting: tasks, results: map[int64]runnerv1.Result{}, beats: map[int64]int{}, finalized: map[int64]string{}}
+	return &fakeGitea{waiting: tasks, results: map[int64]runnerv1.Result{}, resultErr: map[int64]error{},
+		beats: map[int64]int{}, finalized: map[int64]string{}}
 }
 
 var errDown = errors.New("connection refused")
 
-func (f *fakeGitea) Declare(_ context.Context, labels []string) error {
+func (f *fakeGitea) Declare(ctx context.Context, labels []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return errDown
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	f.declared = append(f.declared, labels)
 	return nil
 }
 
-func (f *fakeGitea) FetchTask(context.Context) (*runnerv1.Task, error) {
+func (f *fakeGitea) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return nil, errDown
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	f.fetches++
 	if len(f.waiting) == 0 {
@@ -62,22 +80,38 @@ func (f *fakeGitea) FetchTask(context.Context) (*runnerv1.Task, error) {
 	}
 	t := f.waiting[0]
 	f.waiting = f.waiting[1:]
+	f.claimed = append(f.claimed, t.GetId())
+	if f.onClaim != nil {
+		f.onClaim()
+	}
+	if err := ctx.Err(); err != nil && f.answerLost {
+		return nil, err // claimed in Gitea, the answer lost
+	}
 	return t, nil
 }
 
-func (f *fakeGitea) Result(_ context.Context, taskID int64) (runnerv1.Result, error) {
+func (f *fakeGitea) Result(ctx context.Context, taskID int64) (runnerv1.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return 0, errDown
 	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := f.resultErr[taskID]; err != nil {
+		return 0, fmt.Errorf("task %d: %w", taskID, err)
+	}
 	f.beats[taskID]++
 	return f.results[taskID], nil
 }
 
-func (f *fakeGitea) Finalize(_ context.Context, taskID int64, result runnerv1.Result, reason string) error {
+func (f *fakeGitea) Finalize(ctx context.Context, taskID int64, result runnerv1.Result, reason string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	f.finalized[taskID] = result.String() + ": " + reason
 	if f.results[taskID] == runnerv1.Result_RESULT_UNSPECIFIED {
 		f.results[taskID] = result
@@ -255,6 +289,112 @@ func TestKeepAlive(t *testing.T) {
 	ids, _ := f.payloads.IDs(ctx)
 	if !slices.Equal(ids, []string{"linux-1", "linux-2"}) {
 		t.Fatalf("payloads = %v", ids)
+	}
+}
+
+// failingPut is a payload store whose Put always fails, as an unreachable
+// NATS would (and with the context's error once that has ended).
+type failingPut struct{ Payloads }
+
+func (failingPut) Put(ctx context.Context, _ string, _ *runnerv1.Task) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("nats: no responders available for request")
+}
+
+// A caller that goes away (SIGTERM, a webhook delivery Gitea gave up on)
+// while a task is being claimed: the task Gitea handed out is still stored
+// and queued, or failed in Gitea with the reason; never left claimed with
+// neither. And nothing more is claimed.
+func TestClaimedTaskOutlivesItsCaller(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		repository    string
+		answerLost    bool
+		storeDown     bool
+		wantQueued    []string
+		wantFinalized string
+	}{
+		{"stored and queued", "a/r", false, false, []string{"linux-1"}, ""},
+		{"cancelled during the call: stored and queued", "a/r", true, false, []string{"linux-1"}, ""},
+		{"store down: failed with the reason", "a/r", false, true, nil, "could not store the task"},
+		{"cannot run here: failed with the reason", "no-slash", false, false, nil, "cannot run this task"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.storeDown {
+				f.d.Payloads = failingPut{f.payloads}
+			}
+			g := newFakeGitea(task(t, 1, tc.repository, ""), task(t, 2, "a/r", ""))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			g.onClaim, g.answerLost = cancel, tc.answerLost
+			res, err := f.d.Dispatch(ctx, pool(g, 5))
+			if err == nil && !tc.storeDown {
+				t.Fatalf("Dispatch() = %+v, nil; want the round to say it stopped", res)
+			}
+			if !slices.Equal(g.claimed, []int64{1}) {
+				t.Fatalf("claimed %v, want task 1 only: a cancelled round claims no more", g.claimed)
+			}
+			if got := f.queued(t); !slices.Equal(got, tc.wantQueued) {
+				t.Errorf("queued = %v, want %v", got, tc.wantQueued)
+			}
+			ids, _ := f.payloads.IDs(context.Background())
+			if stored := slices.Contains(ids, "linux-1"); stored != (tc.wantQueued != nil) {
+				t.Errorf("payloads = %v", ids)
+			}
+			got := g.finalized[1]
+			if tc.wantFinalized == "" && got != "" || !strings.Contains(got, tc.wantFinalized) {
+				t.Errorf("task 1 finalized as %q, want %q", got, tc.wantFinalized)
+			}
+		})
+	}
+}
+
+// One waiting task whose heartbeat fails does not hold up its pool: the
+// other tasks are kept alive and new ones claimed. A task Gitea no longer has
+// (deleted with its repository, another runner's) is dropped, freeing its
+// slot; a transient failure keeps it, due again next round.
+func TestKeepAliveIsPerTask(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		answer    error
+		wantEnded int
+		wantIDs   []string
+	}{
+		{"Gitea unavailable", &gitea.Error{Op: "UpdateTask", Code: connect.CodeUnavailable, Message: "connection refused"},
+			0, []string{"linux-1", "linux-2", "linux-3", "linux-4"}},
+		{"repository deleted", &gitea.Error{Op: "UpdateTask", Code: connect.CodeInternal, Message: "update task: resource does not exist"},
+			1, []string{"linux-2", "linux-3", "linux-4"}},
+		{"another runner's", &gitea.Error{Op: "UpdateTask", Code: connect.CodeInternal, Message: "update task: invalid runner for task"},
+			1, []string{"linux-2", "linux-3", "linux-4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""), task(t, 3, "a/r", ""))
+			p := pool(g, 4)
+			ctx := context.Background()
+			if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 3 {
+				t.Fatalf("first round = %+v, %v", res, err)
+			}
+			g.waiting = append(g.waiting, task(t, 4, "a/r", ""))
+			g.resultErr[1] = tc.answer
+			f.d.KeepAlive = time.Nanosecond // every waiting task is due
+			res, err := f.d.Dispatch(ctx, p)
+			if err != nil {
+				t.Fatalf("Dispatch() error = %v", err)
+			}
+			if len(res.Claimed) != 1 || res.Claimed[0].Task.ID != 4 || res.KeptAlive != 2 || res.Ended != tc.wantEnded || res.Unbeaten != 1-tc.wantEnded {
+				t.Fatalf("result = %+v", res)
+			}
+			if g.beats[2] != 1 || g.beats[3] != 1 {
+				t.Fatalf("heartbeats = %v, want one each for tasks 2 and 3", g.beats)
+			}
+			if ids, _ := f.payloads.IDs(ctx); !slices.Equal(ids, tc.wantIDs) {
+				t.Fatalf("payloads = %v, want %v", ids, tc.wantIDs)
+			}
+		})
 	}
 }
 

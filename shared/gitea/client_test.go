@@ -54,6 +54,36 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// TestErrTaskGone: the answers of Gitea v1.27 about a task it no longer has
+// for this registration (routers/api/actions/runner: UpdateTask,
+// UpdateLog) are ErrTaskGone; a transport failure, an unregistered runner or
+// another call's not-found are not.
+func TestErrTaskGone(t *testing.T) {
+	gitea := func(code, desc string) error {
+		return connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = "+code+" desc = "+desc))
+	}
+	for _, tc := range []struct {
+		op   string
+		err  error
+		gone bool
+	}{
+		{"UpdateTask", gitea("Internal", "update task: resource does not exist"), true},
+		{"UpdateTask", gitea("Internal", "update task: invalid runner for task"), true},
+		{"UpdateLog", gitea("Internal", "get task: task with id 7: resource does not exist"), true},
+		{"UpdateLog", gitea("Internal", "invalid runner for task"), true},
+		{"UpdateTask", connect.NewError(connect.CodeNotFound, errors.New("no such task")), true},
+		{"UpdateTask", gitea("Internal", "update task: database is locked"), false},
+		{"UpdateTask", gitea("Unauthenticated", "unregistered runner"), false},
+		{"UpdateTask", connect.NewError(connect.CodeUnavailable, errors.New("connection refused")), false},
+		{"FetchTask", gitea("Internal", "pick task: resource does not exist"), false},
+	} {
+		err := fmt.Errorf("task 7: %w", classify(tc.op, tc.err))
+		if got := errors.Is(err, ErrTaskGone); got != tc.gone {
+			t.Errorf("%s %v: errors.Is(ErrTaskGone) = %v, want %v", tc.op, tc.err, got, tc.gone)
+		}
+	}
+}
+
 // fakeRunnerService records headers and answers like Gitea does.
 type fakeRunnerService struct {
 	runnerv1connect.UnimplementedRunnerServiceHandler

@@ -37,6 +37,36 @@ func (e *Error) Retryable() bool {
 	return false
 }
 
+// ErrTaskGone is what errors.Is finds in an answer about one task (UpdateTask,
+// UpdateLog) saying Gitea has no such task for this registration, for good:
+// the task does not exist (deleted with its run or repository; Gitea answers
+// Internal "... resource does not exist", its 404 error, or NotFound), or
+// another runner holds it (Internal "invalid runner for task"). No later call
+// about that task can succeed, unlike an unavailable Gitea or an unregistered
+// runner, which are not task facts.
+var ErrTaskGone = errors.New("task gone from Gitea")
+
+// Is reports whether e means target: ErrTaskGone for an answer that says the
+// task is gone (errors.Is uses it).
+func (e *Error) Is(target error) bool {
+	if target != ErrTaskGone || (e.Op != "UpdateTask" && e.Op != "UpdateLog") {
+		return false
+	}
+	switch e.Code {
+	case connect.CodeNotFound:
+		return true
+	case connect.CodeInternal:
+		return strings.HasSuffix(e.Message, giteaNotExist) || strings.Contains(e.Message, giteaInvalidRunner)
+	}
+	return false
+}
+
+// Gitea's texts of a missing task (util.ErrNotExist) and of another runner's.
+const (
+	giteaNotExist      = "resource does not exist"
+	giteaInvalidRunner = "invalid runner for task"
+)
+
 // CodeOf returns the code of a runner-protocol error (connect.CodeUnknown for
 // an error from elsewhere, 0 for nil).
 func CodeOf(err error) connect.Code {
