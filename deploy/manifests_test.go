@@ -377,6 +377,17 @@ func TestScaledJobContract(t *testing.T) {
 	if backend != "pod" {
 		t.Errorf("GDR_BACKEND %q: want pod", backend)
 	}
+	// A run holds a waiting assignment for up to GDR_HOLD_FOR after its fetch: a deadline that
+	// ends it sooner hands the assignment back through SIGTERM, and KEDA starts a Job again.
+	fetch, ferr := time.ParseDuration(env["GDR_FETCH_WAIT"])
+	hold, herr := time.ParseDuration(env["GDR_HOLD_FOR"])
+	deadline, _ := path(spec, "jobTargetRef", "activeDeadlineSeconds").(float64)
+	switch {
+	case ferr != nil || herr != nil:
+		t.Errorf("GDR_FETCH_WAIT %q, GDR_HOLD_FOR %q: want both set to durations", env["GDR_FETCH_WAIT"], env["GDR_HOLD_FOR"])
+	case time.Duration(deadline)*time.Second <= fetch+hold:
+		t.Errorf("activeDeadlineSeconds %v: want more than GDR_FETCH_WAIT %v + GDR_HOLD_FOR %v", deadline, fetch, hold)
+	}
 
 	triggers, _ := spec["triggers"].([]any)
 	if len(triggers) != 1 {

@@ -34,8 +34,9 @@ type Config struct {
 	Capacity   int           `envconfig:"CAPACITY" default:"10" desc:"most assignments of the backend delivered and not yet settled (the consumer's MaxAckPending)"`
 	Batch      int           `envconfig:"BATCH" default:"1" desc:"job mode: most messages one run takes"`
 	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
-	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back"`
+	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending is offered again, or comes back"`
 	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed comes back"`
+	HoldFor    time.Duration `envconfig:"HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again every GDR_NAK_DELAY, before it hands it back"`
 
 	pools runnerpool.Pools
 }
@@ -64,12 +65,13 @@ func (c *Config) Check() error {
 		errs = append(errs, fmt.Errorf("GDR_BATCH %d: want at least 1", c.Batch))
 	}
 	// Each must be positive: a delay that is not redelivers a failing
-	// assignment at once, burning its deliveries in seconds (or, at zero,
-	// would quietly mean intake's default): a mistake to report, not guess.
+	// assignment at once, burning its deliveries in seconds, and a hold that
+	// is not would mean none (or, at zero, any of them would quietly mean
+	// intake's default): a mistake to report, not guess.
 	for _, d := range []struct {
 		name  string
 		value time.Duration
-	}{{"GDR_FETCH_WAIT", c.FetchWait}, {"GDR_NAK_DELAY", c.NakDelay}, {"GDR_ERROR_DELAY", c.ErrorDelay}} {
+	}{{"GDR_FETCH_WAIT", c.FetchWait}, {"GDR_NAK_DELAY", c.NakDelay}, {"GDR_ERROR_DELAY", c.ErrorDelay}, {"GDR_HOLD_FOR", c.HoldFor}} {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", d.name, d.value))
 		}

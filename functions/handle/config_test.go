@@ -51,6 +51,8 @@ func TestLoadConfig(t *testing.T) {
 		{"zero nak delay", map[string]string{"GDR_NAK_DELAY": "0s"}, "GDR_NAK_DELAY 0s: want a positive duration"},
 		{"zero error delay", map[string]string{"GDR_ERROR_DELAY": "0s"}, "GDR_ERROR_DELAY 0s: want a positive duration"},
 		{"negative error delay", map[string]string{"GDR_ERROR_DELAY": "-1s"}, "GDR_ERROR_DELAY -1s: want a positive duration"},
+		{"zero hold", map[string]string{"GDR_HOLD_FOR": "0s"}, "GDR_HOLD_FOR 0s: want a positive duration"},
+		{"negative hold", map[string]string{"GDR_HOLD_FOR": "-2m"}, "GDR_HOLD_FOR -2m0s: want a positive duration"},
 		{"bad gateway URL", map[string]string{"GDR_GATEWAY_URL": "gateway:443"}, "gateway URL"},
 		{"plain http gateway", map[string]string{"GDR_GATEWAY_URL": "http://gateway.example.org"}, "not an absolute https URL"},
 		{"gateway ID of another trust domain", map[string]string{"GDR_GATEWAY_SPIFFE_ID": "spiffe://evil.example.org/gateway"}, "GDR_GATEWAY_SPIFFE_ID"},
@@ -73,7 +75,7 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The documented defaults are the intake package's own.
-				if len(cfg.Key) != 32 || cfg.FetchWait != intake.DefaultWait || cfg.NakDelay != intake.DefaultNakDelay || cfg.ErrorDelay != intake.DefaultErrorDelay {
+				if len(cfg.Key) != 32 || cfg.FetchWait != intake.DefaultWait || cfg.NakDelay != intake.DefaultNakDelay || cfg.ErrorDelay != intake.DefaultErrorDelay || cfg.HoldFor != intake.DefaultHoldFor {
 					t.Fatalf("config = %+v", cfg)
 				}
 				return

@@ -69,7 +69,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer func() { _ = closeBackend() }()
 	job := intake.Job{
 		Handler:  h,
-		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay,
+		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay, HoldFor: cfg.HoldFor,
 	}
 	sum, err := job.Run(ctx)
 	log.Info("run finished", slog.Int("fetched", sum.Fetched), slog.Int("accepted", sum.Accepted),

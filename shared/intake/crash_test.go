@@ -73,13 +73,7 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	ctx := context.Background()
 	// The production consumer, but with a short AckWait so that the lost
 	// delivery comes back within the test.
-	c, err := js.CreateOrUpdateConsumer(ctx, assignmentqueue.DefaultStream, jetstream.ConsumerConfig{
-		Durable: string(taskassignment.BackendProcess), FilterSubject: assignmentqueue.Subject(taskassignment.BackendProcess),
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: assignmentqueue.MaxDeliver, MaxAckPending: 4,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := shortAckWait(t, js, time.Second)
 	a := assignment(t, 77)
 	publish(t, q, a)
 

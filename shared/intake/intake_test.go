@@ -364,8 +364,10 @@ func TestJobRedeliversNotYetAndFailed(t *testing.T) {
 				return true, nil
 			})
 			j := job(c, accept, nil)
-			// Delays long enough that a loaded machine cannot blur "not yet".
-			j.NakDelay, j.ErrorDelay = 2*time.Second, 2*time.Second
+			// Delays long enough that a loaded machine cannot blur "not yet";
+			// a hold shorter than the nak delay never holds: the run hands
+			// the message back (TestJobHolds covers holding).
+			j.NakDelay, j.ErrorDelay, j.HoldFor = 2*time.Second, 2*time.Second, time.Second
 			sum, err := j.Run(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -402,28 +404,44 @@ func TestJobShutdownHandsBackInFlight(t *testing.T) {
 		<-ctx.Done()
 		return false, ctx.Err()
 	})
-	done := make(chan Summary)
 	j := job(c, blocked, nil)
 	j.ErrorDelay = time.Hour // a shutdown must not use the error backoff
-	go func() {
-		sum, _ := j.Run(ctx)
-		done <- sum
-	}()
+	done := runInBackground(ctx, j)
 	<-started
 	cancel()
-	if sum := <-done; sum.Failed != 1 {
-		t.Fatalf("summary = %+v", sum)
+	if r := <-done; r.sum.Failed != 1 {
+		t.Fatalf("summary = %+v", r.sum)
 	}
+	if sum, delivered, err := takeBack(c, time.Second); err != nil || sum.Accepted != 1 || delivered != 2 {
+		t.Fatalf("the handed-back message did not come back at once: %+v, %v, delivery %d", sum, err, delivered)
+	}
+}
+
+// runResult is what one Job.Run returned.
+type runResult struct {
+	sum Summary
+	err error
+}
+
+// runInBackground starts j.Run(ctx) and delivers its result.
+func runInBackground(ctx context.Context, j Job) <-chan runResult {
+	done := make(chan runResult, 1)
+	go func() {
+		sum, err := j.Run(ctx)
+		done <- runResult{sum, err}
+	}()
+	return done
+}
+
+// takeBack runs a Job that accepts whatever it fetches from c within wait,
+// and returns its summary and the delivery count of the message it fetched.
+func takeBack(c jetstream.Consumer, wait time.Duration) (Summary, uint64, error) {
 	var delivered uint64
-	next := job(c, acceptFunc(func(ctx context.Context, a taskassignment.Assignment) (bool, error) { return true, nil }), nil)
+	next := job(c, acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }), nil)
 	next.Consumer = metadataPeek{c, &delivered}
-	next.Wait = time.Second
-	if sum, err := next.Run(context.Background()); err != nil || sum.Accepted != 1 {
-		t.Fatalf("the handed-back message did not come back at once: %+v, %v", sum, err)
-	}
-	if delivered != 2 {
-		t.Fatalf("delivered %d times, want 2", delivered)
-	}
+	next.Wait = wait
+	sum, err := next.Run(context.Background())
+	return sum, delivered, err
 }
 
 // metadataPeek records the delivery count of the messages it fetches.

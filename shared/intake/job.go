@@ -25,6 +25,9 @@ const (
 	DefaultNakDelay = 5 * time.Second
 	// DefaultErrorDelay: a failed backend call is not retried at once.
 	DefaultErrorDelay = 15 * time.Second
+	// DefaultHoldFor: long enough for a Pod to be scheduled on a node that
+	// is still starting, short enough that a stuck one does not keep a run.
+	DefaultHoldFor = 2 * time.Minute
 )
 
 // orDefault is d, or def when d is zero.
@@ -37,6 +40,16 @@ func orDefault(d, def time.Duration) time.Duration {
 
 // Job is the KEDA ScaledJob mode: each run pulls at most Batch messages and
 // settles every one of them before it returns.
+//
+// A message whose executor waits to be scheduled (NotYet) is held, not
+// handed back: the run keeps it in progress and offers it again every
+// NakDelay, for at most HoldFor. While it holds, the message is ack-pending
+// and the run is running, so KEDA's default scaling strategy (new Jobs =
+// lag - running Jobs, lag = pending + ack-pending) starts no Job for it: an
+// assignment that waits for its executor costs one running handle, not one
+// new handle per polling interval. A run that holds fetches nothing more:
+// under KEDA other Jobs take the rest; a caller that runs Job in a loop
+// (local mode) fetches again once every held message is settled.
 type Job struct {
 	Handler  Handler
 	Consumer Puller
@@ -45,11 +58,19 @@ type Job struct {
 	// Wait is how long a run waits for its first message (zero:
 	// DefaultWait).
 	Wait time.Duration
-	// NakDelay is when a NotYet message comes back (zero: DefaultNakDelay).
+	// NakDelay is how often a held message is offered again, and when a
+	// NotYet message the run stops holding comes back (zero:
+	// DefaultNakDelay). It must stay well below the consumer's AckWait: a
+	// held message is kept in progress once per offer.
 	NakDelay time.Duration
 	// ErrorDelay is when a Failed message comes back (zero:
 	// DefaultErrorDelay).
 	ErrorDelay time.Duration
+	// HoldFor bounds how long a run holds a NotYet message, from its first
+	// NotYet: no offer is made later than that, the message is naked with
+	// NakDelay instead (zero: DefaultHoldFor; shorter than NakDelay: never
+	// held).
+	HoldFor time.Duration
 }
 
 // Summary counts what one run did with the messages it fetched.
@@ -71,10 +92,15 @@ func (s *Summary) count(o Outcome) {
 }
 
 // Run fetches and settles one batch. Every message it fetched is settled
-// before it returns: acknowledged (Accepted), naked
-// with a delay (NotYet, Failed) or terminated (Poison). When ctx is cancelled
-// (SIGTERM), the message in flight and those not yet started are naked at
-// once, so another handler takes them without waiting for AckWait.
+// before it returns: acknowledged (Accepted), naked with a delay (NotYet,
+// Failed) or terminated (Poison). A NotYet message is first held (see Job)
+// and counts as NotYet only when the run gives it up. When ctx is cancelled
+// (SIGTERM), the message in flight, those held and those not yet started are
+// naked at once, so another handler takes them without waiting for AckWait.
+//
+// Crash window: a run killed while it holds a message (SIGKILL, a lost
+// node) settles nothing; the message comes back AckWait after its last
+// in-progress signal, to a run whose Accept finds the executor it created.
 //
 // Settling publishes on the consumer's connection: flush it before the
 // process exits. The error is only for a run that could not fetch at all; outcomes of single
@@ -92,10 +118,7 @@ func (j Job) Run(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return sum, fmt.Errorf("fetch from consumer: %w", err)
 	}
-	for msg := range msgs.Messages() {
-		sum.Fetched++
-		sum.count(j.settle(ctx, msg))
-	}
+	j.settleAll(ctx, msgs.Messages(), &sum)
 	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) &&
 		!errors.Is(err, context.Canceled) && !errors.Is(err, jetstream.ErrNoMessages) {
 		return sum, fmt.Errorf("fetch from consumer: %w", err)
@@ -103,8 +126,68 @@ func (j Job) Run(ctx context.Context) (Summary, error) {
 	return sum, nil
 }
 
-func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
+// held is a message the run holds: offered again at next, never after
+// deadline (zero until its first NotYet).
+type held struct {
+	msg      jetstream.Msg
+	next     time.Time
+	deadline time.Time
+}
+
+// settleAll settles every message of in as it arrives and offers each held
+// one again when it is due, until in is closed and nothing is held. Held
+// messages wait side by side: one that waits delays neither the rest of the
+// batch nor another held one (offers are made one at a time, so a slow
+// Accept delays the next due offer by its own duration). When ctx ends,
+// everything held is handed back at once.
+func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summary) {
+	var holds []*held
+	timer := time.NewTimer(time.Hour) // reset to the first due offer below
+	defer timer.Stop()
+	stop := ctx.Done()
+	for in != nil || len(holds) > 0 {
+		var due <-chan time.Time
+		first := 0
+		if len(holds) > 0 {
+			for i, h := range holds {
+				if h.next.Before(holds[first].next) {
+					first = i
+				}
+			}
+			timer.Reset(time.Until(holds[first].next))
+			due = timer.C
+		}
+		var offer []*held
+		select {
+		case msg, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			sum.Fetched++
+			offer = []*held{{msg: msg}}
+		case <-due:
+			offer = []*held{holds[first]}
+			holds = append(holds[:first], holds[first+1:]...)
+		case <-stop:
+			stop = nil
+			offer, holds = holds, nil
+		}
+		for _, h := range offer {
+			if o, keep := j.settle(ctx, h); keep {
+				holds = append(holds, h)
+			} else {
+				sum.count(o)
+			}
+		}
+	}
+}
+
+// settle offers h's message to the handler and settles it by the outcome,
+// or keeps it (keep true) when it is NotYet and may still be held.
+func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 	log := j.Handler.log()
+	msg := h.msg
 	attrs := []any{slog.String("subject", msg.Subject())}
 	if md, err := msg.Metadata(); err == nil {
 		attrs = append(attrs, slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivered", md.NumDelivered))
@@ -112,7 +195,7 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 	if ctx.Err() != nil {
 		j.nak(log, msg, 0, attrs)
 		log.Info("assignment handed back", append(attrs, slog.String("reason", errShutdown.Error()))...)
-		return Failed
+		return Failed, false
 	}
 	a, outcome, err := j.Handler.Handle(ctx, msg.Data())
 	if a.ID != "" {
@@ -125,11 +208,26 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 		// answers by finding the executor, never a second one.
 		if err := msg.Ack(); err != nil {
 			log.Warn("assignment accepted, acknowledgement not sent", append(attrs, slog.Any("error", err))...)
-			return Failed
+			return Failed, false
 		}
 		log.Info("assignment accepted", attrs...)
 	case NotYet:
 		delay := orDefault(j.NakDelay, DefaultNakDelay)
+		starts := h.deadline.IsZero()
+		if j.hold(ctx, h, delay) {
+			if starts {
+				log.Info("assignment held while it waits for its identity target", append(attrs, slog.Duration("retry_in", delay), slog.Time("until", h.deadline))...)
+			}
+			if err := msg.InProgress(); err != nil {
+				// Held on: the message may come back to another run after
+				// AckWait, whose Accept finds this very executor.
+				log.Warn("assignment held, in-progress signal not sent", append(attrs, slog.Any("error", err))...)
+			}
+			return NotYet, true
+		}
+		if ctx.Err() != nil {
+			delay = 0
+		}
 		j.nak(log, msg, delay, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
@@ -149,7 +247,23 @@ func (j Job) settle(ctx context.Context, msg jetstream.Msg) Outcome {
 		}
 		log.Error(reason+" terminated", append(attrs, slog.Any("error", err))...)
 	}
-	return outcome
+	return outcome, false
+}
+
+// hold schedules h's next offer delay from now and reports true, or reports
+// false when that offer would come after h's deadline or ctx has ended.
+// The first NotYet of h starts its deadline, HoldFor from now.
+func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
+	now := time.Now()
+	if h.deadline.IsZero() {
+		h.deadline = now.Add(orDefault(j.HoldFor, DefaultHoldFor))
+	}
+	next := now.Add(delay)
+	if ctx.Err() != nil || next.After(h.deadline) {
+		return false
+	}
+	h.next = next
+	return true
 }
 
 func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, attrs []any) {
