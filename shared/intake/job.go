@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 )
 
@@ -28,7 +29,29 @@ const (
 	// DefaultHoldFor: long enough for a Pod to be scheduled on a node that
 	// is still starting, short enough that a stuck one does not keep a run.
 	DefaultHoldFor = 2 * time.Minute
+	// MaxErrorDelay caps the backoff of a message that keeps failing.
+	MaxErrorDelay = 5 * time.Minute
 )
+
+// ErrorBackoff is when a message that failed on its delivered-th delivery
+// comes back: base, doubled with every delivery, at most MaxErrorDelay. A
+// backend that is down for an hour costs a few dozen deliveries, not
+// hundreds, and a blip still costs only base.
+func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
+	d := base
+	for i := uint64(1); i < delivered && d < MaxErrorDelay; i++ {
+		d *= 2
+	}
+	return min(d, MaxErrorDelay)
+}
+
+// orDefaultInt is n, or def when n is zero.
+func orDefaultInt(n, def int) int {
+	if n == 0 {
+		return def
+	}
+	return n
+}
 
 // orDefault is d, or def when d is zero.
 func orDefault(d, def time.Duration) time.Duration {
@@ -71,6 +94,13 @@ type Job struct {
 	// NakDelay instead (zero: DefaultHoldFor; shorter than NakDelay: never
 	// held).
 	HoldFor time.Duration
+	// MaxDeliver is the consumer's MaxDeliver (zero:
+	// assignmentqueue.MaxDeliver, what OpenConsumer sets). A message that
+	// fails on its last delivery is terminated, not naked: a naked one
+	// would stay in the stream undelivered for ever, counted as queued, and
+	// recover would never take it up. Terminated, its payload has neither
+	// message nor executor, and recover re-publishes it.
+	MaxDeliver int
 }
 
 // Summary counts what one run did with the messages it fetched.
@@ -231,7 +261,18 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		j.nak(log, msg, delay, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
-		delay := orDefault(j.ErrorDelay, DefaultErrorDelay)
+		delivered := uint64(1)
+		if md, err := msg.Metadata(); err == nil {
+			delivered = md.NumDelivered
+		}
+		if ctx.Err() == nil && delivered >= uint64(orDefaultInt(j.MaxDeliver, assignmentqueue.MaxDeliver)) {
+			if terr := msg.TermWithReason("deliveries exhausted"); terr != nil {
+				log.Error("terminate an exhausted assignment", append(attrs, slog.Any("error", terr))...)
+			}
+			log.Error("assignment failed on its last delivery; terminated for recover to re-publish", append(attrs, slog.Any("error", err))...)
+			return Failed, false
+		}
+		delay := ErrorBackoff(orDefault(j.ErrorDelay, DefaultErrorDelay), delivered)
 		if ctx.Err() != nil {
 			delay = 0
 		}
