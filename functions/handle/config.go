@@ -35,7 +35,7 @@ type Config struct {
 	Batch      int           `envconfig:"BATCH" default:"1" desc:"job mode: most messages one run takes"`
 	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
 	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending is offered again, or comes back"`
-	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed comes back"`
+	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed first comes back; doubled with every delivery, at most 5m"`
 	HoldFor    time.Duration `envconfig:"HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again every GDR_NAK_DELAY, before it hands it back"`
 
 	pools runnerpool.Pools
