@@ -28,6 +28,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -393,7 +394,7 @@ func TestE2ETerminalAndReport(t *testing.T) {
 	if terminal, err := ts.Terminal(ctx, id); err != nil || terminal {
 		t.Fatalf("Terminal of a claimed task = %v, %v", terminal, err)
 	}
-	if err := ts.Report(ctx, id, "failed"); err != nil {
+	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "failed"}); err != nil {
 		t.Fatal(err)
 	}
 	job := e.gitea.WaitJob(t, e.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 10*time.Second)
@@ -407,7 +408,7 @@ func TestE2ETerminalAndReport(t *testing.T) {
 		t.Fatalf("Terminal of a reported task = %v, %v", terminal, err)
 	}
 	// Idempotent: a second report changes nothing and does not fail.
-	if err := ts.Report(ctx, id, "succeeded"); err != nil {
+	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "succeeded"}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := ts.Result(ctx, id); err != nil || r != runnerv1.Result_RESULT_FAILURE {

@@ -52,17 +52,21 @@ func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 	return r != runnerv1.Result_RESULT_UNSPECIFIED, err
 }
 
-// Report ends a task whose executor finished (phase) while Gitea still has it
+// Report ends a task whose executor finished while Gitea still has it
 // running: the executor stopped without reporting a result. The job is
-// marked failed, whatever the phase, with a log row saying why: a job whose
-// steps never reported is never shown green. A task already over is left as
-// it is.
-func (s TaskState) Report(ctx context.Context, taskID int64, phase taskworker.Phase) error {
+// marked failed, whatever the phase, with a log row saying why (the
+// backend's reason when it has one: an image that cannot be pulled): a job
+// whose steps never reported is never shown green. A task already over is
+// left as it is.
+func (s TaskState) Report(ctx context.Context, taskID int64, e taskworker.Executor) error {
 	terminal, err := s.Terminal(ctx, taskID)
 	if err != nil || terminal {
 		return err
 	}
-	reason := fmt.Sprintf("gitea-dynamic-runner: the executor ended (%s) without reporting a result; the job is marked failed", phase)
+	reason := fmt.Sprintf("gitea-dynamic-runner: the executor ended (%s) without reporting a result; the job is marked failed", e.Phase)
+	if e.Reason != "" {
+		reason = fmt.Sprintf("gitea-dynamic-runner: the executor could not run the job: %s; the job is marked failed", e.Reason)
+	}
 	return s.Finalize(ctx, taskID, runnerv1.Result_RESULT_FAILURE, reason)
 }
 

@@ -631,7 +631,8 @@ func (s *taskState) Terminal(_ context.Context, id int64) (bool, error) {
 	return s.terminal[id], nil
 }
 
-func (s *taskState) Report(_ context.Context, id int64, p taskworker.Phase) error {
+func (s *taskState) Report(_ context.Context, id int64, e taskworker.Executor) error {
+	p := e.Phase
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reports = append(s.reports, string(p))

@@ -40,7 +40,8 @@ func (s *tasks) Terminal(_ context.Context, id int64) (bool, error) {
 }
 
 // Report makes the task terminal, as Gitea does.
-func (s *tasks) Report(_ context.Context, id int64, p taskworker.Phase) error {
+func (s *tasks) Report(_ context.Context, id int64, e taskworker.Executor) error {
+	p := e.Phase
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reports[id] = append(s.reports[id], p)

@@ -1,6 +1,9 @@
 package podbackend
 
 import (
+	"fmt"
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -26,4 +29,37 @@ func PhaseOf(pod *corev1.Pod) taskworker.Phase {
 	default: // corev1.PodUnknown (lost node) and anything newer
 		return taskworker.PhaseUnknown
 	}
+}
+
+// StuckAfter is how long a Pod may wait on one of the stuckReasons before it
+// counts as failed: the Secret the Pod's envFrom names is created just after
+// the Pod (CreateContainerConfigError until then), and an image pull may fail
+// once on a registry blip.
+const StuckAfter = 2 * time.Minute
+
+// stuckReasons are the waiting reasons of a container that will not start by
+// itself: kubelet retries them until the Pod's deadline (hours) while the job
+// shows "running".
+var stuckReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true,
+	"CreateContainerConfigError": true, "CreateContainerError": true,
+}
+
+// Stuck returns why a pending Pod will never run its job (a container
+// waiting on an image that cannot be pulled, or on a configuration it cannot
+// get) once it has waited StuckAfter since it was created at now; "" for a
+// Pod that may still start. The reason reaches the job's log: kubelet's
+// message names the image, never a credential.
+func Stuck(pod *corev1.Pod, now time.Time) string {
+	if pod.Status.Phase != corev1.PodPending || now.Sub(pod.CreationTimestamp.Time) < StuckAfter {
+		return ""
+	}
+	for _, statuses := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range statuses {
+			if w := cs.State.Waiting; w != nil && stuckReasons[w.Reason] {
+				return fmt.Sprintf("container %s: %s: %s", cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return ""
 }

@@ -472,7 +472,12 @@ func (b *Backend) executor(ctx context.Context, pod *corev1.Pod) (*taskworker.Ex
 	if err != nil {
 		return nil, err
 	}
-	return &taskworker.Executor{Name: pod.Name, IdentityTarget: target, Phase: PhaseOf(pod)}, nil
+	e := &taskworker.Executor{Name: pod.Name, IdentityTarget: target, Phase: PhaseOf(pod)}
+	if reason := Stuck(pod, b.now()); reason != "" && e.Phase == taskworker.PhasePending {
+		// It would wait until its deadline: fail it now, with kubelet's reason.
+		e.Phase, e.Reason = taskworker.PhaseFailed, reason
+	}
+	return e, nil
 }
 
 // nodeUID returns the UID of the Node the Pod is scheduled to, or "" while

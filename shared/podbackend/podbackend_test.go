@@ -121,6 +121,37 @@ func TestPhaseOf(t *testing.T) {
 	}
 }
 
+func TestStuck(t *testing.T) {
+	created := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	waiting := func(reason string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: "runner", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: "msg"}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		phase  corev1.PodPhase
+		status []corev1.ContainerStatus
+		age    time.Duration
+		want   string
+	}{
+		{"image pull failing, old", corev1.PodPending, []corev1.ContainerStatus{waiting("ImagePullBackOff")}, 3 * time.Minute, "container runner: ImagePullBackOff: msg"},
+		{"first pull error, young", corev1.PodPending, []corev1.ContainerStatus{waiting("ErrImagePull")}, 10 * time.Second, ""},
+		{"Secret not there yet", corev1.PodPending, []corev1.ContainerStatus{waiting("CreateContainerConfigError")}, 5 * time.Second, ""},
+		{"Secret never came", corev1.PodPending, []corev1.ContainerStatus{waiting("CreateContainerConfigError")}, StuckAfter, "container runner: CreateContainerConfigError: msg"},
+		{"bad image name", corev1.PodPending, []corev1.ContainerStatus{waiting("InvalidImageName")}, 5 * time.Minute, "container runner: InvalidImageName: msg"},
+		{"still creating", corev1.PodPending, []corev1.ContainerStatus{waiting("ContainerCreating")}, time.Hour, ""},
+		{"not scheduled", corev1.PodPending, nil, time.Hour, ""},
+		{"running", corev1.PodRunning, []corev1.ContainerStatus{waiting("ImagePullBackOff")}, time.Hour, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(created)},
+				Status: corev1.PodStatus{Phase: tc.phase, ContainerStatuses: tc.status}}
+			if got := Stuck(pod, created.Add(tc.age)); got != tc.want {
+				t.Fatalf("Stuck() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestEntryID(t *testing.T) {
 	valid := regexp.MustCompile(`^[-._0-9A-Za-z]{1,255}$`)
 	for _, tc := range []struct{ prefix, id string }{

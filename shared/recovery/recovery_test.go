@@ -35,7 +35,8 @@ func (g *giteaView) Terminal(_ context.Context, id int64) (bool, error) {
 	return g.over[id], nil
 }
 
-func (g *giteaView) Report(_ context.Context, id int64, p taskworker.Phase) error {
+func (g *giteaView) Report(_ context.Context, id int64, e taskworker.Executor) error {
+	p := e.Phase
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reported[id] = p

@@ -41,6 +41,10 @@ type Executor struct {
 	// ID); empty until the backend can tell, for example before scheduling.
 	IdentityTarget string
 	Phase          Phase
+	// Reason says why a failed executor failed, when the backend can tell
+	// (an image that cannot be pulled); it reaches the job's log. Never a
+	// credential.
+	Reason string
 }
 
 // LaunchSpec is everything a backend needs to create an executor beyond the
@@ -78,7 +82,7 @@ type TaskState interface {
 	// cancelled).
 	Terminal(ctx context.Context, taskID int64) (bool, error)
 	// Report records the executor's final phase as the task's result.
-	Report(ctx context.Context, taskID int64, phase Phase) error
+	Report(ctx context.Context, taskID int64, executor Executor) error
 }
 
 // Worker moves one assignment towards its end on one backend.
@@ -166,7 +170,7 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 	if !executor.Phase.Terminal() {
 		return false, nil
 	}
-	if err := w.Tasks.Report(ctx, a.Task.ID, executor.Phase); err != nil {
+	if err := w.Tasks.Report(ctx, a.Task.ID, *executor); err != nil {
 		return false, fmt.Errorf("report task %d as %s: %w", a.Task.ID, executor.Phase, err)
 	}
 	w.emit(EventTaskReported, a, executor)

@@ -79,8 +79,12 @@ func (r *recorder) Terminal(_ context.Context, taskID int64) (bool, error) {
 	return r.terminal, r.fail["terminal"]
 }
 
-func (r *recorder) Report(_ context.Context, taskID int64, phase Phase) error {
-	r.calls = append(r.calls, fmt.Sprintf("report:%d:%s", taskID, phase))
+func (r *recorder) Report(_ context.Context, taskID int64, e Executor) error {
+	call := fmt.Sprintf("report:%d:%s", taskID, e.Phase)
+	if e.Reason != "" {
+		call += ":" + e.Reason
+	}
+	r.calls = append(r.calls, call)
 	return r.fail["report"]
 }
 
@@ -154,6 +158,12 @@ func TestHandle(t *testing.T) {
 		{"failed is reported then deleted",
 			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseFailed) },
 			true, false, []string{"terminal:42", "find", bind, "report:42:failed", "delete:exec-linux-42"}, true},
+		{"the backend's reason reaches the report",
+			func(r *recorder, a taskassignment.Assignment) {
+				r.has(a, "node-1", PhaseFailed)
+				r.executors[a.ID].Reason = "ImagePullBackOff"
+			},
+			true, false, []string{"terminal:42", "find", bind, "report:42:failed:ImagePullBackOff", "delete:exec-linux-42"}, true},
 		{"report fails: no delete, not done",
 			func(r *recorder, a taskassignment.Assignment) {
 				r.has(a, "node-1", PhaseSucceeded)
