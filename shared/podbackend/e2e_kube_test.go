@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
 	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
@@ -521,4 +522,42 @@ func (deleteOnly) BatchDeleteEntry(_ context.Context, req *entryv1.BatchDeleteEn
 			Id: id, Status: &spiretypes.Status{Code: int32(codes.NotFound), Message: "not found"}})
 	}
 	return resp, nil
+}
+
+// A Pod whose runner container waits on an image that cannot be pulled is a
+// failed executor with kubelet's reason once it has waited StuckAfter, read
+// through the real API server: not a Pending Pod for its whole deadline.
+func TestE2EStuckPodIsFailedWithItsReason(t *testing.T) {
+	env := newEnv(t)
+	ctx := ctxT(t)
+	later := time.Now()
+	cfg := env.config(deleteOnly{})
+	cfg.Now = func() time.Time { return later }
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testAssignment(t, 3, "")
+	e, err := b.Create(ctx, a, launch(env.keys, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := env.client.CoreV1().Pods(env.ns).Get(ctx, e.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.Phase = corev1.PodPending
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "runner", Image: "registry.invalid/nope:1",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.invalid/nope:1"`}}}}
+	if _, err := env.client.CoreV1().Pods(env.ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Find(ctx, a.ID); err != nil || got.Phase != taskworker.PhasePending || got.Reason != "" {
+		t.Fatalf("just created: %+v, %v; want pending", got, err)
+	}
+	later = time.Now().Add(StuckAfter + time.Second)
+	got, err := b.Find(ctx, a.ID)
+	if err != nil || got.Phase != taskworker.PhaseFailed || !strings.Contains(got.Reason, "ImagePullBackOff") || !strings.Contains(got.Reason, "registry.invalid/nope:1") {
+		t.Fatalf("stuck for %v: %+v, %v; want failed with kubelet's reason", StuckAfter, got, err)
+	}
 }

@@ -101,7 +101,8 @@ type Config struct {
 	// CorruptEvents makes RecoverAssignments also record a Warning Event
 	// (reason CorruptExecutorMetadata) on each such Pod, best effort.
 	CorruptEvents bool
-	// Now is the clock for entry expiry. Default time.Now.
+	// Now is the clock for entry expiry and for how long a Pod has been
+	// stuck (Stuck). Default time.Now.
 	Now func() time.Time
 }
 
