@@ -394,14 +394,16 @@ func TestE2ETerminalAndReport(t *testing.T) {
 	if terminal, err := ts.Terminal(ctx, id); err != nil || terminal {
 		t.Fatalf("Terminal of a claimed task = %v, %v", terminal, err)
 	}
-	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "failed"}); err != nil {
+	// The backend's reason (a Pod stuck on its image) reaches the job's log.
+	reason := `container runner: ImagePullBackOff: Back-off pulling image "registry.invalid/nope:1"`
+	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "failed", Reason: reason}); err != nil {
 		t.Fatal(err)
 	}
 	job := e.gitea.WaitJob(t, e.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 10*time.Second)
 	if job.Conclusion != "failure" {
 		t.Fatalf("job = %+v, want a failure", job)
 	}
-	if logs := e.gitea.JobLogs(t, e.repo, job.ID); !strings.Contains(logs, "without reporting a result") {
+	if logs := e.gitea.JobLogs(t, e.repo, job.ID); !strings.Contains(logs, reason) || !strings.Contains(logs, "the job is marked failed") {
 		t.Fatalf("job log does not say why:\n%s", logs)
 	}
 	if terminal, err := ts.Terminal(ctx, id); err != nil || !terminal {
