@@ -89,11 +89,12 @@ func startBench(b *testing.B, bin string, args ...string) *exec.Cmd {
 }
 
 // startLocal starts local mode with args and returns it; it is killed (by
-// PID) when the test ends.
+// PID) when the test ends. The test's environment (t.Setenv) overrides the
+// short intervals it sets.
 func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(localBinary(t), args...)
-	cmd.Env = append(os.Environ(), "GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=2s", "GDR_LOG_LEVEL=debug")
+	cmd.Env = append([]string{"GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=2s", "GDR_LOG_LEVEL=debug"}, os.Environ()...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -184,6 +185,22 @@ func (s setup) waitJob(t *testing.T, name string, pred func(giteaenv.Job) bool, 
 	}
 }
 
+// waitNoExecutors waits until local mode has no executor left.
+func (s setup) waitNoExecutors(t *testing.T, timeout time.Duration, out *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		entries, _ := os.ReadDir(filepath.Join(s.state, "executors"))
+		if len(entries) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("executors left behind: %d\n%s", len(entries), out.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func completed(j giteaenv.Job) bool { return j.Status == "completed" }
 
 func TestE2ELocalRunsSucceedingFailingAndCancelledJobs(t *testing.T) {
@@ -232,18 +249,39 @@ jobs:
 	if slow.Conclusion != "cancelled" {
 		t.Fatalf("slow = %+v", slow)
 	}
-	// recover cleans the executors up.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		entries, _ := os.ReadDir(filepath.Join(s.state, "executors"))
-		if len(entries) == 0 {
-			break
+	// Each executor is cleaned up as it ends (recover would too).
+	s.waitNoExecutors(t, 20*time.Second, &out)
+}
+
+// TestE2ELocalFreesAFinishedJobsSlotAtOnce runs two jobs at capacity 1 with
+// recover's periodic pass out of the way (10m): the second job gets the
+// first one's slot only because the first is finished as its executor
+// process ends, not on recover's next tick.
+func TestE2ELocalFreesAFinishedJobsSlotAtOnce(t *testing.T) {
+	t.Setenv("GDR_LOCAL_RECOVER_INTERVAL", "10m")
+	s := newSetup(t)
+	var out syncBuffer
+	startLocal(t, &out, append(s.args(true), "--capacity", "1")...)
+	started := time.Now()
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", `name: ci
+on: [push]
+jobs:
+  first:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo one
+  second:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo two
+`)
+	for _, name := range []string{"first", "second"} {
+		if j := s.waitJob(t, name, completed, 60*time.Second-time.Since(started), &out); j.Conclusion != "success" {
+			t.Fatalf("%s = %+v", name, j)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("executors left behind: %d\n%s", len(entries), out.String())
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
+	t.Logf("both jobs done %v after the push", time.Since(started).Round(time.Millisecond))
+	s.waitNoExecutors(t, 10*time.Second, &out)
 }
 
 func TestE2ELocalSurvivesSIGKILL(t *testing.T) {

@@ -58,13 +58,15 @@ type local struct {
 	ns      *server.Server
 	nc      *nats.Conn
 	gw      *http.Server
-	kick    chan struct{} // a webhook asks for a dispatch round now
+	kick    chan struct{} // a webhook or a freed slot asks for a dispatch round now
 	hook    *http.Server
 	loops   sync.WaitGroup
 	d       *dispatcher.Dispatcher
 	pool    dispatcher.Pool
 	job     intake.Job
 	recover *recovery.Recovery
+	backend *processbackend.Backend
+	exits   *exits // executors whose process ended, finished at once
 }
 
 // start brings everything up, failing fast, and in an order that writes
@@ -120,16 +122,19 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
+	l.exits = newExits(l.finishOnce, l.kickDispatch)
 	backend, err := processbackend.New(processbackend.Config{
 		Dir: filepath.Join(cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
 		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()),
 		OnCorrupt: func(name string, err error) {
 			log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 		},
+		OnExit: l.exits.exited,
 	})
 	if err != nil {
 		return nil, l.fail(err)
 	}
+	l.backend = backend
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log}
@@ -152,9 +157,18 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 			return nil, l.fail(err)
 		}
 	}
+	// An executor is finished as soon as its process ends (exits); recover's
+	// pass is the safety net for the ends nobody heard of: executors started
+	// before a restart, whose exits died with the process that started
+	// them, and finishes that failed.
 	l.every(ctx, cfg.RecoverInterval, nil, l.recoverOnce)
 	l.every(ctx, cfg.PollInterval, l.kick, l.dispatchOnce)
 	l.loop(ctx, l.handleOnce)
+	l.loops.Add(1)
+	go func() {
+		defer l.loops.Done()
+		l.exits.run(ctx)
+	}()
 	return l, nil
 }
 
@@ -313,10 +327,7 @@ func (l *local) startWebhook() error {
 			return
 		}
 		if l.pool.Matches(job.Labels) {
-			select {
-			case l.kick <- struct{}{}: // the dispatch loop runs a round now
-			default:
-			}
+			l.kickDispatch()
 		}
 		w.WriteHeader(http.StatusAccepted)
 	})
@@ -379,6 +390,25 @@ func (l *local) handleOnce(ctx context.Context) {
 		l.log.Warn("handle run failed", slog.Any("error", err))
 		time.Sleep(time.Second)
 	}
+}
+
+// kickDispatch makes the dispatch loop run a round now (or right after the
+// one it runs); it never blocks.
+func (l *local) kickDispatch() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// finishOnce finishes the executor of an assignment whose process ended, as
+// recover would; true means the task's slot is free.
+func (l *local) finishOnce(ctx context.Context, assignmentID string) bool {
+	sum, err := l.recover.Finish(ctx, l.backend, assignmentID)
+	if err != nil && ctx.Err() == nil {
+		l.log.Warn("finish an ended executor", slog.String("assignment", assignmentID), slog.Any("error", err))
+	}
+	return sum.Done > 0
 }
 
 func (l *local) recoverOnce(ctx context.Context) {

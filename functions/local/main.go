@@ -1,9 +1,10 @@
 // Command local runs the whole product in one process on one machine: an
 // embedded NATS JetStream server (its store in the state directory),
 // dispatch polling Gitea (and, optionally, its webhook), handle consuming the
-// queue, recover on a schedule, and the gateway on 127.0.0.1 with a local
-// SPIFFE CA that gives each executor its SVID. Executors are child processes
-// (the process backend) running this same binary as `local runner`.
+// queue, each executor finished as its process ends (recover on a schedule is
+// the safety net), and the gateway on 127.0.0.1 with a local SPIFFE CA that
+// gives each executor its SVID. Executors are child processes (the process
+// backend) running this same binary as `local runner`.
 //
 //	go run ./functions/local --gitea-url http://127.0.0.1:3000/ --registration-token TOKEN
 //

@@ -55,6 +55,16 @@ type Config struct {
 	Env []string
 	// OnCorrupt hears of executors whose metadata does not rebuild.
 	OnCorrupt func(name string, err error)
+	// OnExit, if set, hears of each executor this Backend started once its
+	// process has ended and been reaped: its status file, if the runner
+	// wrote one, is complete, and Find reports the executor finished. It is
+	// called on the goroutine that reaped the child and must not block.
+	//
+	// It is in memory only: an executor started by an earlier process (local
+	// mode before a restart) ends unheard, as does one that ends while
+	// nobody listens. Whoever uses OnExit to finish executors early still
+	// needs recover's periodic pass for those.
+	OnExit func(assignmentID string)
 }
 
 // InheritedEnv is the environment a process executor starts from (Config's
@@ -217,12 +227,23 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	}
 	rec.PID = cmd.Process.Pid
 	rec.Start = startTime(rec.PID)
-	// Reap it when it ends while we run; after a restart, init does.
-	go func() { _ = cmd.Wait() }()
-	if err := b.write(a.ID, rec); err != nil {
+	err = b.write(a.ID, rec)
+	// Reap it when it ends while we run (after a restart, init does), and
+	// not before its PID is recorded: until then Find would call a child
+	// that died without a status pending, not failed, when OnExit asks.
+	go b.reap(cmd, a.ID)
+	if err != nil {
 		return nil, err
 	}
 	return b.executor(a.ID, rec), nil
+}
+
+// reap waits for an executor's process to end, then tells OnExit.
+func (b *Backend) reap(cmd *exec.Cmd, assignmentID string) {
+	_ = cmd.Wait()
+	if b.cfg.OnExit != nil {
+		b.cfg.OnExit(assignmentID)
+	}
 }
 
 func (b *Backend) write(id string, rec record) error {
@@ -268,7 +289,7 @@ func (b *Backend) Delete(_ context.Context, e *taskworker.Executor) error {
 }
 
 // RecoverAssignments rebuilds the assignment of every executor.
-func (b *Backend) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+func (b *Backend) RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error) {
 	entries, err := os.ReadDir(b.cfg.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -281,22 +302,37 @@ func (b *Backend) RecoverAssignments(context.Context) ([]taskassignment.Assignme
 		if !ent.IsDir() {
 			continue
 		}
-		rec, err := b.read(ent.Name())
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err == nil {
-			var a taskassignment.Assignment
-			if a, err = b.cfg.Keys.FromMetadata(rec.Labels, rec.Annotations, b.cfg.TrustDomain); err == nil {
-				out = append(out, a)
-				continue
+		a, found, err := b.RecoverAssignment(ctx, ent.Name())
+		switch {
+		case err != nil:
+			if b.cfg.OnCorrupt != nil {
+				b.cfg.OnCorrupt(ent.Name(), err)
 			}
-		}
-		if b.cfg.OnCorrupt != nil {
-			b.cfg.OnCorrupt(ent.Name(), err)
+		case found:
+			out = append(out, a)
 		}
 	}
 	return out, nil
+}
+
+// RecoverAssignment rebuilds the assignment of one executor from its
+// metadata; found is false when it has none (never created, or deleted).
+func (b *Backend) RecoverAssignment(_ context.Context, assignmentID string) (taskassignment.Assignment, bool, error) {
+	rec, err := b.read(assignmentID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return taskassignment.Assignment{}, false, nil
+	}
+	if err != nil {
+		return taskassignment.Assignment{}, false, err
+	}
+	a, err := b.cfg.Keys.FromMetadata(rec.Labels, rec.Annotations, b.cfg.TrustDomain)
+	if err != nil {
+		return taskassignment.Assignment{}, false, fmt.Errorf("executor %s: %w", assignmentID, err)
+	}
+	if a.ID != assignmentID {
+		return taskassignment.Assignment{}, false, fmt.Errorf("executor %s holds assignment %s", assignmentID, a.ID)
+	}
+	return a, true, nil
 }
 
 // alive reports whether pid runs and is the process that started at start.

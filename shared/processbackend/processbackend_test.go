@@ -80,6 +80,8 @@ func TestLifecycle(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, a, spec := setup(t, tc.body)
+			exited := make(chan string, 1)
+			b.cfg.OnExit = func(id string) { exited <- id }
 			ctx := context.Background()
 			if e, err := b.Find(ctx, a.ID); err != nil || e != nil {
 				t.Fatalf("Find before Create = %v, %v", e, err)
@@ -88,7 +90,18 @@ func TestLifecycle(t *testing.T) {
 			if err != nil || e.IdentityTarget == "" {
 				t.Fatalf("Create = %+v, %v", e, err)
 			}
-			waitPhase(t, b, a.ID, tc.want)
+			select {
+			case id := <-exited:
+				if id != a.ID {
+					t.Fatalf("OnExit(%q), want %q", id, a.ID)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("OnExit was not called")
+			}
+			// When OnExit hears of the end, Find already tells it.
+			if e, err := b.Find(ctx, a.ID); err != nil || e.Phase != tc.want {
+				t.Fatalf("Find at OnExit = %+v, %v; want phase %s", e, err, tc.want)
+			}
 			if err := b.BindIdentity(ctx, e, a.Identity); err != nil {
 				t.Fatal(err)
 			}
@@ -174,6 +187,18 @@ func TestRecoverAssignments(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != a || len(corrupt) != 1 || corrupt[0] != "local-10" {
 		t.Fatalf("recovered %+v, corrupt %v", got, corrupt)
+	}
+	for _, tc := range []struct {
+		id      string
+		found   bool
+		wantErr bool
+	}{
+		{a.ID, true, false}, {"local-10", false, true}, {"local-11", false, false},
+	} {
+		one, found, err := b.RecoverAssignment(context.Background(), tc.id)
+		if found != tc.found || (err != nil) != tc.wantErr || (found && one != a) {
+			t.Errorf("RecoverAssignment(%s) = %+v, %v, %v", tc.id, one, found, err)
+		}
 	}
 }
 

@@ -11,7 +11,14 @@
 //     ran out of deliveries) is re-published, unless Gitea says the task is
 //     over, in which case the payload is deleted.
 //
-// Every step is idempotent: Run may be repeated, or run by two processes.
+// Finish does step 1 for one executor, by its assignment ID, through the same
+// code: the fast path for a caller that learns of an executor's end (local
+// mode, when an executor process exits), so that a finished task is reported
+// and its capacity freed at once. Run stays the safety net for every end
+// nobody heard of (a restart, a missed exit, a Finish that failed).
+//
+// Every step is idempotent: Run and Finish may be repeated, run at once for
+// the same assignment, or run by two processes.
 package recovery
 
 import (
@@ -34,6 +41,15 @@ import (
 type Backend interface {
 	taskworker.Backend
 	taskworker.Recoverer
+}
+
+// FinishBackend is a backend Finish can handle one executor of.
+type FinishBackend interface {
+	taskworker.Backend
+	// RecoverAssignment rebuilds the assignment of the executor of
+	// assignmentID from its metadata alone, as RecoverAssignments does for
+	// every executor; found is false when there is no such executor.
+	RecoverAssignment(ctx context.Context, assignmentID string) (a taskassignment.Assignment, found bool, err error)
 }
 
 // Pool is a configured pool with its registration's task state.
@@ -69,7 +85,7 @@ type Recovery struct {
 	Log         *slog.Logger
 }
 
-// Summary counts one Run's outcomes.
+// Summary counts the outcomes of one Run or one Finish.
 type Summary struct {
 	// Executors found, and what Handle made of them.
 	Executors, Done, Pending, Failed int
@@ -116,18 +132,12 @@ func (r *Recovery) Run(ctx context.Context) (Summary, error) {
 		}
 		for _, a := range assignments {
 			seen[a.ID] = true
-			count(func(s *Summary) { s.Executors++ })
-			pool, ok := r.Pools[a.Task.Pool]
-			if !ok {
-				count(func(s *Summary) { s.UnknownPool++ })
-				continue
-			}
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				r.handle(ctx, backend, pool, a, count)
+				r.handle(ctx, backend, a, count)
 			}()
 		}
 	}
@@ -138,7 +148,35 @@ func (r *Recovery) Run(ctx context.Context) (Summary, error) {
 	return sum, errors.Join(errs...)
 }
 
-func (r *Recovery) handle(ctx context.Context, backend Backend, pool Pool, a taskassignment.Assignment, count func(func(*Summary))) {
+// Finish handles the one executor of assignmentID as Run handles each: Gitea
+// says the task is over -> the executor is deleted; the executor finished ->
+// reported, then deleted; either way the payload is deleted, which frees the
+// task's capacity. The summary counts that one executor (zero when there is
+// none: another Finish or a Run got there first). Its error means the
+// executor's metadata could not be read; a failure of the assignment itself
+// is counted and logged, as in Run, and left to the next Run.
+func (r *Recovery) Finish(ctx context.Context, backend FinishBackend, assignmentID string) (Summary, error) {
+	a, found, err := backend.RecoverAssignment(ctx, assignmentID)
+	if err != nil {
+		return Summary{}, fmt.Errorf("rebuild assignment %s from its executor: %w", assignmentID, err)
+	}
+	var sum Summary
+	if found {
+		r.handle(ctx, backend, a, func(f func(*Summary)) { f(&sum) })
+	}
+	return sum, nil
+}
+
+// handle is the step Run and Finish take for each executor: an executor of a
+// pool not configured here is left alone; any other goes through
+// Worker.Handle, and its payload is deleted once Handle is done.
+func (r *Recovery) handle(ctx context.Context, backend taskworker.Backend, a taskassignment.Assignment, count func(func(*Summary))) {
+	count(func(s *Summary) { s.Executors++ })
+	pool, ok := r.Pools[a.Task.Pool]
+	if !ok {
+		count(func(s *Summary) { s.UnknownPool++ })
+		return
+	}
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
 	w := taskworker.Worker{Backend: backend, Tasks: pool.Tasks, Bootstrap: r.Bootstrap, Keys: r.Keys,
 		OnEvent: func(e taskworker.Event) {

@@ -187,3 +187,59 @@ func TestUnknownPoolIsLeftAlone(t *testing.T) {
 		t.Fatal("the executor of an unknown pool was touched")
 	}
 }
+
+func TestFinish(t *testing.T) {
+	type state struct{ executor, payload bool }
+	for _, tc := range []struct {
+		name     string
+		executor bool
+		phase    taskworker.Phase
+		over     bool
+		change   func(f fixture)
+		want     Summary
+		wantErr  bool
+		reported taskworker.Phase
+		after    state
+	}{
+		{name: "succeeded: reported, then cleaned up", executor: true, phase: taskworker.PhaseSucceeded,
+			want: Summary{Executors: 1, Done: 1}, reported: taskworker.PhaseSucceeded},
+		{name: "failed: reported, then cleaned up", executor: true, phase: taskworker.PhaseFailed,
+			want: Summary{Executors: 1, Done: 1}, reported: taskworker.PhaseFailed},
+		{name: "Gitea says over: cleaned up, not reported", executor: true, phase: taskworker.PhaseRunning, over: true,
+			want: Summary{Executors: 1, Done: 1}},
+		{name: "still running: left as it is", executor: true, phase: taskworker.PhaseRunning,
+			want: Summary{Executors: 1, Pending: 1}, after: state{executor: true, payload: true}},
+		{name: "no executor: nothing to do, the payload is Run's", executor: false,
+			want: Summary{}, after: state{payload: true}},
+		{name: "unknown pool: left alone", executor: true, phase: taskworker.PhaseSucceeded,
+			change: func(f fixture) { delete(f.r.Pools, "linux") },
+			want:   Summary{Executors: 1, UnknownPool: 1}, after: state{executor: true, payload: true}},
+		{name: "metadata does not rebuild", executor: true, phase: taskworker.PhaseSucceeded,
+			change:  func(f fixture) { f.backend.TrustDomain = spiffeid.RequireTrustDomainFromString("elsewhere.org") },
+			wantErr: true, after: state{executor: true, payload: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			ctx := context.Background()
+			a := f.claimed(t, 1, tc.executor)
+			if tc.executor {
+				f.setPhase(a, tc.phase)
+			}
+			f.gitea.over[1] = tc.over
+			if tc.change != nil {
+				tc.change(f)
+			}
+			sum, err := f.r.Finish(ctx, f.backend, a.ID)
+			if (err != nil) != tc.wantErr || sum != tc.want {
+				t.Fatalf("Finish() = %+v, %v; want %+v, error %v", sum, err, tc.want, tc.wantErr)
+			}
+			if got := f.gitea.reported[1]; got != tc.reported {
+				t.Errorf("reported %q, want %q", got, tc.reported)
+			}
+			e, _ := f.backend.Find(ctx, a.ID)
+			if got := (state{executor: e != nil, payload: f.hasPayload(t, a.ID)}); got != tc.after {
+				t.Errorf("after Finish: %+v, want %+v", got, tc.after)
+			}
+		})
+	}
+}

@@ -89,17 +89,37 @@ func (m *Memory) RecoverAssignments(context.Context) ([]taskassignment.Assignmen
 	defer m.mu.Unlock()
 	var out []taskassignment.Assignment
 	for id := range m.executors {
-		spec, ok := m.specs[id]
-		if !ok {
-			continue
-		}
-		a, err := m.Keys.FromMetadata(spec.Metadata.Labels, spec.Metadata.Annotations, m.TrustDomain)
+		a, found, err := m.rebuild(id)
 		if err != nil {
-			return nil, fmt.Errorf("executor of %s: %w", id, err)
+			return nil, err
 		}
-		out = append(out, a)
+		if found {
+			out = append(out, a)
+		}
 	}
 	return out, nil
+}
+
+// RecoverAssignment rebuilds the assignment of one executor, as
+// RecoverAssignments does; found is false when there is none (or it was
+// added with Set).
+func (m *Memory) RecoverAssignment(_ context.Context, id string) (taskassignment.Assignment, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rebuild(id)
+}
+
+// rebuild is RecoverAssignment with m.mu held.
+func (m *Memory) rebuild(id string) (taskassignment.Assignment, bool, error) {
+	spec, ok := m.specs[id]
+	if _, exists := m.executors[id]; !ok || !exists {
+		return taskassignment.Assignment{}, false, nil
+	}
+	a, err := m.Keys.FromMetadata(spec.Metadata.Labels, spec.Metadata.Annotations, m.TrustDomain)
+	if err != nil {
+		return taskassignment.Assignment{}, false, fmt.Errorf("executor of %s: %w", id, err)
+	}
+	return a, true, nil
 }
 
 // Set replaces the executor of an assignment (to move it to a phase or give
