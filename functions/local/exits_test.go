@@ -39,7 +39,8 @@ func (g *fakeGitea) Terminal(context.Context, int64) (bool, error) {
 	return g.over, nil
 }
 
-func (g *fakeGitea) Report(_ context.Context, _ int64, p taskworker.Phase) error {
+func (g *fakeGitea) Report(_ context.Context, _ int64, e taskworker.Executor) error {
+	p := e.Phase
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reported = append(g.reported, p)
