@@ -61,7 +61,7 @@ func (c *Config) Check() error {
 	if c.GiteaURL == "" {
 		errs = append(errs, errors.New("--gitea-url (GDR_LOCAL_GITEA_URL) is required"))
 	} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("--gitea-url %q is not an http(s) URL", c.GiteaURL))
+		errs = append(errs, errors.New("--gitea-url is not an http(s) URL")) // not quoted: a URL may carry user info
 	} else if !strings.HasSuffix(c.GiteaURL, "/") {
 		c.GiteaURL += "/"
 	}

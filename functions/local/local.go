@@ -65,8 +65,13 @@ type local struct {
 	pool    dispatcher.Pool
 	job     intake.Job
 	recover *recovery.Recovery
-	backend *processbackend.Backend
-	exits   *exits // executors whose process ended, finished at once
+	// recovering serializes the periodic pass and the finish of an ended
+	// executor: run side by side on one assignment, a pass that asked Gitea
+	// before the job ended could find the executor just deleted and create
+	// it again.
+	recovering sync.Mutex
+	backend    *processbackend.Backend
+	exits      *exits // executors whose process ended, finished at once
 }
 
 // start brings everything up, failing fast, and in an order that writes
@@ -404,6 +409,8 @@ func (l *local) kickDispatch() {
 // finishOnce finishes the executor of an assignment whose process ended, as
 // recover would; true means the task's slot is free.
 func (l *local) finishOnce(ctx context.Context, assignmentID string) bool {
+	l.recovering.Lock()
+	defer l.recovering.Unlock()
 	sum, err := l.recover.Finish(ctx, l.backend, assignmentID)
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("finish an ended executor", slog.String("assignment", assignmentID), slog.Any("error", err))
@@ -412,6 +419,8 @@ func (l *local) finishOnce(ctx context.Context, assignmentID string) bool {
 }
 
 func (l *local) recoverOnce(ctx context.Context) {
+	l.recovering.Lock()
+	defer l.recovering.Unlock()
 	sum, err := l.recover.Run(ctx)
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("recover failed", slog.Any("error", err))

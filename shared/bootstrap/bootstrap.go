@@ -94,7 +94,7 @@ func New(key secretkey.Key, gatewayURL string, gatewayID spiffeid.ID) (*Bootstra
 func checkGatewayURL(gatewayURL string) error {
 	u, err := url.Parse(gatewayURL)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("bootstrap: gateway URL %q is not an absolute https URL", gatewayURL)
+		return errors.New("bootstrap: the gateway URL is not an absolute https URL") // not quoted: a URL may carry user info
 	}
 	return nil
 }

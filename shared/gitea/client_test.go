@@ -84,6 +84,33 @@ func TestErrTaskGone(t *testing.T) {
 	}
 }
 
+// goneGitea answers every UpdateTask as Gitea 1.27 does for a task whose
+// repository was deleted.
+type goneGitea struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+}
+
+func (goneGitea) UpdateTask(context.Context, *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
+	return nil, connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = Internal desc = update task: resource does not exist"))
+}
+
+// A task Gitea no longer has is over: recover deletes its executor and
+// payload instead of failing on it every pass.
+func TestTerminalOfAGoneTask(t *testing.T) {
+	mux := http.NewServeMux()
+	path, handler := runnerv1connect.NewRunnerServiceHandler(goneGitea{})
+	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "u", Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over, err := (TaskState{Client: c}).Terminal(context.Background(), 7); err != nil || !over {
+		t.Fatalf("Terminal of a gone task = %v, %v; want over", over, err)
+	}
+}
+
 // fakeRunnerService records headers and answers like Gitea does.
 type fakeRunnerService struct {
 	runnerv1connect.UnimplementedRunnerServiceHandler

@@ -2,6 +2,7 @@ package gitea
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,9 +47,14 @@ func (s TaskState) Result(ctx context.Context, taskID int64) (runnerv1.Result, e
 }
 
 // Terminal reports whether the task is over in Gitea: done, cancelled or
-// being cancelled.
+// being cancelled, or gone (ErrTaskGone: its repository deleted, or no
+// longer this runner's). A gone task is over for us: its executor is
+// deleted and its payload dropped, instead of failing every pass for ever.
 func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 	r, err := s.Result(ctx, taskID)
+	if errors.Is(err, ErrTaskGone) {
+		return true, nil
+	}
 	return r != runnerv1.Result_RESULT_UNSPECIFIED, err
 }
 

@@ -79,3 +79,28 @@ func TestJobBacksOffAndTerminatesOnTheLastDelivery(t *testing.T) {
 		t.Fatalf("assignment %s still queued after its last delivery: recover would never re-publish it", a.ID)
 	}
 }
+
+// A message still waiting for its executor on its last delivery is
+// terminated too, not left in the stream where nothing delivers it again.
+func TestJobTerminatesAWaitingMessageOnItsLastDelivery(t *testing.T) {
+	env := jetstreamenv.NewQueue(t)
+	c, err := env.JetStream.CreateOrUpdateConsumer(context.Background(), assignmentqueue.DefaultStream, jetstream.ConsumerConfig{
+		Durable: string(taskassignment.BackendProcess), FilterSubject: assignmentqueue.Subject(taskassignment.BackendProcess),
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxDeliver: 1, MaxAckPending: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := assignment(t, 10)
+	publish(t, env.Queue, a)
+	waiting := acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil })
+	j := job(c, waiting, nil)
+	j.MaxDeliver, j.HoldFor, j.NakDelay = 1, time.Millisecond, time.Second // no hold: hand it back at once
+	if sum, err := j.Run(context.Background()); err != nil || sum != (Summary{Fetched: 1, NotYet: 1}) {
+		t.Fatalf("Run() = %+v, %v", sum, err)
+	}
+	ids, _, err := env.Queue.Queued(context.Background(), taskassignment.BackendProcess, td)
+	if err != nil || ids[a.ID] {
+		t.Fatalf("assignment %s still queued after its last delivery (%v)", a.ID, err)
+	}
+}

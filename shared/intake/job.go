@@ -95,11 +95,11 @@ type Job struct {
 	// held).
 	HoldFor time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
-	// assignmentqueue.MaxDeliver, what OpenConsumer sets). A message that
-	// fails on its last delivery is terminated, not naked: a naked one
-	// would stay in the stream undelivered for ever, counted as queued, and
-	// recover would never take it up. Terminated, its payload has neither
-	// message nor executor, and recover re-publishes it.
+	// assignmentqueue.MaxDeliver, what OpenConsumer sets). A message handed
+	// back on its last delivery is terminated, not naked (see nak). With the
+	// backoff cap that is days away, longer than a payload lives, so in
+	// practice the job's own deadline ends such a task first; the rule
+	// guarantees that no message is ever left undeliverable in the stream.
 	MaxDeliver int
 }
 
@@ -261,18 +261,7 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		j.nak(log, msg, delay, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
-		delivered := uint64(1)
-		if md, err := msg.Metadata(); err == nil {
-			delivered = md.NumDelivered
-		}
-		if ctx.Err() == nil && delivered >= uint64(orDefaultInt(j.MaxDeliver, assignmentqueue.MaxDeliver)) {
-			if terr := msg.TermWithReason("deliveries exhausted"); terr != nil {
-				log.Error("terminate an exhausted assignment", append(attrs, slog.Any("error", terr))...)
-			}
-			log.Error("assignment failed on its last delivery; terminated for recover to re-publish", append(attrs, slog.Any("error", err))...)
-			return Failed, false
-		}
-		delay := ErrorBackoff(orDefault(j.ErrorDelay, DefaultErrorDelay), delivered)
+		delay := ErrorBackoff(orDefault(j.ErrorDelay, DefaultErrorDelay), delivered(msg))
 		if ctx.Err() != nil {
 			delay = 0
 		}
@@ -307,7 +296,27 @@ func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
 	return true
 }
 
+// delivered is msg's delivery count (1 when its metadata does not parse).
+func delivered(msg jetstream.Msg) uint64 {
+	if md, err := msg.Metadata(); err == nil {
+		return md.NumDelivered
+	}
+	return 1
+}
+
+// nak hands msg back, to come again after delay. On its last delivery
+// (MaxDeliver) it is terminated instead, whatever the reason it goes back
+// (failed, still waiting, shutdown): a message naked then would stay in the
+// stream undelivered and counted as queued for ever, where terminated its
+// payload is an orphan that recover re-publishes.
 func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, attrs []any) {
+	if delivered(msg) >= uint64(orDefaultInt(j.MaxDeliver, assignmentqueue.MaxDeliver)) {
+		if err := msg.TermWithReason("deliveries exhausted"); err != nil {
+			log.Error("terminate an assignment on its last delivery", append(attrs, slog.Any("error", err))...)
+		}
+		log.Error("assignment handed back on its last delivery: terminated, for recover to re-publish", attrs...)
+		return
+	}
 	var err error
 	if delay > 0 {
 		err = msg.NakWithDelay(delay)

@@ -17,8 +17,12 @@
 // and its capacity freed at once. Run stays the safety net for every end
 // nobody heard of (a restart, a missed exit, a Finish that failed).
 //
-// Every step is idempotent: Run and Finish may be repeated, run at once for
-// the same assignment, or run by two processes.
+// Every step is idempotent: Run and Finish may be repeated after a crash.
+// They must not run side by side on one assignment: Worker.Handle creates an
+// absent executor, so a pass that asked Gitea just before the job ended could
+// re-create the executor the other has just deleted. A caller that runs both
+// serializes them (local mode does); in a cluster one recover runs at a time
+// (the CronJob forbids concurrent runs).
 package recovery
 
 import (
