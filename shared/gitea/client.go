@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -36,6 +37,10 @@ var capabilities = []string{}
 type Client struct {
 	rpc   runnerv1connect.RunnerServiceClient
 	creds Credentials
+	// tasksVersion is the last tasks version Gitea answered with no task:
+	// sent back, it lets Gitea answer "nothing new" from a counter instead
+	// of looking for a job (0: look).
+	tasksVersion atomic.Int64
 }
 
 // NewClient returns a client for the registration creds on the Gitea at
@@ -127,14 +132,27 @@ func (c *Client) Declare(ctx context.Context, labels []string) error {
 // this moment: it must be persisted, or it is lost until Gitea's zombie
 // reaper fails it.
 //
-// It always sends tasks_version 0, which makes Gitea look for a job on every
-// call; the dispatcher keeps no state between calls.
+// It sends the tasks version of its last answer, as Gitea's own runner
+// does: Gitea bumps its version whenever a job may have become runnable
+// (queued, unblocked), and answers a runner that already has the latest
+// version with no task and without looking, which makes polling cheap. After
+// a task, and on a version Gitea did not advance (a throttled pick), the
+// next call looks again.
 func (c *Client) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
-	res, err := c.rpc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{TasksVersion: 0}))
+	sent := c.tasksVersion.Load()
+	res, err := c.rpc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{TasksVersion: sent}))
 	if err != nil {
 		return nil, classify("FetchTask", err)
 	}
-	return res.Msg.GetTask(), nil
+	if task := res.Msg.GetTask(); task != nil {
+		// There may be more: look again next time, whatever the version.
+		c.tasksVersion.Store(0)
+		return task, nil
+	}
+	if v := res.Msg.GetTasksVersion(); v > sent {
+		c.tasksVersion.CompareAndSwap(sent, v)
+	}
+	return nil, nil
 }
 
 // UpdateTask sends a task's state (a heartbeat when its result is

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -200,5 +201,71 @@ func TestTokenNeverPrints(t *testing.T) {
 		if strings.Contains(s, "secret-token") {
 			t.Fatalf("token printed: %s", s)
 		}
+	}
+}
+
+// versionedGitea answers FetchTask as Gitea does with tasks versions: no
+// task for a runner that sends the latest version, else the next queued
+// task (if any) and the latest version.
+type versionedGitea struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+	latest int64
+	queued []int64
+	sent   []int64 // the tasks_version of every request
+	looked int     // requests on which it looked for a task
+}
+
+func (g *versionedGitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	g.sent = append(g.sent, req.Msg.GetTasksVersion())
+	res := &runnerv1.FetchTaskResponse{TasksVersion: g.latest}
+	if req.Msg.GetTasksVersion() != g.latest {
+		g.looked++
+		if len(g.queued) > 0 {
+			res.Task = &runnerv1.Task{Id: g.queued[0]}
+			g.queued = g.queued[1:]
+		}
+	}
+	return connect.NewResponse(res), nil
+}
+
+// Polling sends back the version Gitea answered, so an idle Gitea answers
+// from its counter; a new version or a claimed task makes the next call look.
+func TestFetchTaskSendsTheTasksVersion(t *testing.T) {
+	g := &versionedGitea{latest: 5, queued: []int64{11}}
+	mux := http.NewServeMux()
+	path, handler := runnerv1connect.NewRunnerServiceHandler(g)
+	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "u", Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fetch := func() int64 {
+		t.Helper()
+		task, err := c.FetchTask(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return task.GetId()
+	}
+	if id := fetch(); id != 11 { // first call looks: version 0
+		t.Fatalf("first fetch = task %d, want 11", id)
+	}
+	if id := fetch(); id != 0 { // after a task it looks again, finds none
+		t.Fatalf("second fetch = task %d", id)
+	}
+	for range 3 { // idle: answered from the counter
+		if id := fetch(); id != 0 {
+			t.Fatalf("idle fetch = task %d", id)
+		}
+	}
+	g.latest, g.queued = 6, []int64{12} // a job is queued: Gitea bumps its version
+	if id := fetch(); id != 12 {
+		t.Fatalf("fetch after a new version = task %d, want 12", id)
+	}
+	if want := []int64{0, 0, 5, 5, 5, 5}; !slices.Equal(g.sent, want) || g.looked != 3 {
+		t.Fatalf("sent versions %v (looked %d times), want %v (3 looks)", g.sent, g.looked, want)
 	}
 }
