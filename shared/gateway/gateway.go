@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -69,6 +70,41 @@ type Gateway struct {
 	Payloads     Payloads
 	Capabilities Verifier
 	Log          *slog.Logger
+
+	// bindings saves the payload read behind every UpdateTask and UpdateLog
+	// once a caller is bound to its task (see bound).
+	bindings bindings
+}
+
+// maxBindings bounds the bindings a gateway remembers: well above the jobs
+// one replica serves at once; past it the memory starts afresh.
+const maxBindings = 8192
+
+// bindings remembers the (assignment, SPIFFE ID) pairs bound already. A
+// payload never changes once stored, so a pair bound once stays bound: a
+// runner's log and state reports, every second or so, then cost no payload
+// read and decryption. Only successes are remembered; a refused caller is
+// checked against the payload every time. A task whose payload was deleted
+// since (it is over) is still forwarded, and Gitea keeps its final state.
+type bindings struct {
+	mu   sync.Mutex
+	seen map[string]string // assignment ID -> the SPIFFE ID bound to it
+}
+
+func (b *bindings) has(c caller) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id, ok := b.seen[c.assignmentID]
+	return ok && id == c.spiffeID
+}
+
+func (b *bindings) add(c caller) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.seen == nil || len(b.seen) >= maxBindings {
+		b.seen = make(map[string]string)
+	}
+	b.seen[c.assignmentID] = c.spiffeID
 }
 
 // Authorizer accepts, at the TLS handshake, exactly the task identities of
@@ -206,6 +242,7 @@ func (g *Gateway) bound(ctx context.Context, c caller) (*runnerv1.Task, error) {
 			slog.String("caller", c.spiffeID))
 		return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("task %d is not the task of %s", c.taskID, c.spiffeID))
 	}
+	g.bindings.add(c)
 	return task, nil
 }
 
@@ -219,8 +256,10 @@ func (g *Gateway) forwarderFor(ctx context.Context, taskID int64) (Forwarder, er
 	if taskID != c.taskID {
 		return nil, notYours(c, taskID)
 	}
-	if _, err := g.bound(ctx, c); err != nil {
-		return nil, err
+	if !g.bindings.has(c) {
+		if _, err := g.bound(ctx, c); err != nil {
+			return nil, err
+		}
 	}
 	return g.forwarder(c)
 }

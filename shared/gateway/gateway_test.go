@@ -57,6 +57,7 @@ func (r *recordingGitea) UpdateLog(_ context.Context, req *runnerv1.UpdateLogReq
 }
 
 type fixture struct {
+	reads    *countingPayloads // what the gateway reads of the payloads
 	url      string
 	ca       *svidca.CA
 	boot     *bootstrap.Bootstrap
@@ -77,7 +78,8 @@ func start(t *testing.T) fixture {
 		t.Fatal(err)
 	}
 	rec := &recordingGitea{}
-	g := &Gateway{TrustDomain: td, Pools: map[string]Forwarder{"linux": rec}, Payloads: payloads, Capabilities: boot}
+	reads := &countingPayloads{Payloads: payloads}
+	g := &Gateway{TrustDomain: td, Pools: map[string]Forwarder{"linux": rec}, Payloads: reads, Capabilities: boot}
 	server, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func start(t *testing.T) fixture {
 			t.Fatal(err)
 		}
 	}
-	return fixture{url: "https://" + ln.Addr().String(), ca: ca, boot: boot, gitea: rec, payloads: payloads}
+	return fixture{reads: reads, url: "https://" + ln.Addr().String(), ca: ca, boot: boot, gitea: rec, payloads: payloads}
 }
 
 func taskID(n int64) spiffeid.ID {

@@ -12,6 +12,8 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 )
 
 // A forged assignment can make handle start an executor whose SVID and
@@ -113,5 +115,53 @@ func TestAuthenticatedBodyIsCapped(t *testing.T) {
 	_, err := f.own(t, 7).UpdateLog(context.Background(), connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7, Rows: rows}))
 	if code(err) != connect.CodeResourceExhausted {
 		t.Fatalf("UpdateLog of 8 MiB: %v, want resource exhausted", err)
+	}
+}
+
+// countingPayloads counts the payload reads of the gateway.
+type countingPayloads struct {
+	*assignmentqueue.Payloads
+	gets atomic.Int64
+}
+
+func (c *countingPayloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error) {
+	c.gets.Add(1)
+	return c.Payloads.Get(ctx, assignmentID)
+}
+
+// A bound executor's reports, every second or so for a whole job, cost no
+// payload read each; a caller that is refused is checked every time.
+func TestReportsOfABoundExecutorReadNoPayload(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	own := f.own(t, 7)
+	if _, err := own.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if _, err := own.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7})); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := own.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 7}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.reads.gets.Load(); n != 1 {
+		t.Fatalf("%d payload reads for one fetch and ten reports, want 1", n)
+	}
+	forged := spiffeid.RequireFromPath(td, "/repo/mallory/repo/task/7")
+	svid, err := f.ca.Mint(forged, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(f.url, Credentials{SVID: svid, Bundle: f.ca, AssignmentID: "linux-7",
+		Capability: f.boot.Capability("linux-7", 7, forged.String())}, tlsconfig.AuthorizeMemberOf(td))
+	for range 2 {
+		if _, err := c.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7})); code(err) != connect.CodePermissionDenied {
+			t.Fatalf("forged UpdateLog after the real executor was bound: %v, want permission denied", err)
+		}
+	}
+	if n := f.reads.gets.Load(); n != 3 {
+		t.Fatalf("%d payload reads, want 3: a refused caller is checked every time", n)
 	}
 }
