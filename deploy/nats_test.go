@@ -326,14 +326,7 @@ func TestNATSAuthorization(t *testing.T) {
 	setup := srv.connect(t, "HANDLE_SETUP")
 	if !t.Run("handle-setup", func(t *testing.T) {
 		ctx := flowContext(t)
-		q := assignmentqueue.New(setup.js, "")
-		if err := q.EnsureStream(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
-			t.Fatal(err)
-		}
-		setup.clean(t)
+		runHandleSetup(ctx, t, setup)
 		// Even with the signing key, the server refuses the publish.
 		setup.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
 			_, err := signedQueue(setup.js).Publish(ctx, a1)
@@ -599,6 +592,20 @@ func flowContext(t *testing.T) context.Context {
 	return ctx
 }
 
+// runHandleSetup is handle's setup mode (functions/handle serve(): EnsureStream,
+// OpenConsumer) as client c, which must be allowed all of it.
+func runHandleSetup(ctx context.Context, t *testing.T, c *natsClient) {
+	t.Helper()
+	q := assignmentqueue.New(c.js, "")
+	if err := q.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
+		t.Fatal(err)
+	}
+	c.clean(t)
+}
+
 // runHandleJob is one job-mode run of handle (functions/handle serve() and shared/intake
 // Job.Run) as client c: it binds the existing consumer (Queue.Consumer, nothing else: job mode
 // neither creates nor changes the stream or the consumer), fetches exactly len(want) messages and
@@ -781,14 +788,7 @@ func TestNATSAuthorizationDispatchFirst(t *testing.T) {
 	handle.clean(t)
 
 	setup := srv.connect(t, "HANDLE_SETUP")
-	q := assignmentqueue.New(setup.js, "")
-	if err := q.EnsureStream(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
-		t.Fatal(err)
-	}
-	setup.clean(t)
+	runHandleSetup(ctx, t, setup)
 
 	runHandleJob(ctx, t, handle, map[string]string{a.ID: "ack"})
 }

@@ -94,12 +94,7 @@ type Program struct {
 // flags; flag.ErrHelp when help was asked for (the usage is printed).
 func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error) {
 	envErr := envdoc.Process(EnvPrefix, cfg)
-	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { p.usage(fs, cfg) }
-	if f, ok := cfg.(Flagger); ok {
-		f.Flags(fs)
-	}
+	fs := p.flagSet(cfg, stderr)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -112,6 +107,17 @@ func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error
 		}
 	}
 	return fs.Args(), nil
+}
+
+// flagSet is the command line of cfg: its flags, and its usage on stderr.
+func (p Program) flagSet(cfg any, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { p.usage(fs, cfg) }
+	if f, ok := cfg.(Flagger); ok {
+		f.Flags(fs)
+	}
+	return fs
 }
 
 func (p Program) usage(fs *flag.FlagSet, cfg any) {
@@ -178,12 +184,7 @@ func (p Program) Exec(ctx context.Context, cfg any, args []string, stderr io.Wri
 		return ExitOK
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
-		fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		if f, ok := cfg.(Flagger); ok {
-			f.Flags(fs)
-		}
-		p.usage(fs, cfg)
+		p.flagSet(cfg, stderr).Usage()
 		return ExitConfig
 	default:
 		log.Error(p.Name+" failed", slog.Any("error", err))

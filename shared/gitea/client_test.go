@@ -85,6 +85,22 @@ func TestErrTaskGone(t *testing.T) {
 	}
 }
 
+// fakeGitea serves h as Gitea's runner API (under /api/actions) for the
+// test, and returns a client of it with creds.
+func fakeGitea(t *testing.T, h runnerv1connect.RunnerServiceHandler, creds Credentials) (*Client, *httptest.Server) {
+	t.Helper()
+	mux := http.NewServeMux()
+	path, handler := runnerv1connect.NewRunnerServiceHandler(h)
+	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c, err := NewClient(srv.URL+"/", srv.Client(), creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, srv
+}
+
 // goneGitea answers every UpdateTask as Gitea 1.27 does for a task whose
 // repository was deleted.
 type goneGitea struct {
@@ -98,15 +114,7 @@ func (goneGitea) UpdateTask(context.Context, *connect.Request[runnerv1.UpdateTas
 // A task Gitea no longer has is over: recover deletes its executor and
 // payload instead of failing on it every pass.
 func TestTerminalOfAGoneTask(t *testing.T) {
-	mux := http.NewServeMux()
-	path, handler := runnerv1connect.NewRunnerServiceHandler(goneGitea{})
-	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "u", Token: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _ := fakeGitea(t, goneGitea{}, Credentials{UUID: "u", Token: "t"})
 	if over, err := (TaskState{Client: c}).Terminal(context.Background(), 7); err != nil || !over {
 		t.Fatalf("Terminal of a gone task = %v, %v; want over", over, err)
 	}
@@ -128,16 +136,7 @@ func (f *fakeRunnerService) Declare(_ context.Context, req *connect.Request[runn
 
 func TestClientAuthenticatesEveryCall(t *testing.T) {
 	fake := &fakeRunnerService{}
-	mux := http.NewServeMux()
-	path, handler := runnerv1connect.NewRunnerServiceHandler(fake)
-	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-
-	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "uuid-1", Token: "tok-123"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, srv := fakeGitea(t, fake, Credentials{UUID: "uuid-1", Token: "tok-123"})
 	if err := c.Declare(context.Background(), []string{"ubuntu-latest"}); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +144,7 @@ func TestClientAuthenticatesEveryCall(t *testing.T) {
 		t.Fatalf("headers = %v", fake.headers)
 	}
 	bad, _ := NewClient(srv.URL, srv.Client(), Credentials{UUID: "uuid-1", Token: "wrong"})
-	err = bad.Declare(context.Background(), nil)
+	err := bad.Declare(context.Background(), nil)
 	if CodeOf(err) != connect.CodeUnauthenticated || strings.Contains(err.Error(), "wrong") {
 		t.Fatalf("Declare with a wrong token: %v", err)
 	}
@@ -232,15 +231,7 @@ func (g *versionedGitea) FetchTask(_ context.Context, req *connect.Request[runne
 // from its counter; a new version or a claimed task makes the next call look.
 func TestFetchTaskSendsTheTasksVersion(t *testing.T) {
 	g := &versionedGitea{latest: 5, queued: []int64{11}}
-	mux := http.NewServeMux()
-	path, handler := runnerv1connect.NewRunnerServiceHandler(g)
-	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", handler))
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	c, err := NewClient(srv.URL+"/", srv.Client(), Credentials{UUID: "u", Token: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _ := fakeGitea(t, g, Credentials{UUID: "u", Token: "t"})
 	ctx := context.Background()
 	fetch := func() int64 {
 		t.Helper()

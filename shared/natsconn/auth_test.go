@@ -13,11 +13,11 @@ import (
 )
 
 // startWithNkeyUser starts a NATS server on 127.0.0.1 that admits only the
-// nkey user pub.
-func startWithNkeyUser(t *testing.T, pub string) string {
+// nkey user pub, with perms (nil: everything).
+func startWithNkeyUser(t *testing.T, pub string, perms *server.Permissions) string {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: t.TempDir(), Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+		JetStream: true, StoreDir: t.TempDir(), Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: perms}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func seedFile(t *testing.T) (path, pub string) {
 func TestConnectWithNkey(t *testing.T) {
 	seed, pub := seedFile(t)
 	stranger, _ := seedFile(t)
-	url := startWithNkeyUser(t, pub)
+	url := startWithNkeyUser(t, pub, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -87,26 +87,17 @@ func TestConnectWithNkey(t *testing.T) {
 // JetStream calls: Connect names its inbox after the connection.
 func TestRepliesComeToTheConnectionsOwnInbox(t *testing.T) {
 	seed, pub := seedFile(t)
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: t.TempDir(), Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>"}},
-			Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix("probe") + ".>"}},
-		}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS did not start")
-	}
+	url := startWithNkeyUser(t, pub, &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix("probe") + ".>"}},
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
 		name string
 		ok   bool
 	}{{"probe", true}, {"other", false}} {
-		nc, js, err := Connect(ctx, Config{URL: s.ClientURL(), NKey: seed}, tc.name)
+		nc, js, err := Connect(ctx, Config{URL: url, NKey: seed}, tc.name)
 		if err != nil {
 			t.Fatal(err)
 		}
