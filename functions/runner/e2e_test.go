@@ -23,6 +23,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
@@ -88,6 +89,7 @@ type world struct {
 	ca         *svidca.CA
 	boot       *bootstrap.Bootstrap
 	steps      *firstStep
+	payloads   *assignmentqueue.Payloads
 }
 
 func newWorld(t testing.TB) *world {
@@ -109,6 +111,7 @@ func newWorld(t testing.TB) *world {
 	}
 	env := jetstreamenv.NewQueue(t)
 	payloads := env.Payloads
+	w.payloads = payloads
 	w.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: env.Queue, Payloads: payloads, KeepAlive: time.Minute}
 	if w.ca, err = svidca.New(td); err != nil {
 		t.Fatal(err)
@@ -155,7 +158,13 @@ func (w *world) claim(t testing.TB) taskassignment.Assignment {
 // start launches the runner for a, as a backend would.
 func (w *world) start(t testing.TB, a taskassignment.Assignment) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	env, err := w.boot.Environment(a)
+	return w.startWith(t, w.boot, a)
+}
+
+// startWith launches the runner for a with boot's environment.
+func (w *world) startWith(t testing.TB, boot *bootstrap.Bootstrap, a taskassignment.Assignment) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	env, err := boot.Environment(a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,6 +276,34 @@ jobs:
 	}
 	if strings.Contains(logs, secretValue) {
 		t.Fatalf("the secret reached Gitea's log:\n%s", logs)
+	}
+}
+
+// The runner talks to the gateway it was told of and no other member of the
+// trust domain: told to expect another SPIFFE ID, it refuses the real
+// gateway at the handshake and never gets its task.
+func TestE2ERunnerRefusesAGatewayOfAnotherIdentity(t *testing.T) {
+	w := newWorld(t)
+	w.gitea.PushWorkflow(t, w.repo, ".gitea/workflows/ci.yml", "name: ci\non: [push]\njobs:\n  build:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo hi\n")
+	a := w.claim(t)
+	expectOther, err := bootstrap.New(bytes.Repeat([]byte{8}, 32), w.gatewayURL, spiffeid.RequireFromString("spiffe://ci.example.org/not-the-gateway"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, stderr := w.startWith(t, expectOther, a)
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "gateway unreachable") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the runner did not refuse the gateway:\n%s", stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(stderr.String(), `unexpected ID \"spiffe://ci.example.org/gateway\"`) {
+		t.Fatalf("refused, but not for the gateway's identity:\n%s", stderr)
+	}
+	if started, err := w.payloads.Started(context.Background(), a.ID); err != nil || started {
+		t.Fatalf("the task was handed out (started %v, %v)", started, err)
 	}
 }
 
