@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,10 +45,7 @@ func BenchmarkE2EIdlePollCost(b *testing.B) {
 
 	g := giteaenv.Start(b, giteaenv.Options{})
 	g.CreateRepo(b, "demo")
-	pid, err := giteaPID(g.Dir)
-	if err != nil {
-		b.Fatal(err)
-	}
+	pid := g.PID()
 	ctx := context.Background()
 	hc := &http.Client{Timeout: 30 * time.Second}
 	creds, err := gitea.Register(ctx, g.URL, hc, gitea.Registration{
@@ -199,41 +195,8 @@ func rawRunnerClient(rootURL string, hc *http.Client, creds gitea.Credentials) r
 	return runnerv1connect.NewRunnerServiceClient(hc, strings.TrimSuffix(rootURL, "/")+"/api/actions", connect.WithInterceptors(auth))
 }
 
-// giteaPID finds the "gitea web" child of this test process whose command
-// line names the instance's work path (giteaenv does not expose the pid).
-func giteaPID(dir string) (int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	self := os.Getpid()
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		f := statFields(st)
-		if len(f) < 2 || f[1] != strconv.Itoa(self) { // f[1]: ppid
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00")
-		if filepath.Base(args[0]) == "gitea" && args[len(args)-1] == "web" && strings.Contains(string(cmdline), dir) {
-			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("no gitea web child of pid %d with work path %s", self, dir)
-}
-
 // statFields are the fields of /proc/<pid>/stat after the command name:
-// [0] is field 3 (state), [1] ppid, [11] utime, [12] stime, [13] cutime, [14] cstime.
+// [0] is field 3 (state), [11] utime, [12] stime, [13] cutime, [14] cstime.
 func statFields(stat []byte) []string {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {

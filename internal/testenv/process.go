@@ -53,6 +53,9 @@ func StartProcess(cmd *exec.Cmd) (*Process, error) {
 	return p, nil
 }
 
+// PID is the process's ID (for a measurement of its own: /proc/<pid>/stat).
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Exited is closed once the process has exited and been waited for.
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 

@@ -216,6 +216,17 @@ func (s *Server) kill() {
 	}
 }
 
+// PID is the running instance's process ID, 0 while it is stopped: for a
+// measurement of Gitea's own CPU.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.PID()
+}
+
 // Stop stops the instance (a "Gitea down" period); the port then refuses connections.
 func (s *Server) Stop(t testing.TB) {
 	t.Helper()
