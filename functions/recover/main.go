@@ -58,7 +58,7 @@ type Config struct {
 	// Finish mode.
 	Batch     int           `envconfig:"RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`
 	FetchWait time.Duration `envconfig:"RECOVER_FETCH_WAIT" default:"2s" desc:"recover finish mode: how long a run waits for notices"`
-	Retry     time.Duration `envconfig:"RECOVER_RETRY" default:"3s" desc:"recover finish mode: when a notice whose executor has not ended yet comes back (5 deliveries at most, then the periodic pass)"`
+	Retry     time.Duration `envconfig:"RECOVER_RETRY" default:"2s" desc:"recover finish mode: when a notice whose executor has not ended yet comes back (5 deliveries at most, then the periodic pass)"`
 
 	pools runnerpool.Pools
 }

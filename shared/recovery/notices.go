@@ -23,9 +23,10 @@ type Puller interface {
 const (
 	// DefaultNoticeWait: a KEDA-started run finds its notice within a poll.
 	DefaultNoticeWait = 2 * time.Second
-	// DefaultNoticeRetry: a runner that has reported its result exits
-	// within a second or two; its executor's phase follows.
-	DefaultNoticeRetry = 3 * time.Second
+	// DefaultNoticeRetry: a runner that has reported its result exits at
+	// once; its executor's phase follows within a second or two (the
+	// kubelet's status update). With FinishedMaxDeliver it covers about 8 s.
+	DefaultNoticeRetry = 2 * time.Second
 )
 
 // Notices is recover's finish mode for one backend: each run pulls at most
@@ -49,8 +50,8 @@ type Notices struct {
 	// Wait is how long a run waits for its first notice (zero:
 	// DefaultNoticeWait).
 	Wait time.Duration
-	// Retry is when a notice whose executor has not ended yet comes back
-	// (zero: DefaultNoticeRetry).
+	// Retry is when a notice whose executor has not ended yet comes back,
+	// from the Finish that found it running (zero: DefaultNoticeRetry).
 	Retry time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
 	// assignmentqueue.FinishedMaxDeliver). A notice handed back on its last
@@ -105,11 +106,13 @@ func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 			back = append(back, r)
 		}
 	}
-	delay := orDefault(n.Retry, DefaultNoticeRetry)
-	if ctx.Err() != nil {
-		delay = 0
-	}
 	for _, r := range back {
+		// Retry counts from the Finish that found the executor running, not
+		// from the end of the fetch.
+		delay := max(orDefault(n.Retry, DefaultNoticeRetry)-time.Since(r.at), 0)
+		if ctx.Err() != nil {
+			delay = 0
+		}
 		n.nak(r.log, r.msg, delay, &sum)
 	}
 	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) &&
@@ -123,6 +126,7 @@ func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 type retry struct {
 	msg jetstream.Msg
 	log *slog.Logger
+	at  time.Time // when it was found not finished
 }
 
 func orDefault(d, def time.Duration) time.Duration {
@@ -150,7 +154,7 @@ func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSumma
 	}
 	if ctx.Err() != nil {
 		log.Info("finish notice handed back", slog.String("reason", "shutting down"))
-		return retry{msg, log}, true
+		return retry{msg, log, time.Now()}, true
 	}
 	fs, err := n.Recovery.Finish(ctx, n.Executors, id)
 	switch {
@@ -170,7 +174,7 @@ func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSumma
 	default:
 		// Not ended yet (the runner is still exiting), or Finish failed.
 		log.Info("finish notice: executor not ended yet, or not finished; handed back", slog.Any("error", err))
-		return retry{msg, log}, true
+		return retry{msg, log, time.Now()}, true
 	}
 }
 
