@@ -130,3 +130,18 @@ func TestFailedNoticeDoesNotFailTheUpdateTask(t *testing.T) {
 		t.Fatalf("Gitea got %v", f.gitea.tasks)
 	}
 }
+
+// A pool whose backend the gateway does not know gets no notice (its subject
+// would be a guess), and its report still succeeds.
+func TestNoticeOfAPoolWithoutBackendIsNotSent(t *testing.T) {
+	n := &failingNotifier{}
+	f := startWith(t, func(g *Gateway) { g.Finished = n })
+	if err := updateTask(context.Background(), f, t, runnerv1.Result_RESULT_SUCCESS); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.calls != 0 {
+		t.Fatalf("%d publishes for a pool without a backend", n.calls)
+	}
+}
