@@ -31,6 +31,7 @@ import (
 	"k8s.io/kube-openapi/pkg/validation/validate"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
@@ -772,6 +773,61 @@ func TestISODuration(t *testing.T) {
 	for _, in := range []string{"30s", "PT", "P1D"} {
 		if _, err := isoDuration(in); err == nil {
 			t.Errorf("%s accepted", in)
+		}
+	}
+}
+
+// TestRecoverFinishScaledJob: recover's finish mode runs as a ScaledJob on the finish notices'
+// consumer of the backend handle-setup serves, with the CronJob's identity, and long enough for
+// its fetch (a SIGTERM hands the notices back only once the fetch has ended).
+func TestRecoverFinishScaledJob(t *testing.T) {
+	docs := under(loadManifests(t), "keda")
+	sj := one(t, docs, "ScaledJob", "recover-finish")
+	spec := sj.obj["spec"].(map[string]any)
+	podSpec := path(spec, "jobTargetRef", "template", "spec")
+	env := envOf(t, podSpec)
+	if env["GDR_RECOVER_MODE"] != "finish" {
+		t.Errorf("GDR_RECOVER_MODE %q: want finish", env["GDR_RECOVER_MODE"])
+	}
+	fetch, err := time.ParseDuration(env["GDR_RECOVER_FETCH_WAIT"])
+	if err != nil {
+		t.Fatalf("GDR_RECOVER_FETCH_WAIT %q: %v", env["GDR_RECOVER_FETCH_WAIT"], err)
+	}
+	deadline, _ := path(spec, "jobTargetRef", "activeDeadlineSeconds").(float64)
+	if time.Duration(deadline)*time.Second <= fetch+time.Minute {
+		t.Errorf("activeDeadlineSeconds %v: want more than GDR_RECOVER_FETCH_WAIT %v and a minute of Finish calls", deadline, fetch)
+	}
+	grace, _ := path(podSpec, "terminationGracePeriodSeconds").(float64)
+	if time.Duration(grace)*time.Second <= fetch {
+		t.Errorf("terminationGracePeriodSeconds %v: want more than GDR_RECOVER_FETCH_WAIT %v", grace, fetch)
+	}
+	cron := one(t, docs, "CronJob", "recover")
+	cronSpec := path(cron.obj, "spec", "jobTemplate", "spec", "template", "spec")
+	for _, k := range []string{"serviceAccountName", "automountServiceAccountToken"} {
+		if path(podSpec, k) != path(cronSpec, k) {
+			t.Errorf("%s %v: want the recover CronJob's %v", k, path(podSpec, k), path(cronSpec, k))
+		}
+	}
+	setup := envOf(t, path(one(t, docs, "Job", "handle-setup").obj, "spec", "template", "spec"))
+	triggers, _ := spec["triggers"].([]any)
+	if len(triggers) != 1 {
+		t.Fatalf("want one trigger, have %d", len(triggers))
+	}
+	tr := triggers[0].(map[string]any)
+	md, _ := tr["metadata"].(map[string]any)
+	want := map[string]string{
+		"account":                "$G",
+		"stream":                 assignmentqueue.DefaultStream + assignmentqueue.FinishedSuffix,
+		"consumer":               setup["GDR_BACKEND"], // handle-setup creates it
+		"lagThreshold":           "1",
+		"activationLagThreshold": "0",
+	}
+	if tr["type"] != "nats-jetstream" {
+		t.Errorf("trigger type %v: want nats-jetstream", tr["type"])
+	}
+	for k, v := range want {
+		if md[k] != v {
+			t.Errorf("trigger metadata %s = %v, want %q", k, md[k], v)
 		}
 	}
 }

@@ -49,6 +49,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := q.EnsureStream(ctx); err != nil {
 			return err
 		}
+		if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx, backend); err != nil { // finish notices
+			return err
+		}
 		if _, err := q.OpenConsumer(ctx, backend, cfg.Capacity); err != nil {
 			return err
 		}

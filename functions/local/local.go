@@ -66,9 +66,8 @@ type local struct {
 	job     intake.Job
 	recover *recovery.Recovery
 	// recovering serializes the periodic pass and the finish of an ended
-	// executor: run side by side on one assignment, a pass that asked Gitea
-	// before the job ended could find the executor just deleted and create
-	// it again.
+	// executor. Not needed for correctness (recover never creates an
+	// executor, so concurrent passes converge); it saves duplicate calls.
 	recovering sync.Mutex
 	backend    *processbackend.Backend
 	exits      *exits // executors whose process ended, finished at once

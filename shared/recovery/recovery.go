@@ -17,12 +17,16 @@
 // and its capacity freed at once. Run stays the safety net for every end
 // nobody heard of (a restart, a missed exit, a Finish that failed).
 //
-// Every step is idempotent: Run and Finish may be repeated after a crash.
-// They must not run side by side on one assignment: Worker.Handle creates an
-// absent executor, so a pass that asked Gitea just before the job ended could
-// re-create the executor the other has just deleted. A caller that runs both
-// serializes them (local mode does); in a cluster one recover runs at a time
-// (the CronJob forbids concurrent runs).
+// Every step is idempotent: Run and Finish may be repeated after a crash, and
+// may run side by side on one assignment, in one process or in several (the
+// CronJob pass and recover's finish mode). The invariant that makes this safe:
+// only handle creates executors (Worker.Accept, from a queue message); recover
+// only reports and deletes (Worker.Handle never creates). A pass that listed
+// an executor and asked Gitea just before the job ended, and then finds the
+// executor deleted by another, leaves it absent: the payload, if the other
+// has not deleted it yet, is an orphan for the orphan step, which deletes it
+// once Gitea says the task is over, or re-publishes it for handle if the task
+// is really not over. Concurrent passes therefore converge.
 package recovery
 
 import (
