@@ -25,7 +25,7 @@ func TestCreateErrorClasses(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		pool      string
-		podErr    error      // returned by the API server for the Pod create
+		podErr    error       // returned by the API server for the Pod create
 		existing  *corev1.Pod // a Pod already stored under the executor's name
 		permanent bool
 	}{
