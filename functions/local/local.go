@@ -103,6 +103,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err := q.EnsureStream(ctx); err != nil {
 		return nil, l.fail(err)
 	}
+	if err := q.EnsureRejections(ctx); err != nil {
+		return nil, l.fail(err)
+	}
 	consumer, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, cfg.Capacity)
 	if err != nil {
 		return nil, l.fail(err)
