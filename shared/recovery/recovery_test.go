@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -51,6 +52,7 @@ type fixture struct {
 	queue    *assignmentqueue.Queue
 	payloads *assignmentqueue.Payloads
 	boot     *bootstrap.Bootstrap
+	js       jetstream.JetStream
 }
 
 func setup(t *testing.T) fixture {
@@ -69,7 +71,7 @@ func setup(t *testing.T) fixture {
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
 		Queue:    q, Payloads: payloads,
 	}
-	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot}
+	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot, js: env.JetStream}
 }
 
 func task(t *testing.T, id int64) *runnerv1.Task {
