@@ -825,9 +825,10 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 }
 
 // TestNATSAuthorizationDispatchFirst starts dispatch before handle-setup on a fresh server, which
-// the apply order allows (both converge the stream): dispatch then creates the stream (its
-// STREAM.CREATE.CI_RUNNER, which TestNATSAuthorization, with handle-setup first, never needs) and
-// the bucket, and handle-setup only updates the stream and adds the consumer. Until handle-setup
+// the apply order allows (both converge the stream): dispatch then creates the stream and its
+// rejection stream (its STREAM.CREATE.CI_RUNNER and STREAM.CREATE.CI_RUNNER_REJECTED, which
+// TestNATSAuthorization, with handle-setup first, never needs) and the bucket, and handle-setup
+// only updates both streams and adds the consumer. Until handle-setup
 // has run, a handle-pod run finds no consumer (and creates none): that is why handle-setup runs
 // first.
 func TestNATSAuthorizationDispatchFirst(t *testing.T) {
@@ -836,6 +837,9 @@ func TestNATSAuthorizationDispatchFirst(t *testing.T) {
 	dispatch := srv.connect(t, "DISPATCH")
 	dq := signedQueue(dispatch.js)
 	if err := dq.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dq.EnsureRejections(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
