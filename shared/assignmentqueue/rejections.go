@@ -35,10 +35,12 @@ import (
 // act, then remove.
 //
 // Crash window: an advisory is published by the server once, when the
-// message is terminated, and only if the capture stream exists at that
-// moment (EnsureRejections runs wherever the queue's stream is ensured). A
-// termination before that is not captured; its payload is an orphan that
-// recover re-publishes, as before.
+// message is terminated, at most once and without acknowledgement: it is
+// stored only if the capture stream exists and can store it at that moment
+// (EnsureRejections runs wherever the queue's stream is ensured). A
+// termination whose advisory is lost leaves a payload with neither message
+// nor executor: an orphan that recover re-publishes, and that handle then
+// rejects again, this time captured.
 
 const (
 	// RejectionStreamSuffix makes the capture stream's name from the queue
