@@ -158,6 +158,10 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
+	if err := q.EnsureRejections(ctx); err != nil {
+		closeFn()
+		return nil, nil, err
+	}
 	// The bucket is every pool's: its TTL comes from the whole pools file,
 	// also when this process serves one pool.
 	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, cfg.pools.PayloadTTL(), cfg.PayloadKey)

@@ -162,9 +162,10 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		closeAll()
 		return nil, nil, nil, err
 	}
+	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
 	return &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: assignmentqueue.New(js, cfg.Stream).SignedBy(signer), Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
+		Queue: q, Rejections: q, Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
 	}, js, closeAll, nil
 }
 
