@@ -66,12 +66,8 @@ func TestJobRejectsPermanentErrors(t *testing.T) {
 			if err != nil || sum != tt.want {
 				t.Fatalf("Run = %+v, %v; want %+v", sum, err, tt.want)
 			}
-			ids, _, err := env.Queue.Queued(context.Background(), taskassignment.BackendProcess, td)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ids[a.ID] != tt.backoff {
-				t.Fatalf("queued = %v, want the message queued: %v", ids, tt.backoff)
+			if queued := queuedOnceSettled(t, env.Queue, a.ID, tt.backoff); queued != tt.backoff {
+				t.Fatalf("assignment %s queued: %v, want %v", a.ID, queued, tt.backoff)
 			}
 			if tt.backoff {
 				info, err := c.Info(context.Background())
