@@ -258,16 +258,8 @@ func loadPolicies(t *testing.T, docs []doc) policySet {
 // and the internet; then checks who may connect to whom under the shipped policies.
 func TestNetworkPolicies(t *testing.T) {
 	docs := loadManifests(t)
-	t.Run("keda", func(t *testing.T) { checkNetwork(t, under(docs, "keda"), false) })
-	// The Knative path applies knative/ and, of keda/, these (deploy/README.md).
-	shared := []string{"keda/00-config.yaml", "keda/01-rbac.yaml", "keda/06-gateway.yaml", "keda/07-network-policies.yaml"}
-	knativeDocs := under(docs, "knative")
-	for _, d := range docs {
-		if slices.Contains(shared, filepath.ToSlash(d.file)) {
-			knativeDocs = append(knativeDocs, d)
-		}
-	}
-	t.Run("knative", func(t *testing.T) { checkNetwork(t, knativeDocs, true) })
+	t.Run("keda", func(t *testing.T) { checkNetwork(t, installed(docs, "keda"), false) })
+	t.Run("knative", func(t *testing.T) { checkNetwork(t, installed(docs, "knative"), true) })
 }
 
 func checkNetwork(t *testing.T, docs []doc, knative bool) {
