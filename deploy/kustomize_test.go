@@ -95,13 +95,16 @@ func readKustomization(t *testing.T, dir string) types.Kustomization {
 	return k
 }
 
-// override sets, in dir/kustomization.yaml, the namespace and every function image (name,
-// tag), as an installer would: the one place both are set.
+// override sets, in dir/kustomization.yaml, the namespace and, unless registry is "", every
+// function image (name, tag), as an installer would: the one place both are set.
 func override(t *testing.T, dir, namespace, registry, tag string) {
 	t.Helper()
 	k := readKustomization(t, dir)
 	k.Namespace = namespace
 	for i := range k.Images {
+		if registry == "" {
+			break
+		}
 		k.Images[i].NewName = registry + "/" + filepath.Base(k.Images[i].Name)
 		k.Images[i].NewTag = tag
 	}

@@ -53,10 +53,9 @@ func (fixedEnvironment) Environment(a taskassignment.Assignment) (map[string]str
 	return map[string]string{"CI_ASSIGNMENT_ID": a.ID}, nil
 }
 
-// executorPod creates, with the real pod backend and worker (what handle runs), the executor
-// Pod of an assignment of the shipped pool linux, configured from the shipped gdr-config and
-// gdr-pools ConfigMaps, and returns the Pod as the API server received it.
-func executorPod(t *testing.T, docs []doc) *corev1.Pod {
+// shippedPodConfig is the pod backend's configuration from the shipped gdr-config and gdr-pools
+// ConfigMaps of docs, without client, namespace and SPIRE entry client.
+func shippedPodConfig(t *testing.T, docs []doc) podbackend.Config {
 	t.Helper()
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
 	naming := taskassignment.Naming{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
@@ -76,9 +75,19 @@ func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return podbackend.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
+}
+
+// executorPod creates, with the real pod backend and worker (what handle runs), the executor
+// Pod of an assignment of the shipped pool linux, configured from the shipped gdr-config and
+// gdr-pools ConfigMaps, and returns the Pod as the API server received it.
+func executorPod(t *testing.T, docs []doc) *corev1.Pod {
+	t.Helper()
+	cfg := shippedPodConfig(t, docs)
+	td, keys := cfg.TrustDomain, cfg.Keys
 	client := fake.NewClientset()
-	backend, err := podbackend.New(podbackend.Config{Client: client, Namespace: installNamespace, Keys: keys,
-		TrustDomain: td, Pools: pools, Entries: noEntries{}, Cluster: cfg["GDR_CLUSTER_NAME"]})
+	cfg.Client, cfg.Namespace, cfg.Entries = client, installNamespace, noEntries{}
+	backend, err := podbackend.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,7 @@ func TestUnusedGrantsBites(t *testing.T) {
 	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa}}
 	objs := func(podVerbs ...string) rbacObjects {
 		return rbacObjects{
-			roles: []rbacv1.Role{{Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs}}}},
+			roles:        []rbacv1.Role{{Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs}}}},
 			roleBindings: []rbacv1.RoleBinding{{Subjects: subject, RoleRef: rbacv1.RoleRef{Kind: "Role"}}},
 		}
 	}
