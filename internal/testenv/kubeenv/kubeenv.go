@@ -17,6 +17,9 @@
 //     admission is off: no controller creates default ServiceAccounts),
 //     field selectors, label selectors and pagination.
 //   - etcd runs with --unsafe-no-fsync: the data is throwaway.
+//   - StartWith (or Shared.Options) can add an audit log (Options.Audit:
+//     who called what, at Metadata level) and extra kube-apiserver flags;
+//     Start runs neither.
 //   - If the test binary dies without stopping the plane (a timeout panic, a
 //     kill), a watchdog process kills etcd and kube-apiserver, checking each
 //     by the full path of its executable, and removes their data folder, so
