@@ -151,7 +151,7 @@ func TestPodsHardened(t *testing.T) {
 // TestPoolsTemplateDocumentsRuntimeClass keeps the sandboxed-runtime knob in front of whoever
 // edits the executor template.
 func TestPoolsTemplateDocumentsRuntimeClass(t *testing.T) {
-	d := one(t, under(loadManifests(t), "keda"), "ConfigMap", "gdr-pools")
+	d := one(t, installed(loadManifests(t), "keda"), "ConfigMap", "gdr-pools")
 	data, _ := path(d.obj, "data", "pools.yaml").(string)
 	if !strings.Contains(data, "# runtimeClassName:") || !strings.Contains(data, "gVisor") || !strings.Contains(data, "Kata") {
 		t.Error("the executor template no longer documents runtimeClassName (gVisor runsc or Kata) for untrusted code")
@@ -162,7 +162,7 @@ func TestPoolsTemplateDocumentsRuntimeClass(t *testing.T) {
 // hardeningProblems to name it.
 func TestHardeningCheckBites(t *testing.T) {
 	var base podTemplate
-	for _, p := range podTemplates(t, under(loadManifests(t), "keda")) {
+	for _, p := range podTemplates(t, installed(loadManifests(t), "keda")) {
 		if p.doc.kind() == "Deployment" && p.doc.name() == "dispatch" {
 			base = p
 		}

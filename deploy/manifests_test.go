@@ -35,8 +35,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
-// manifestDirs are the folders whose every YAML document is checked.
-var manifestDirs = []string{"keda", "knative"}
+// manifestDirs are the folders whose every YAML document is checked: base holds what both
+// install paths (the kustomizations keda and knative) include.
+var manifestDirs = []string{"base", "keda", "knative"}
 
 // doc is one YAML document of a manifest file.
 type doc struct {
@@ -88,6 +89,9 @@ func loadManifests(t *testing.T) []doc {
 		err := filepath.WalkDir(dir, func(path string, e os.DirEntry, err error) error {
 			if err != nil || e.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
 				return err
+			}
+			if e.Name() == "kustomization.yaml" {
+				return nil // kustomize's own file, checked by kustomize_test.go
 			}
 			data, err := os.ReadFile(path)
 			if err != nil {
@@ -191,15 +195,17 @@ func crdKey(apiVersion, kind string) string { return apiVersion + "/" + kind }
 
 // builtins are the built-in kinds the manifests may use, decoded strictly.
 var builtins = map[string]func() any{
-	"v1/ConfigMap":                             func() any { return &corev1.ConfigMap{} },
-	"v1/Service":                               func() any { return &corev1.Service{} },
-	"v1/ServiceAccount":                        func() any { return &corev1.ServiceAccount{} },
-	"apps/v1/Deployment":                       func() any { return &appsv1.Deployment{} },
-	"batch/v1/Job":                             func() any { return &batchv1.Job{} },
-	"batch/v1/CronJob":                         func() any { return &batchv1.CronJob{} },
-	"rbac.authorization.k8s.io/v1/Role":        func() any { return &rbacv1.Role{} },
-	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
-	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
+	"v1/ConfigMap":                                    func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                                      func() any { return &corev1.Service{} },
+	"v1/ServiceAccount":                               func() any { return &corev1.ServiceAccount{} },
+	"apps/v1/Deployment":                              func() any { return &appsv1.Deployment{} },
+	"batch/v1/Job":                                    func() any { return &batchv1.Job{} },
+	"batch/v1/CronJob":                                func() any { return &batchv1.CronJob{} },
+	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
+	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
+	"networking.k8s.io/v1/NetworkPolicy":              func() any { return &networkingv1.NetworkPolicy{} },
 }
 
 // strict decodes data into v, failing on unknown and duplicate fields.
@@ -298,6 +304,12 @@ var knownDeliveryFields = map[string]bool{
 	"retryAfterMax": true, "format": true,
 }
 
+// installed returns the documents one install path applies: its folder (keda or knative) and
+// base, which its kustomization includes.
+func installed(docs []doc, dir string) []doc {
+	return append(under(docs, "base"), under(docs, dir)...)
+}
+
 // under returns the documents of one manifest folder.
 func under(docs []doc, dir string) []doc {
 	var out []doc
@@ -358,7 +370,7 @@ func path(obj any, keys ...string) any {
 }
 
 func TestScaledJobContract(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	sj := one(t, docs, "ScaledJob", "handle-pod")
 	spec := sj.obj["spec"].(map[string]any)
 
@@ -441,7 +453,7 @@ func TestScaledJobContract(t *testing.T) {
 }
 
 func TestKedaSchedules(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	for _, c := range []struct{ name, arg string }{{"dispatch-run", "run"}, {"recover", ""}} {
 		var cj batchv1.CronJob
 		if err := strict(one(t, docs, "CronJob", c.name).raw, &cj); err != nil {
@@ -478,7 +490,7 @@ func TestKedaSchedules(t *testing.T) {
 }
 
 func TestPoolsConfigMap(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	var cm corev1.ConfigMap
 	if err := strict(one(t, docs, "ConfigMap", "gdr-pools").raw, &cm); err != nil {
 		t.Fatal(err)
