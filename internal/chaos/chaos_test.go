@@ -223,8 +223,13 @@ func TestChaos(t *testing.T) {
 	execs := &Executors{Sandboxes: osb, Gitea: gitea, Gateway: func() Gateway { return payloads }, Keys: keys,
 		Unreported: 0.1, MinRun: 200 * time.Millisecond, MaxRun: 3 * time.Second}
 	runCtx, stopRun := context.WithCancel(ctx)
+	execCtx, stopExecs := context.WithCancel(ctx)
+	execsDone := make(chan struct{})
+	go func() {
+		defer close(execsDone)
+		execs.Run(execCtx, st.Seed)
+	}()
 	var wg sync.WaitGroup
-	wg.Go(func() { execs.Run(ctx, st.Seed) })
 	fleet := NewFleet(env, logs, st.Seed)
 	wg.Go(func() { // a Deployment: restarted whenever it exits
 		for runCtx.Err() == nil {
@@ -284,6 +289,8 @@ func TestChaos(t *testing.T) {
 	stopRun()
 	fleet.Close(10 * time.Second)
 	wg.Wait()
+	stopExecs()
+	<-execsDone
 
 	// One final recover pass, against a Gitea and a backend without faults.
 	gitea.SetFaults(false)
