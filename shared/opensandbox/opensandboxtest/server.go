@@ -15,8 +15,10 @@
 // would refuse is refused here too, so the fake cannot hide a client bug.
 //
 // Tests drive what a real server decides on its own: state transitions
-// (SetState), faults (Inject, FailNext: 429 or 5xx, before or after the
-// request took effect) and latency (SetLatency).
+// (SetState, Transition), faults (Inject, FailNext: 429 or 5xx, before or
+// after the request took effect; SetFaults: a fault rate, including answers
+// that never come) and latency (SetLatency). Created records every sandbox
+// ever created, deleted ones included.
 package opensandboxtest
 
 import (
