@@ -147,7 +147,7 @@ func TestChaos(t *testing.T) {
 	defer gitea.Stop()
 	osb := opensandboxtest.New(t, opensandboxtest.WithAPIKey(osbAPIKey))
 
-	ns := NewNATS(bins.NATS, filepath.Join(dir, "nats"), testenv.FreePort(t))
+	ns := NewNATS(bins.NATS, filepath.Join(dir, "nats"), filepath.Join(logs, "nats.log"), testenv.FreePort(t))
 	if err := ns.Start(ctx); err != nil {
 		t.Fatalf("start NATS: %v", err)
 	}
@@ -272,7 +272,7 @@ func TestChaos(t *testing.T) {
 	}()
 	restarts := make(chan error, 1)
 	go func() {
-		restarts <- restartNATS(runCtx, ns, st.NATSRestarts, queueFor)
+		restarts <- restartNATS(runCtx, t, ns, st.NATSRestarts, queueFor)
 	}()
 
 	<-queued
@@ -417,15 +417,17 @@ func kill(ctx context.Context, fleet *Fleet, n int, span time.Duration, seed uin
 
 // restartNATS restarts the server n times, evenly over span, with its store
 // kept: SIGKILL first, then SIGTERM, alternately.
-func restartNATS(ctx context.Context, ns *NATS, n int, span time.Duration) error {
+func restartNATS(ctx context.Context, t *testing.T, ns *NATS, n int, span time.Duration) error {
 	for i := range n {
 		if !sleep(ctx, span/time.Duration(n+1)) {
 			return nil
 		}
 		if i%2 == 0 {
 			ns.Kill()
+			t.Logf("NATS restart %d: SIGKILL at %s", i+1, time.Now().Format("15:04:05.000"))
 		} else {
 			ns.Stop(10 * time.Second)
+			t.Logf("NATS restart %d: SIGTERM at %s", i+1, time.Now().Format("15:04:05.000"))
 		}
 		if err := ns.Start(ctx); err != nil {
 			return err

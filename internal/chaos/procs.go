@@ -59,9 +59,10 @@ type NATS struct {
 	proc *testenv.Process
 }
 
-// NewNATS returns a server (not started) keeping its store and log in dir.
-func NewNATS(bin, dir string, port int) *NATS {
-	return &NATS{bin: bin, store: filepath.Join(dir, "store"), log: filepath.Join(dir, "nats.log"), port: port,
+// NewNATS returns a server (not started) keeping its store in dir and
+// appending its output to log.
+func NewNATS(bin, dir, log string, port int) *NATS {
+	return &NATS{bin: bin, store: filepath.Join(dir, "store"), log: log, port: port,
 		URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
 }
 
