@@ -17,8 +17,8 @@ func TestLostTasks(t *testing.T) {
 		{ID: 1, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}}},
 		// The same result again is harmless (a retried report).
 		{ID: 2, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}, {Result: ok, By: "protocol"}}},
-		{ID: 3, Claims: 0},                       // never claimed
-		{ID: 4, Claims: 1},                       // claimed, never ended
+		{ID: 3, Claims: 0}, // never claimed
+		{ID: 4, Claims: 1}, // claimed, never ended
 		{ID: 5, Claims: 1, Result: fail, Reaped: true, Finals: []Final{{Result: fail, Accepted: true, By: "reaper"}}},
 		{ID: 6, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}, {Result: fail, By: "protocol"}}},
 		{ID: 7, Claims: 2, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}}},
