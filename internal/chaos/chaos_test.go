@@ -97,9 +97,9 @@ const (
 	osbAPIKey     = "chaos-opensandbox-key"
 )
 
-// pools are the runner pools: both on the OpenSandbox backend, so both
+// poolsYAML are the runner pools: both on the OpenSandbox backend, so both
 // share its one consumer.
-var poolsYAML = `pools:
+const poolsYAML = `pools:
   - name: linux
     labels: [ubuntu-latest]
     backend: opensandbox
@@ -231,6 +231,7 @@ func TestChaos(t *testing.T) {
 	}()
 	var wg sync.WaitGroup
 	fleet := NewFleet(env, logs, st.Seed)
+	t.Cleanup(func() { fleet.Close(time.Second) }) // a test that stops early leaves no process
 	wg.Go(func() { // a Deployment: restarted whenever it exits
 		for runCtx.Err() == nil {
 			if errors.Is(fleet.Run("dispatch", bins.Dispatch, dispatchEnv, "serve"), ErrClosed) {
@@ -320,7 +321,12 @@ func TestChaos(t *testing.T) {
 			t.Logf("last lines of %s.log:\n%s", kind, testenv.LogTail(filepath.Join(logs, kind+".log"), 15))
 		}
 	}
-	fmt.Printf("chaos: %d tasks, %d kills, %d lost, %d duplicated, %d leaked\n", st.Tasks, kills, lost, dups, leaked)
+	verdict := fmt.Sprintf("chaos: %d tasks, %d kills, %d lost, %d duplicated, %d leaked", st.Tasks, kills, lost, dups, leaked)
+	if testing.Verbose() {
+		fmt.Println(verdict) // streamed: verbatim, the last line before the test's result
+	} else {
+		t.Log(verdict) // buffered: the last line of the test's report
+	}
 	if lost+dups+leaked > 0 || kills < st.Kills {
 		t.Fail()
 	}
