@@ -137,9 +137,10 @@ func TestPodsHardened(t *testing.T) {
 			t.Errorf("%s: %s", p, prob)
 		}
 	}
-	// The walk must have met every kind of Pod: 7 KEDA ones (handle-setup, handle-pod, dispatch
-	// x2, recover x2, gateway), 3 Knative Services and the executor template.
-	want := map[string]int{"handle": 3, "dispatch": 3, "recover": 3, "gateway": 1, "executor": 1}
+	// The walk must have met every kind of Pod: 8 KEDA ones (handle-setup, handle-pod, dispatch
+	// x2, recover x3: CronJob, manual Job, finish ScaledJob; gateway), 3 Knative Services and the
+	// executor template.
+	want := map[string]int{"handle": 3, "dispatch": 3, "recover": 4, "gateway": 1, "executor": 1}
 	for f, n := range want {
 		if functions[f] != n {
 			t.Errorf("%d Pod templates run %s, want %d", functions[f], f, n)
@@ -150,7 +151,7 @@ func TestPodsHardened(t *testing.T) {
 // TestPoolsTemplateDocumentsRuntimeClass keeps the sandboxed-runtime knob in front of whoever
 // edits the executor template.
 func TestPoolsTemplateDocumentsRuntimeClass(t *testing.T) {
-	d := one(t, under(loadManifests(t), "keda"), "ConfigMap", "gdr-pools")
+	d := one(t, installed(loadManifests(t), "keda"), "ConfigMap", "gdr-pools")
 	data, _ := path(d.obj, "data", "pools.yaml").(string)
 	if !strings.Contains(data, "# runtimeClassName:") || !strings.Contains(data, "gVisor") || !strings.Contains(data, "Kata") {
 		t.Error("the executor template no longer documents runtimeClassName (gVisor runsc or Kata) for untrusted code")
@@ -161,7 +162,7 @@ func TestPoolsTemplateDocumentsRuntimeClass(t *testing.T) {
 // hardeningProblems to name it.
 func TestHardeningCheckBites(t *testing.T) {
 	var base podTemplate
-	for _, p := range podTemplates(t, under(loadManifests(t), "keda")) {
+	for _, p := range podTemplates(t, installed(loadManifests(t), "keda")) {
 		if p.doc.kind() == "Deployment" && p.doc.name() == "dispatch" {
 			base = p
 		}

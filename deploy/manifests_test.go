@@ -31,11 +31,13 @@ import (
 	"k8s.io/kube-openapi/pkg/validation/validate"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
-// manifestDirs are the folders whose every YAML document is checked.
-var manifestDirs = []string{"keda", "knative"}
+// manifestDirs are the folders whose every YAML document is checked: base holds what both
+// install paths (the kustomizations keda and knative) include.
+var manifestDirs = []string{"base", "keda", "knative"}
 
 // doc is one YAML document of a manifest file.
 type doc struct {
@@ -87,6 +89,9 @@ func loadManifests(t *testing.T) []doc {
 		err := filepath.WalkDir(dir, func(path string, e os.DirEntry, err error) error {
 			if err != nil || e.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
 				return err
+			}
+			if e.Name() == "kustomization.yaml" {
+				return nil // kustomize's own file, checked by kustomize_test.go
 			}
 			data, err := os.ReadFile(path)
 			if err != nil {
@@ -190,15 +195,17 @@ func crdKey(apiVersion, kind string) string { return apiVersion + "/" + kind }
 
 // builtins are the built-in kinds the manifests may use, decoded strictly.
 var builtins = map[string]func() any{
-	"v1/ConfigMap":                             func() any { return &corev1.ConfigMap{} },
-	"v1/Service":                               func() any { return &corev1.Service{} },
-	"v1/ServiceAccount":                        func() any { return &corev1.ServiceAccount{} },
-	"apps/v1/Deployment":                       func() any { return &appsv1.Deployment{} },
-	"batch/v1/Job":                             func() any { return &batchv1.Job{} },
-	"batch/v1/CronJob":                         func() any { return &batchv1.CronJob{} },
-	"rbac.authorization.k8s.io/v1/Role":        func() any { return &rbacv1.Role{} },
-	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
-	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
+	"v1/ConfigMap":                                    func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                                      func() any { return &corev1.Service{} },
+	"v1/ServiceAccount":                               func() any { return &corev1.ServiceAccount{} },
+	"apps/v1/Deployment":                              func() any { return &appsv1.Deployment{} },
+	"batch/v1/Job":                                    func() any { return &batchv1.Job{} },
+	"batch/v1/CronJob":                                func() any { return &batchv1.CronJob{} },
+	"rbac.authorization.k8s.io/v1/Role":               func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
+	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
+	"networking.k8s.io/v1/NetworkPolicy":              func() any { return &networkingv1.NetworkPolicy{} },
 }
 
 // strict decodes data into v, failing on unknown and duplicate fields.
@@ -297,6 +304,12 @@ var knownDeliveryFields = map[string]bool{
 	"retryAfterMax": true, "format": true,
 }
 
+// installed returns the documents one install path applies: its folder (keda or knative) and
+// base, which its kustomization includes.
+func installed(docs []doc, dir string) []doc {
+	return append(under(docs, "base"), under(docs, dir)...)
+}
+
 // under returns the documents of one manifest folder.
 func under(docs []doc, dir string) []doc {
 	var out []doc
@@ -357,7 +370,7 @@ func path(obj any, keys ...string) any {
 }
 
 func TestScaledJobContract(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	sj := one(t, docs, "ScaledJob", "handle-pod")
 	spec := sj.obj["spec"].(map[string]any)
 
@@ -440,7 +453,7 @@ func TestScaledJobContract(t *testing.T) {
 }
 
 func TestKedaSchedules(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	for _, c := range []struct{ name, arg string }{{"dispatch-run", "run"}, {"recover", ""}} {
 		var cj batchv1.CronJob
 		if err := strict(one(t, docs, "CronJob", c.name).raw, &cj); err != nil {
@@ -477,7 +490,7 @@ func TestKedaSchedules(t *testing.T) {
 }
 
 func TestPoolsConfigMap(t *testing.T) {
-	docs := under(loadManifests(t), "keda")
+	docs := installed(loadManifests(t), "keda")
 	var cm corev1.ConfigMap
 	if err := strict(one(t, docs, "ConfigMap", "gdr-pools").raw, &cm); err != nil {
 		t.Fatal(err)
@@ -772,6 +785,61 @@ func TestISODuration(t *testing.T) {
 	for _, in := range []string{"30s", "PT", "P1D"} {
 		if _, err := isoDuration(in); err == nil {
 			t.Errorf("%s accepted", in)
+		}
+	}
+}
+
+// TestRecoverFinishScaledJob: recover's finish mode runs as a ScaledJob on the finish notices'
+// consumer of the backend handle-setup serves, with the CronJob's identity, and long enough for
+// its fetch (a SIGTERM hands the notices back only once the fetch has ended).
+func TestRecoverFinishScaledJob(t *testing.T) {
+	docs := under(loadManifests(t), "keda")
+	sj := one(t, docs, "ScaledJob", "recover-finish")
+	spec := sj.obj["spec"].(map[string]any)
+	podSpec := path(spec, "jobTargetRef", "template", "spec")
+	env := envOf(t, podSpec)
+	if env["GDR_RECOVER_MODE"] != "finish" {
+		t.Errorf("GDR_RECOVER_MODE %q: want finish", env["GDR_RECOVER_MODE"])
+	}
+	fetch, err := time.ParseDuration(env["GDR_RECOVER_FETCH_WAIT"])
+	if err != nil {
+		t.Fatalf("GDR_RECOVER_FETCH_WAIT %q: %v", env["GDR_RECOVER_FETCH_WAIT"], err)
+	}
+	deadline, _ := path(spec, "jobTargetRef", "activeDeadlineSeconds").(float64)
+	if time.Duration(deadline)*time.Second <= fetch+time.Minute {
+		t.Errorf("activeDeadlineSeconds %v: want more than GDR_RECOVER_FETCH_WAIT %v and a minute of Finish calls", deadline, fetch)
+	}
+	grace, _ := path(podSpec, "terminationGracePeriodSeconds").(float64)
+	if time.Duration(grace)*time.Second <= fetch {
+		t.Errorf("terminationGracePeriodSeconds %v: want more than GDR_RECOVER_FETCH_WAIT %v", grace, fetch)
+	}
+	cron := one(t, docs, "CronJob", "recover")
+	cronSpec := path(cron.obj, "spec", "jobTemplate", "spec", "template", "spec")
+	for _, k := range []string{"serviceAccountName", "automountServiceAccountToken"} {
+		if path(podSpec, k) != path(cronSpec, k) {
+			t.Errorf("%s %v: want the recover CronJob's %v", k, path(podSpec, k), path(cronSpec, k))
+		}
+	}
+	setup := envOf(t, path(one(t, docs, "Job", "handle-setup").obj, "spec", "template", "spec"))
+	triggers, _ := spec["triggers"].([]any)
+	if len(triggers) != 1 {
+		t.Fatalf("want one trigger, have %d", len(triggers))
+	}
+	tr := triggers[0].(map[string]any)
+	md, _ := tr["metadata"].(map[string]any)
+	want := map[string]string{
+		"account":                "$G",
+		"stream":                 assignmentqueue.DefaultStream + assignmentqueue.FinishedSuffix,
+		"consumer":               setup["GDR_BACKEND"], // handle-setup creates it
+		"lagThreshold":           "1",
+		"activationLagThreshold": "0",
+	}
+	if tr["type"] != "nats-jetstream" {
+		t.Errorf("trigger type %v: want nats-jetstream", tr["type"])
+	}
+	for k, v := range want {
+		if md[k] != v {
+			t.Errorf("trigger metadata %s = %v, want %q", k, md[k], v)
 		}
 	}
 }

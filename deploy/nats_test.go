@@ -301,6 +301,8 @@ const bucket = assignmentqueue.DefaultPayloadBucket
 func TestNATSAuthorization(t *testing.T) {
 	srv := startAuthorizedNATS(t, readAuthorization(t))
 	a1, a2, a3, a4, a5 := testAssignment(t, 1), testAssignment(t, 2), testAssignment(t, 3), testAssignment(t, 4), testAssignment(t, 5)
+	// a6: rejected by handle (a permanent error); a7: a message past MaxDeliver, for recover.
+	a6, a7 := testAssignment(t, 6), testAssignment(t, 7)
 
 	if !t.Run("no credentials", func(t *testing.T) {
 		// An executor (a job's own code) has no key: it cannot even connect.
@@ -322,7 +324,8 @@ func TestNATSAuthorization(t *testing.T) {
 		return
 	}
 
-	// handle-setup (GDR_MODE=setup): functions/handle serve(): EnsureStream, OpenConsumer.
+	// handle-setup (GDR_MODE=setup): functions/handle serve(): EnsureStream, EnsureRejections,
+	// OpenConsumer.
 	setup := srv.connect(t, "HANDLE_SETUP")
 	if !t.Run("handle-setup", func(t *testing.T) {
 		ctx := flowContext(t)
@@ -340,8 +343,8 @@ func TestNATSAuthorization(t *testing.T) {
 		return
 	}
 
-	// dispatch: functions/dispatch newService() (EnsureStream, EnsurePayloads), then
-	// shared/dispatcher: IDs, Started, Put, Publish, Delete.
+	// dispatch: functions/dispatch newService() (EnsureStream, EnsureRejections, EnsurePayloads),
+	// then shared/dispatcher: IDs, Started, Put, Publish, Delete.
 	dispatch := srv.connect(t, "DISPATCH")
 	var dq *assignmentqueue.Queue
 	var dp *assignmentqueue.Payloads
@@ -349,6 +352,9 @@ func TestNATSAuthorization(t *testing.T) {
 		ctx := flowContext(t)
 		dq = signedQueue(dispatch.js)
 		if err := dq.EnsureStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := dq.EnsureRejections(ctx); err != nil {
 			t.Fatal(err)
 		}
 		var err error
@@ -365,7 +371,7 @@ func TestNATSAuthorization(t *testing.T) {
 		}
 		// a2 stays an orphan (a crash between payload and message) for recover; a4 is a task
 		// Gitea ended while it waited, whose payload dispatch deletes below.
-		for _, a := range []taskassignment.Assignment{a1, a3} {
+		for _, a := range []taskassignment.Assignment{a1, a3, a6} {
 			if _, err := dq.Publish(ctx, a); err != nil {
 				t.Fatal(err)
 			}
@@ -393,11 +399,11 @@ func TestNATSAuthorization(t *testing.T) {
 
 	// handle in job mode (functions/handle serve(): only Queue.Consumer, the consumer
 	// handle-setup made; then shared/intake Job.Run: Fetch, and per message Metadata and Ack,
-	// NakWithDelay / Nak, or TermWithReason).
+	// NakWithDelay / Nak, or TermWithReason: poison, or a rejection).
 	handle := srv.connect(t, "HANDLE_POD")
 	if !t.Run("handle-pod", func(t *testing.T) {
 		ctx := flowContext(t)
-		runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a3.ID: "nak", unauthenticatedMsg: "term", malformedMsg: "term"})
+		runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a3.ID: "nak", a6.ID: "reject", unauthenticatedMsg: "term", malformedMsg: "term"})
 		runHandleJob(ctx, t, handle, map[string]string{a3.ID: "ack"})
 		handleForbidden(t, handle, dispatch, dp, a5)
 	}) {
@@ -479,6 +485,34 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatalf("Get = %v, %v", task, err)
 		}
 		if _, err := q.Publish(ctx, a2); err != nil {
+			t.Fatal(err)
+		}
+		// shared/recovery Drain: the rejection stream holds handle's three terminations (two
+		// poison, one rejection) and nothing forged; each is removed once acted on.
+		entries, err := q.Rejections(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reasons []string
+		for _, e := range entries {
+			reasons = append(reasons, e.Reason)
+			if err := q.RemoveRejection(ctx, e.Seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(reasons)
+		if want := []string{"malformed assignment", assignmentqueue.RejectedReason(a6.ID, "runner pool is not a pod pool"), "unauthenticated assignment"}; !slices.Equal(reasons, want) {
+			t.Fatalf("captured terminations %q, want %q", reasons, want)
+		}
+		// A message past MaxDeliver: read back and deleted from the queue.
+		ack, err := dq.Publish(ctx, a7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, found, err := q.ExhaustedAssignment(ctx, ack.Sequence, testTD); err != nil || !found || a.ID != a7.ID {
+			t.Fatalf("ExhaustedAssignment = %s, %v, %v", a.ID, found, err)
+		}
+		if err := q.DeleteMessage(ctx, ack.Sequence); err != nil {
 			t.Fatal(err)
 		}
 		recoverC.clean(t)
@@ -593,11 +627,14 @@ func flowContext(t *testing.T) context.Context {
 }
 
 // runHandleSetup is handle's setup mode (functions/handle serve(): EnsureStream,
-// OpenConsumer) as client c, which must be allowed all of it.
+// EnsureRejections, OpenConsumer) as client c, which must be allowed all of it.
 func runHandleSetup(ctx context.Context, t *testing.T, c *natsClient) {
 	t.Helper()
 	q := assignmentqueue.New(c.js, "")
 	if err := q.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureRejections(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 10); err != nil {
@@ -651,6 +688,8 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, want map[str
 			}
 		case "term":
 			err = msg.TermWithReason(reason)
+		case "reject":
+			err = msg.TermWithReason(assignmentqueue.RejectedReason(id, "runner pool is not a pod pool"))
 		default:
 			t.Errorf("unexpected message %q", id)
 		}
@@ -749,6 +788,33 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 	} else if src := s.CachedInfo().Config.Sources; len(src) != 0 {
 		t.Errorf("stream %s has sources %v after handle's refused update", assignmentqueue.DefaultStream, src)
 	}
+	// A forged rejection: a termination advisory naming another task, which recover would fail.
+	forgedAdvisory := "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.CI_RUNNER.pod"
+	c.denied(t, "forge a rejection", forgedAdvisory, func(ctx context.Context) error {
+		data := []byte(`{"type":"io.nats.jetstream.advisory.v1.terminated","stream":"CI_RUNNER","consumer":"pod","stream_seq":1,"reason":"` +
+			assignmentqueue.RejectedReason(forged.ID, "forged") + `"}`)
+		_, err := c.js.Publish(ctx, forgedAdvisory, data)
+		return err
+	})
+	c.denied(t, "forge an exhausted delivery", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.CI_RUNNER.pod", func(ctx context.Context) error {
+		_, err := c.js.Publish(ctx, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.CI_RUNNER.pod", []byte(`{}`))
+		return err
+	})
+	c.denied(t, "read the rejection stream", "$JS.API.STREAM.INFO.CI_RUNNER_REJECTED", func(ctx context.Context) error {
+		_, err := q.Rejections(ctx, 0)
+		return err
+	})
+	c.denied(t, "remove a rejection", "$JS.API.STREAM.MSG.DELETE.CI_RUNNER_REJECTED", func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE.CI_RUNNER_REJECTED", []byte(`{"seq":1}`))
+		return err
+	})
+	c.denied(t, "delete a queued message", "$JS.API.STREAM.MSG.DELETE.CI_RUNNER", func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE.CI_RUNNER", []byte(`{"seq":1}`))
+		return err
+	})
+	c.denied(t, "converge the rejection stream", "$JS.API.STREAM.INFO.CI_RUNNER_REJECTED", func(ctx context.Context) error {
+		return q.EnsureRejections(ctx)
+	})
 	c.denied(t, "purge the queue", "$JS.API.STREAM.PURGE.CI_RUNNER", func(ctx context.Context) error {
 		_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.PURGE.CI_RUNNER", nil)
 		return err
@@ -759,9 +825,10 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 }
 
 // TestNATSAuthorizationDispatchFirst starts dispatch before handle-setup on a fresh server, which
-// the apply order allows (both converge the stream): dispatch then creates the stream (its
-// STREAM.CREATE.CI_RUNNER, which TestNATSAuthorization, with handle-setup first, never needs) and
-// the bucket, and handle-setup only updates the stream and adds the consumer. Until handle-setup
+// the apply order allows (both converge the stream): dispatch then creates the stream and its
+// rejection stream (its STREAM.CREATE.CI_RUNNER and STREAM.CREATE.CI_RUNNER_REJECTED, which
+// TestNATSAuthorization, with handle-setup first, never needs) and the bucket, and handle-setup
+// only updates both streams and adds the consumer. Until handle-setup
 // has run, a handle-pod run finds no consumer (and creates none): that is why handle-setup runs
 // first.
 func TestNATSAuthorizationDispatchFirst(t *testing.T) {
@@ -770,6 +837,9 @@ func TestNATSAuthorizationDispatchFirst(t *testing.T) {
 	dispatch := srv.connect(t, "DISPATCH")
 	dq := signedQueue(dispatch.js)
 	if err := dq.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dq.EnsureRejections(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {

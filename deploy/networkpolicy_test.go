@@ -53,10 +53,9 @@ func (fixedEnvironment) Environment(a taskassignment.Assignment) (map[string]str
 	return map[string]string{"CI_ASSIGNMENT_ID": a.ID}, nil
 }
 
-// executorPod creates, with the real pod backend and worker (what handle runs), the executor
-// Pod of an assignment of the shipped pool linux, configured from the shipped gdr-config and
-// gdr-pools ConfigMaps, and returns the Pod as the API server received it.
-func executorPod(t *testing.T, docs []doc) *corev1.Pod {
+// shippedPodConfig is the pod backend's configuration from the shipped gdr-config and gdr-pools
+// ConfigMaps of docs, without client, namespace and SPIRE entry client.
+func shippedPodConfig(t *testing.T, docs []doc) podbackend.Config {
 	t.Helper()
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
 	naming := taskassignment.Naming{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
@@ -76,9 +75,19 @@ func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return podbackend.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
+}
+
+// executorPod creates, with the real pod backend and worker (what handle runs), the executor
+// Pod of an assignment of the shipped pool linux, configured from the shipped gdr-config and
+// gdr-pools ConfigMaps, and returns the Pod as the API server received it.
+func executorPod(t *testing.T, docs []doc) *corev1.Pod {
+	t.Helper()
+	cfg := shippedPodConfig(t, docs)
+	td, keys := cfg.TrustDomain, cfg.Keys
 	client := fake.NewClientset()
-	backend, err := podbackend.New(podbackend.Config{Client: client, Namespace: installNamespace, Keys: keys,
-		TrustDomain: td, Pools: pools, Entries: noEntries{}, Cluster: cfg["GDR_CLUSTER_NAME"]})
+	cfg.Client, cfg.Namespace, cfg.Entries = client, installNamespace, noEntries{}
+	backend, err := podbackend.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,16 +267,8 @@ func loadPolicies(t *testing.T, docs []doc) policySet {
 // and the internet; then checks who may connect to whom under the shipped policies.
 func TestNetworkPolicies(t *testing.T) {
 	docs := loadManifests(t)
-	t.Run("keda", func(t *testing.T) { checkNetwork(t, under(docs, "keda"), false) })
-	// The Knative path applies knative/ and, of keda/, these (deploy/README.md).
-	shared := []string{"keda/00-config.yaml", "keda/01-rbac.yaml", "keda/06-gateway.yaml", "keda/07-network-policies.yaml"}
-	knativeDocs := under(docs, "knative")
-	for _, d := range docs {
-		if slices.Contains(shared, filepath.ToSlash(d.file)) {
-			knativeDocs = append(knativeDocs, d)
-		}
-	}
-	t.Run("knative", func(t *testing.T) { checkNetwork(t, knativeDocs, true) })
+	t.Run("keda", func(t *testing.T) { checkNetwork(t, installed(docs, "keda"), false) })
+	t.Run("knative", func(t *testing.T) { checkNetwork(t, installed(docs, "knative"), true) })
 }
 
 func checkNetwork(t *testing.T, docs []doc, knative bool) {

@@ -154,7 +154,11 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		return nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
-	if err := q.EnsureStream(ctx); err != nil {
+	if err := errors.Join(q.EnsureStream(ctx), assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx)); err != nil {
+		closeFn()
+		return nil, nil, err
+	}
+	if err := q.EnsureRejections(ctx); err != nil {
 		closeFn()
 		return nil, nil, err
 	}

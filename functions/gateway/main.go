@@ -104,7 +104,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeSource()
-	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log}
+	backendOf := make(map[string]taskassignment.Backend, len(cfg.pools))
+	for _, p := range cfg.pools {
+		backendOf[p.Name] = p.Backend
+	}
+	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log,
+		// Finish notices name no stream: whichever captures ci.finished.> (dispatch and handle-setup ensure it).
+		Finished: assignmentqueue.NewFinished(js, ""), Backends: backendOf}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return err

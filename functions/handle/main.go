@@ -49,6 +49,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := q.EnsureStream(ctx); err != nil {
 			return err
 		}
+		if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx, backend); err != nil { // finish notices
+			return err
+		}
+		if err := q.EnsureRejections(ctx); err != nil {
+			return err
+		}
 		if _, err := q.OpenConsumer(ctx, backend, cfg.Capacity); err != nil {
 			return err
 		}
@@ -73,7 +79,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	sum, err := job.Run(ctx)
 	log.Info("run finished", slog.Int("fetched", sum.Fetched), slog.Int("accepted", sum.Accepted),
-		slog.Int("not_yet", sum.NotYet), slog.Int("failed", sum.Failed), slog.Int("poison", sum.Poison))
+		slog.Int("not_yet", sum.NotYet), slog.Int("failed", sum.Failed), slog.Int("poison", sum.Poison), slog.Int("rejected", sum.Rejected))
 	return err
 }
 

@@ -66,9 +66,8 @@ type local struct {
 	job     intake.Job
 	recover *recovery.Recovery
 	// recovering serializes the periodic pass and the finish of an ended
-	// executor: run side by side on one assignment, a pass that asked Gitea
-	// before the job ended could find the executor just deleted and create
-	// it again.
+	// executor. Not needed for correctness (recover never creates an
+	// executor, so concurrent passes converge); it saves duplicate calls.
 	recovering sync.Mutex
 	backend    *processbackend.Backend
 	exits      *exits // executors whose process ended, finished at once
@@ -101,6 +100,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	}
 	q := assignmentqueue.New(js, "").SignedBy(signer)
 	if err := q.EnsureStream(ctx); err != nil {
+		return nil, l.fail(err)
+	}
+	if err := q.EnsureRejections(ctx); err != nil {
 		return nil, l.fail(err)
 	}
 	consumer, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, cfg.Capacity)
@@ -155,7 +157,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
-		Queue:    q, Payloads: payloads, Log: log,
+		Queue:    q, Rejections: q, Payloads: payloads, Log: log,
 	}
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {
@@ -391,9 +393,38 @@ func (l *local) dispatchOnce(ctx context.Context) {
 }
 
 func (l *local) handleOnce(ctx context.Context) {
-	if _, err := l.job.Run(ctx); err != nil && ctx.Err() == nil {
+	sum, err := l.job.Run(ctx)
+	if err != nil && ctx.Err() == nil {
 		l.log.Warn("handle run failed", slog.Any("error", err))
 		time.Sleep(time.Second)
+	}
+	l.drainRejected(ctx, sum.Rejected)
+}
+
+// drainRejected fails at once the n tasks a handle run rejected, as
+// recover's drain does, and frees their slots. Each termination's advisory
+// reaches the rejection stream a moment after the termination, so it looks
+// a few times, briefly; recover's pass is the safety net.
+func (l *local) drainRejected(ctx context.Context, n int) {
+	for attempt := 0; n > 0 && attempt < 20; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		l.recovering.Lock()
+		sum, err := l.recover.Drain(ctx)
+		l.recovering.Unlock()
+		if err != nil && ctx.Err() == nil {
+			l.log.Warn("fail rejected tasks", slog.Any("error", err))
+		}
+		if done := sum.Rejected + sum.Exhausted + sum.RejectionsDropped; done > 0 {
+			l.log.Info("rejected tasks failed", sum.Attrs()...)
+			l.kickDispatch()
+			n -= done
+		}
 	}
 }
 

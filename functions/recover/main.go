@@ -1,6 +1,10 @@
 // Command recover finishes, reports and cleans up whatever the backends hold
 // (see package recovery): one pass, then exit. Run it as a CronJob, from a
-// Knative PingSource (GDR_MODE=http: every POST runs a pass), or by hand.
+// Knative PingSource (GDR_RECOVER_MODE=http: every POST runs a pass), or by
+// hand. GDR_RECOVER_MODE=finish is the fast path: one run takes a batch of
+// finish notices (sent by the gateway when a runner's final result reached
+// Gitea), finishes each executor at once and exits (a KEDA ScaledJob); the
+// periodic pass stays the safety net.
 //
 // Exit status: 0 when the pass ran (single assignments that failed are
 // logged and retried by the next pass), 1 when it could not run at all, 2 for
@@ -15,6 +19,8 @@ import (
 	"net/http"
 	"os"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
@@ -46,8 +52,13 @@ type Config struct {
 	backends.Setup
 
 	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job) or http (a pass per POST: Knative PingSource)"`
+	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
 	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
+
+	// Finish mode.
+	Batch     int           `envconfig:"RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`
+	FetchWait time.Duration `envconfig:"RECOVER_FETCH_WAIT" default:"2s" desc:"recover finish mode: how long a run waits for notices"`
+	Retry     time.Duration `envconfig:"RECOVER_RETRY" default:"2s" desc:"recover finish mode: when a notice whose executor has not ended yet comes back (5 deliveries at most, then the periodic pass)"`
 
 	pools runnerpool.Pools
 }
@@ -56,10 +67,12 @@ type Config struct {
 func (c *Config) Check() error {
 	var mode error
 	switch {
-	case c.Mode != "once" && c.Mode != "http":
-		mode = fmt.Errorf("GDR_RECOVER_MODE %q: want once or http", c.Mode)
+	case c.Mode != "once" && c.Mode != "http" && c.Mode != modeFinish:
+		mode = fmt.Errorf("GDR_RECOVER_MODE %q: want once, http or finish", c.Mode)
 	case c.Mode == "http" && c.TickToken == "":
 		mode = errors.New("GDR_TICK_TOKEN is required in http mode: every pass must be asked for by a known caller")
+	case c.Mode == modeFinish && (c.Batch < 1 || c.FetchWait <= 0 || c.Retry <= 0):
+		mode = errors.New("GDR_RECOVER_BATCH must be at least 1, GDR_RECOVER_FETCH_WAIT and GDR_RECOVER_RETRY above 0")
 	}
 	td, _, _ := c.Parse()
 	pools, err := c.Source.Load()
@@ -75,13 +88,16 @@ func main() {
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	r, closeFn, err := build(ctx, cfg, log)
+	r, js, closeFn, err := build(ctx, cfg, log)
 	if err != nil {
 		return fmt.Errorf("recover could not start: %w", err)
 	}
-	defer closeFn()
-	if cfg.Mode == "http" {
+	defer closeFn() // closing NATS flushes the notices' acks and naks
+	switch cfg.Mode {
+	case "http":
 		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, log)
+	case modeFinish:
+		return finish(ctx, cfg, r, js, log)
 	}
 	return pass(ctx, r, log)
 }
@@ -97,27 +113,27 @@ func pass(ctx context.Context, r *recovery.Recovery, log *slog.Logger) error {
 	return nil
 }
 
-func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recovery, func(), error) {
+func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recovery, jetstream.JetStream, func(), error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	boot, err := cfg.Settings.New(td)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	signer, err := cfg.Signer()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, cfg.pools)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var closers []func() error
 	closeAll := func() {
-		for _, c := range closers {
-			_ = c()
+		for i := len(closers) - 1; i >= 0; i-- {
+			_ = closers[i]()
 		}
 	}
 	rp := map[string]recovery.Pool{}
@@ -130,7 +146,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		b, closeBackend, err := backends.New(p.Backend, cfg.Setup, backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
+			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
 		}
 		closers = append(closers, closeBackend)
 		bs[p.Backend] = b
@@ -138,18 +154,19 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "recover")
 	if err != nil {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	closers = append(closers, func() error { return natsconn.Close(nc) })
 	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
 	if err != nil {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
 	return &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: assignmentqueue.New(js, cfg.Stream).SignedBy(signer), Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
-	}, closeAll, nil
+		Queue: q, Rejections: q, Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
+	}, js, closeAll, nil
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.

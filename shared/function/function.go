@@ -86,17 +86,29 @@ type Program struct {
 	Synopsis string
 	// TextLog logs for a person at a terminal instead of in JSON.
 	TextLog bool
+	// Stdout receives what the command prints for its user (--version);
+	// nil means os.Stdout.
+	Stdout io.Writer
 }
+
+// ErrVersion is returned by Load when --version was asked for: nothing was
+// loaded or checked, so a binary answers it without any configuration.
+var ErrVersion = errors.New("version requested")
 
 // Load fills cfg (a pointer to an envconfig struct) from the GDR_*
 // environment, parses args as flags over it (when cfg is a Flagger), then
 // checks it (when cfg is a Checker). It returns the arguments left after the
-// flags; flag.ErrHelp when help was asked for (the usage is printed).
+// flags; flag.ErrHelp when help was asked for (the usage is printed);
+// ErrVersion for --version.
 func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error) {
 	envErr := envdoc.Process(EnvPrefix, cfg)
 	fs := p.flagSet(cfg, stderr)
+	version := fs.Bool("version", false, "print the version (module version, commit, Go version) and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *version {
+		return nil, ErrVersion
 	}
 	if envErr != nil {
 		return nil, envErr
@@ -153,7 +165,8 @@ type Run func(ctx context.Context, log *slog.Logger, args []string) error
 // Main loads cfg from the environment and the command line, then runs run,
 // and returns the exit code: ExitConfig when the configuration or usage is
 // bad (said on stderr, never echoing a value), ExitFailed when run fails (it
-// is logged), ExitOK otherwise, and after -h.
+// is logged), ExitOK otherwise, and after -h or --version (which need no
+// configuration).
 func (p Program) Main(cfg any, run Run) int {
 	return p.Exec(context.Background(), cfg, os.Args[1:], os.Stderr, run)
 }
@@ -163,7 +176,15 @@ func (p Program) Main(cfg any, run Run) int {
 // line in process.
 func (p Program) Exec(ctx context.Context, cfg any, args []string, stderr io.Writer, run Run) int {
 	rest, err := p.Load(cfg, args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.Is(err, ErrVersion):
+		out := p.Stdout
+		if out == nil {
+			out = os.Stdout
+		}
+		PrintVersion(out, p.Name)
 		return ExitOK
 	}
 	if err != nil {

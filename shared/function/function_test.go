@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,8 @@ func (c *testConfig) Flags(fs *flag.FlagSet) { fs.StringVar(&c.Name, "name", c.N
 
 func TestExec(t *testing.T) {
 	const secret = "s3cr3t-value-never-shown"
-	p := Program{Name: "probe", Synopsis: "do | dont"}
+	var stdout bytes.Buffer
+	p := Program{Name: "probe", Synopsis: "do | dont", Stdout: &stdout}
 	for _, tc := range []struct {
 		name     string
 		env      map[string]string
@@ -47,7 +49,9 @@ func TestExec(t *testing.T) {
 		wantRun  bool
 	}{
 		{"ok", map[string]string{"GDR_TEST_KEY": secret}, []string{"--name", "flag", "do"}, nil, ExitOK, nil, true},
-		{"help", nil, []string{"-h"}, nil, ExitOK, []string{"usage: probe do | dont", "-name", "GDR_TEST_KEY", "(required)"}, false},
+		{"help", nil, []string{"-h"}, nil, ExitOK, []string{"usage: probe do | dont", "-name", "-version", "GDR_TEST_KEY", "(required)"}, false},
+		// --version needs no configuration at all: GDR_TEST_KEY is unset.
+		{"version", nil, []string{"--version"}, nil, ExitOK, nil, false},
 		{"missing required", nil, nil, nil, ExitConfig, []string{"probe: configuration: required variables not set: GDR_TEST_KEY"}, false},
 		{"malformed value", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": secret}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT: not a valid int"}, false},
 		{"check fails", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": "0"}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT 0"}, false},
@@ -64,6 +68,7 @@ func TestExec(t *testing.T) {
 				unsetenv(t, "GDR_TEST_KEY")
 			}
 			var out bytes.Buffer
+			stdout.Reset()
 			var cfg testConfig
 			ran := false
 			code := p.Exec(context.Background(), &cfg, tc.args, &out, func(ctx context.Context, log *slog.Logger, args []string) error {
@@ -84,7 +89,32 @@ func TestExec(t *testing.T) {
 			if strings.Contains(out.String(), secret) {
 				t.Errorf("stderr shows a configured value:\n%s", out.String())
 			}
+			if printed := stdout.String(); (tc.name == "version") != (printed != "") {
+				t.Errorf("stdout = %q", printed)
+			} else if tc.name == "version" && !strings.HasPrefix(printed, "probe ") {
+				t.Errorf("--version printed %q, want it to start with the program name", printed)
+			}
 		})
+	}
+}
+
+func TestVersionString(t *testing.T) {
+	for _, tc := range []struct {
+		v    Version
+		want string
+	}{
+		{Version{Module: "v1.2.3", Commit: "abc123", Time: "2026-12-01T00:00:00Z", Go: "go1.26.0"}, "v1.2.3 commit abc123 2026-12-01T00:00:00Z go1.26.0"},
+		{Version{Module: "(devel)", Commit: "abc123", Modified: true, Go: "go1.26.0"}, "(devel) commit abc123 (modified) go1.26.0"},
+		{Version{Module: "(devel)", Go: "go1.26.0"}, "(devel) go1.26.0"},
+	} {
+		if got := tc.v.String(); got != tc.want {
+			t.Errorf("%+v.String() = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+	// The test binary has build information: its Go version is the
+	// toolchain's own.
+	if v := BuildVersion(); v.Go != runtime.Version() {
+		t.Errorf("BuildVersion().Go = %q, want %q", v.Go, runtime.Version())
 	}
 }
 

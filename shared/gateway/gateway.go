@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -62,6 +63,11 @@ type Verifier interface {
 	Verify(assignmentID string, taskID int64, spiffeID, capability string) error
 }
 
+// Notifier publishes finish notices (assignmentqueue.Finished).
+type Notifier interface {
+	Publish(ctx context.Context, b taskassignment.Backend, assignmentID string) error
+}
+
 // Gateway serves executors.
 type Gateway struct {
 	TrustDomain spiffeid.TrustDomain
@@ -70,6 +76,12 @@ type Gateway struct {
 	Payloads     Payloads
 	Capabilities Verifier
 	Log          *slog.Logger
+	// Finished, if set, is told of every task whose final result Gitea
+	// accepted from its executor (see UpdateTask); Backends maps each pool
+	// to its backend, which the notice is addressed to. Nil: no notices, and
+	// recover's periodic pass finds every finished executor.
+	Finished Notifier
+	Backends map[string]taskassignment.Backend
 
 	// bindings saves the payload read behind every UpdateTask and UpdateLog
 	// once a caller is bound to its task (see bound).
@@ -300,6 +312,8 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 }
 
 // UpdateTask forwards the caller's own task state; any other task is 403.
+// Once Gitea has accepted the final result (a result set), it publishes the
+// task's finish notice (see notifyFinished).
 func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
 	f, err := s.g.forwarderFor(ctx, req.Msg.GetState().GetId())
 	if err != nil {
@@ -309,7 +323,47 @@ func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 	if err != nil {
 		return nil, fromGitea(err)
 	}
+	if req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED {
+		s.g.notifyFinished(ctx, req.Msg.GetState().GetId())
+	}
 	return connect.NewResponse(res), nil
+}
+
+// noticeTimeout bounds the publish of one finish notice.
+const noticeTimeout = 5 * time.Second
+
+// notifyFinished publishes the finish notice of the caller's task, whose
+// final result Gitea has just accepted, so that recover reports and deletes
+// its executor and frees its slot at once. It runs before UpdateTask answers,
+// on a context detached from the caller's (a runner that hangs up after its
+// final report still gets its notice), bounded by noticeTimeout.
+//
+// A failure is logged and never fails the UpdateTask: Gitea holds the result,
+// and recover's periodic pass is the safety net for a notice that is lost
+// here or by a crash between Gitea's answer and the publish. A runner that
+// reports its final result twice publishes the same Nats-Msg-Id twice: one
+// notice within the stream's duplicate window.
+func (g *Gateway) notifyFinished(ctx context.Context, taskID int64) {
+	if g.Finished == nil {
+		return
+	}
+	c, err := callerOf(ctx)
+	if err != nil {
+		return
+	}
+	log := g.log().With(slog.String("assignment", c.assignmentID), slog.Int64("task", taskID))
+	b, ok := g.Backends[c.pool]
+	if !ok {
+		log.Warn("finish notice not sent: the pool's backend is not known here", slog.String("pool", c.pool))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), noticeTimeout)
+	defer cancel()
+	if err := g.Finished.Publish(ctx, b, c.assignmentID); err != nil {
+		log.Warn("finish notice not sent; recover's next pass finishes the executor", slog.Any("error", err))
+		return
+	}
+	log.Info("finish notice sent", slog.String("backend", string(b)))
 }
 
 // UpdateLog forwards the caller's own log rows; any other task is 403.

@@ -65,7 +65,10 @@ type fixture struct {
 	payloads *assignmentqueue.Payloads
 }
 
-func start(t *testing.T) fixture {
+func start(t *testing.T) fixture { return startWith(t, nil) }
+
+// startWith starts a gateway that change, if set, completes before it serves.
+func startWith(t *testing.T, change func(*Gateway)) fixture {
 	t.Helper()
 	ctx := context.Background()
 	ca, err := svidca.New(td)
@@ -80,6 +83,9 @@ func start(t *testing.T) fixture {
 	rec := &recordingGitea{}
 	reads := &countingPayloads{Payloads: payloads}
 	g := &Gateway{TrustDomain: td, Pools: map[string]Forwarder{"linux": rec}, Payloads: reads, Capabilities: boot}
+	if change != nil {
+		change(g)
+	}
 	server, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), time.Hour)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,9 @@
 //
 // Both adapters share one decision per message (see Outcome): acknowledge once
 // the backend holds every recovery fact, redeliver later when that is not yet
-// so or something failed, and terminate only a message that can never decode.
+// so or something transient failed, and terminate a message that can never
+// decode (Poison) or whose assignment can never be accepted (Rejected: the
+// backend said so with taskworker.Permanent).
 package intake
 
 import (
@@ -16,6 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // Acceptor is what intake needs of a taskworker.Worker.
@@ -38,6 +41,12 @@ const (
 	// Poison: the message is not authentic or can never decode; terminate
 	// it.
 	Poison
+	// Rejected: the assignment is authentic but can never be accepted (the
+	// backend's error is taskworker.Permanent: an invalid spec, a pool it
+	// has no profile for, a runner that cannot start). Terminate it with a
+	// reason naming the assignment (assignmentqueue.RejectedReason), which
+	// recover turns into a failed task with that reason in its log.
+	Rejected
 )
 
 func (o Outcome) String() string {
@@ -50,6 +59,8 @@ func (o Outcome) String() string {
 		return "failed"
 	case Poison:
 		return "poison"
+	case Rejected:
+		return "rejected"
 	}
 	return "unknown"
 }
@@ -76,10 +87,29 @@ type Handler struct {
 // Handle authenticates and decodes one message body and offers it to the
 // worker. A message that is unsigned, badly signed or tampered with (its
 // repository, image, task or pool changed) is Poison before any backend
-// call: no executor, no retry. The error, when there is one, says why the
-// outcome is Failed or Poison; it never carries a credential (assignment
-// messages hold none).
+// call: no executor, no retry. An error of the worker that
+// taskworker.IsPermanent is Rejected, any other Failed. The error, when
+// there is one, says why the outcome is Failed, Poison or Rejected; it never
+// carries a credential (assignment messages hold none).
 func (h Handler) Handle(ctx context.Context, body []byte) (taskassignment.Assignment, Outcome, error) {
+	a, outcome, err := h.decode(body)
+	if err != nil {
+		return a, outcome, err
+	}
+	ok, err := h.Worker.Accept(ctx, a)
+	switch {
+	case err != nil && taskworker.IsPermanent(err):
+		return a, Rejected, err
+	case err != nil:
+		return a, Failed, err
+	case !ok:
+		return a, NotYet, nil
+	}
+	return a, Accepted, nil
+}
+
+// decode authenticates and decodes body; the outcome is for an error only.
+func (h Handler) decode(body []byte) (taskassignment.Assignment, Outcome, error) {
 	if h.Keys == nil {
 		return taskassignment.Assignment{}, Failed, errNoKeys
 	}
@@ -90,13 +120,6 @@ func (h Handler) Handle(ctx context.Context, body []byte) (taskassignment.Assign
 	a, err := taskassignment.Decode(msg, h.TrustDomain)
 	if err != nil {
 		return a, Poison, err
-	}
-	ok, err := h.Worker.Accept(ctx, a)
-	switch {
-	case err != nil:
-		return a, Failed, err
-	case !ok:
-		return a, NotYet, nil
 	}
 	return a, Accepted, nil
 }

@@ -135,6 +135,9 @@ func TestHandlerOutcomes(t *testing.T) {
 		{"accepted", good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, Accepted},
 		{"not yet", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, NotYet},
 		{"failed", good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("api down") }, Failed},
+		{"rejected", good, func(context.Context, taskassignment.Assignment) (bool, error) {
+			return false, fmt.Errorf("create: %w", taskworker.Permanent(errors.New("invalid spec")))
+		}, Rejected},
 		{"poison", seal(t, jetstreamenv.Signer(), []byte("{")), never, Poison},
 		{"poison from another trust domain", seal(t, jetstreamenv.Signer(), bytes.ReplaceAll(raw(t, assignment(t, 1)), []byte("ci.example.org"), []byte("evil.example.org"))), never, Poison},
 		// Forged assignments: anything that reaches NATS could publish these.
@@ -151,7 +154,7 @@ func TestHandlerOutcomes(t *testing.T) {
 			if got != tc.want {
 				t.Fatalf("Handle() = %v (%v), want %v", got, err, tc.want)
 			}
-			if (err != nil) != (tc.want == Failed || tc.want == Poison) {
+			if (err != nil) != (tc.want == Failed || tc.want == Poison || tc.want == Rejected) {
 				t.Fatalf("Handle() error = %v for outcome %v", err, got)
 			}
 		})
@@ -489,6 +492,9 @@ func TestReceiverStatusCodes(t *testing.T) {
 		{"accepted", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, http.StatusAccepted},
 		{"not yet", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }, http.StatusServiceUnavailable},
 		{"failed", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, http.StatusInternalServerError},
+		{"rejected", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) {
+			return false, taskworker.Permanent(errors.New("invalid spec"))
+		}, http.StatusBadRequest},
 		{"poison", taskassignment.EventType, seal(t, jetstreamenv.Signer(), []byte(`{"version":1}`)), nil, http.StatusBadRequest},
 		{"unsigned", taskassignment.EventType, raw(t, assignment(t, 11)), nil, http.StatusBadRequest},
 		{"another type", "dev.example.other", good, nil, http.StatusBadRequest},
@@ -550,7 +556,7 @@ func TestReceiverAcceptsEndToEnd(t *testing.T) {
 }
 
 func ExampleOutcome() {
-	for _, o := range []Outcome{Accepted, NotYet, Failed, Poison} {
+	for _, o := range []Outcome{Accepted, NotYet, Failed, Poison, Rejected} {
 		fmt.Println(o)
 	}
 	// Output:
@@ -558,4 +564,5 @@ func ExampleOutcome() {
 	// not_yet
 	// failed
 	// poison
+	// rejected
 }

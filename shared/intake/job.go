@@ -96,16 +96,18 @@ type Job struct {
 	HoldFor time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
 	// assignmentqueue.MaxDeliver, what OpenConsumer sets). A message handed
-	// back on its last delivery is terminated, not naked (see nak). With the
-	// backoff cap that is days away, longer than a payload lives, so in
-	// practice the job's own deadline ends such a task first; the rule
-	// guarantees that no message is ever left undeliverable in the stream.
+	// back on its last delivery is terminated, not naked (see nak), with a
+	// reason naming its assignment (assignmentqueue.ExhaustedReason), for
+	// recover to fail the task with. With the backoff cap that is days
+	// away, longer than a payload lives, so in practice the job's own
+	// deadline ends such a task first; the rule guarantees that no message
+	// is ever left undeliverable in the stream.
 	MaxDeliver int
 }
 
 // Summary counts what one run did with the messages it fetched.
 type Summary struct {
-	Fetched, Accepted, NotYet, Failed, Poison int
+	Fetched, Accepted, NotYet, Failed, Poison, Rejected int
 }
 
 func (s *Summary) count(o Outcome) {
@@ -118,12 +120,14 @@ func (s *Summary) count(o Outcome) {
 		s.Failed++
 	case Poison:
 		s.Poison++
+	case Rejected:
+		s.Rejected++
 	}
 }
 
 // Run fetches and settles one batch. Every message it fetched is settled
 // before it returns: acknowledged (Accepted), naked with a delay (NotYet,
-// Failed) or terminated (Poison). A NotYet message is first held (see Job)
+// Failed) or terminated (Poison, Rejected). A NotYet message is first held (see Job)
 // and counts as NotYet only when the run gives it up. When ctx is cancelled
 // (SIGTERM), the message in flight, those held and those not yet started are
 // naked at once, so another handler takes them without waiting for AckWait.
@@ -223,7 +227,10 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		attrs = append(attrs, slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivered", md.NumDelivered))
 	}
 	if ctx.Err() != nil {
-		j.nak(log, msg, 0, attrs)
+		// Decoded for its ID only: on its last delivery the message is
+		// terminated with a reason naming the assignment.
+		a, _, _ := j.Handler.decode(msg.Data())
+		j.nak(log, msg, 0, a.ID, attrs)
 		log.Info("assignment handed back", append(attrs, slog.String("reason", errShutdown.Error()))...)
 		return Failed, false
 	}
@@ -258,14 +265,14 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		if ctx.Err() != nil {
 			delay = 0
 		}
-		j.nak(log, msg, delay, attrs)
+		j.nak(log, msg, delay, a.ID, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
 		delay := ErrorBackoff(orDefault(j.ErrorDelay, DefaultErrorDelay), delivered(msg))
 		if ctx.Err() != nil {
 			delay = 0
 		}
-		j.nak(log, msg, delay, attrs)
+		j.nak(log, msg, delay, a.ID, attrs)
 		log.Warn("assignment not accepted", append(attrs, slog.Duration("retry_in", delay), slog.Any("error", err))...)
 	case Poison:
 		reason := "malformed assignment"
@@ -276,6 +283,15 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 			log.Error("terminate "+reason, append(attrs, slog.Any("error", terr))...)
 		}
 		log.Error(reason+" terminated", append(attrs, slog.Any("error", err))...)
+	case Rejected:
+		// The reason goes into the server's termination advisory, which the
+		// rejection stream keeps until recover has failed the task with it.
+		// A term lost on its way costs a redelivery after AckWait, which is
+		// rejected again.
+		if terr := msg.TermWithReason(assignmentqueue.RejectedReason(a.ID, err.Error())); terr != nil {
+			log.Error("terminate a rejected assignment", append(attrs, slog.Any("error", terr))...)
+		}
+		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", err))...)
 	}
 	return outcome, false
 }
@@ -307,14 +323,16 @@ func delivered(msg jetstream.Msg) uint64 {
 // nak hands msg back, to come again after delay. On its last delivery
 // (MaxDeliver) it is terminated instead, whatever the reason it goes back
 // (failed, still waiting, shutdown): a message naked then would stay in the
-// stream undelivered and counted as queued for ever, where terminated its
-// payload is an orphan that recover re-publishes.
-func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, attrs []any) {
+// stream undelivered and counted as queued for ever. The termination's
+// reason names the assignment (assignmentqueue.ExhaustedReason(id)), and
+// recover fails the task with it; without an ID (a message that does not
+// decode) its payload is an orphan that recover re-publishes.
+func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
 	if delivered(msg) >= uint64(orDefaultInt(j.MaxDeliver, assignmentqueue.MaxDeliver)) {
-		if err := msg.TermWithReason("deliveries exhausted"); err != nil {
+		if err := msg.TermWithReason(assignmentqueue.ExhaustedReason(assignmentID)); err != nil {
 			log.Error("terminate an assignment on its last delivery", append(attrs, slog.Any("error", err))...)
 		}
-		log.Error("assignment handed back on its last delivery: terminated, for recover to re-publish", attrs...)
+		log.Error("assignment handed back on its last delivery: terminated, for recover to fail the task", attrs...)
 		return
 	}
 	var err error

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -237,6 +238,11 @@ func phase(s opensandbox.State) taskworker.Phase {
 
 // Create returns the sandbox of a, creating it if Find finds none.
 //
+// Errors no retry can fix are marked taskworker.Permanent: an assignment
+// this backend has no pool for, metadata or an environment the request
+// cannot carry, and a create the server refuses with a 4xx other than 401,
+// 403, 408, 409 and 429 (see permanent).
+//
 // The sandbox is made from the profile of a's pool: from the OpenSandbox
 // pool it names (extensions.poolRef), or from its image, entrypoint and
 // resource limits; a's Task.Image, the job's container image, replaces the
@@ -268,6 +274,9 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 			return b.settle(ctx, a.ID, created), nil
 		}
 		if !opensandbox.Retryable(err) {
+			if permanent(err) {
+				err = taskworker.Permanent(err)
+			}
 			return nil, fmt.Errorf("create a sandbox for assignment %s: %w", a.ID, err)
 		}
 		// The create may have taken effect: look before creating again.
@@ -286,6 +295,27 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 			return nil, fmt.Errorf("create a sandbox for assignment %s: %w", a.ID, err)
 		}
 	}
+}
+
+// permanent reports whether a create that failed with err (not retryable)
+// fails the same way every time: a 4xx answer other than 401 and 403 (an
+// operator can fix the API key), 408, 409 and 429 (time can), or a request
+// the client refused to send (invalid metadata). A cancelled or expired
+// context is not permanent.
+func permanent(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var e *opensandbox.APIError
+	if errors.As(err, &e) {
+		switch e.Status {
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+			return false
+		}
+		return e.Status >= 400 && e.Status < 500
+	}
+	// Not an answer and not retryable: a request the client refused to send.
+	return !opensandbox.Retryable(err)
 }
 
 // settle resolves a create race: if an older sandbox of the assignment
@@ -313,26 +343,26 @@ func (b *Backend) settle(ctx context.Context, assignmentID string, created opens
 func (b *Backend) createRequest(ctx context.Context, a taskassignment.Assignment, spec taskworker.LaunchSpec) (opensandbox.CreateRequest, error) {
 	var req opensandbox.CreateRequest
 	if a.Backend != taskassignment.BackendOpenSandbox {
-		return req, fmt.Errorf("the assignment is for backend %q", a.Backend)
+		return req, taskworker.Permanent(fmt.Errorf("the assignment is for backend %q", a.Backend))
 	}
 	p, ok := b.pools[a.Task.Pool]
 	if !ok {
-		return req, fmt.Errorf("runner pool %q is not an OpenSandbox pool of this backend", a.Task.Pool)
+		return req, taskworker.Permanent(fmt.Errorf("runner pool %q is not an OpenSandbox pool of this backend", a.Task.Pool))
 	}
 	labels := spec.Metadata.Labels
 	if labels[b.cfg.Keys.AssignmentID] != a.ID || labels[b.cfg.Keys.Runner] != "true" {
 		// Without them Find cannot see the sandbox, and Create would not be
 		// idempotent.
-		return req, fmt.Errorf("the labels lack %s=%s or %s=true", b.cfg.Keys.AssignmentID, a.ID, b.cfg.Keys.Runner)
+		return req, taskworker.Permanent(fmt.Errorf("the labels lack %s=%s or %s=true", b.cfg.Keys.AssignmentID, a.ID, b.cfg.Keys.Runner))
 	}
 	metadata := maps.Clone(labels)
 	chunks, err := EncodeAnnotations(b.prefix, spec.Metadata.Annotations)
 	if err != nil {
-		return req, err
+		return req, taskworker.Permanent(err)
 	}
 	for k, v := range chunks {
 		if _, clash := metadata[k]; clash {
-			return req, fmt.Errorf("label %q clashes with an annotation chunk", k)
+			return req, taskworker.Permanent(fmt.Errorf("label %q clashes with an annotation chunk", k))
 		}
 		metadata[k] = v
 	}
@@ -343,7 +373,7 @@ func (b *Backend) createRequest(ctx context.Context, a taskassignment.Assignment
 	add := func(vars map[string]string, from string) error {
 		for _, k := range slices.Sorted(maps.Keys(vars)) {
 			if _, clash := env[k]; clash {
-				return fmt.Errorf("%s sets variable %q twice", from, k)
+				return taskworker.Permanent(fmt.Errorf("%s sets variable %q twice", from, k))
 			}
 			env[k] = vars[k]
 		}
@@ -355,7 +385,7 @@ func (b *Backend) createRequest(ctx context.Context, a taskassignment.Assignment
 	if b.cfg.Minter != nil {
 		id, err := spiffeid.FromString(a.Identity.SPIFFEID)
 		if err != nil || !id.MemberOf(b.cfg.TrustDomain) {
-			return req, fmt.Errorf("SPIFFE ID %q is not in trust domain %s", a.Identity.SPIFFEID, b.cfg.TrustDomain)
+			return req, taskworker.Permanent(fmt.Errorf("SPIFFE ID %q is not in trust domain %s", a.Identity.SPIFFEID, b.cfg.TrustDomain))
 		}
 		svid, err := bootstrap.SVIDEnvironment(ctx, b.cfg.Minter, id, p.timeout)
 		if err != nil {

@@ -284,19 +284,26 @@ func (b *Backend) Find(ctx context.Context, assignmentID string) (*taskworker.Ex
 // its Secret holding spec.Environment. If the Pod exists already (a
 // redelivery, a crash), Create completes it and returns it; a Pod of that
 // name that belongs to another assignment is an error.
+//
+// Errors no retry can fix are marked taskworker.Permanent: an assignment
+// this backend has no pool for, a template that collides with the executor
+// environment, a Pod the API server rejects as Invalid (422), and a Pod of
+// that name that belongs to another assignment. Everything else (403, 5xx,
+// timeouts, a quota) stays transient: an operator can fix RBAC or capacity
+// and the next delivery succeeds.
 func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec taskworker.LaunchSpec) (*taskworker.Executor, error) {
 	if a.Backend != taskassignment.BackendPod {
-		return nil, fmt.Errorf("podbackend: assignment %s is for backend %q", a.ID, a.Backend)
+		return nil, taskworker.Permanent(fmt.Errorf("podbackend: assignment %s is for backend %q", a.ID, a.Backend))
 	}
 	if _, _, err := taskassignment.ParseID(a.ID); err != nil {
-		return nil, fmt.Errorf("podbackend: create: %w", err)
+		return nil, taskworker.Permanent(fmt.Errorf("podbackend: create: %w", err))
 	}
 	pt, ok := b.pools[a.Task.Pool]
 	if !ok {
-		return nil, fmt.Errorf("podbackend: assignment %s: runner pool %q is not a pod pool of this backend", a.ID, a.Task.Pool)
+		return nil, taskworker.Permanent(fmt.Errorf("podbackend: assignment %s: runner pool %q is not a pod pool of this backend", a.ID, a.Task.Pool))
 	}
 	if spec.Metadata.Labels[b.keys.AssignmentID] != a.ID || spec.Metadata.Labels[b.keys.Runner] != "true" {
-		return nil, fmt.Errorf("podbackend: assignment %s: launch metadata lacks the runner and assignment-id labels", a.ID)
+		return nil, taskworker.Permanent(fmt.Errorf("podbackend: assignment %s: launch metadata lacks the runner and assignment-id labels", a.ID))
 	}
 	if a.Task.Image != "" {
 		// The runner container runs the job's own image: tell the runner, so
@@ -310,7 +317,7 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	}
 	pod, err := b.newPod(a, spec, pt)
 	if err != nil {
-		return nil, err
+		return nil, taskworker.Permanent(err)
 	}
 	created, err := b.client.CoreV1().Pods(b.ns).Create(ctx, pod, metav1.CreateOptions{})
 	switch {
@@ -321,8 +328,14 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 			return nil, fmt.Errorf("podbackend: get existing Pod %s: %w", b.PodName(a.ID), err)
 		}
 		if got := pod.Labels[b.keys.AssignmentID]; got != a.ID {
-			return nil, fmt.Errorf("podbackend: Pod %s exists and belongs to assignment %q, not %s", pod.Name, got, a.ID)
+			// Pod names are a function of the assignment ID: another
+			// assignment's Pod under this name is not going away by itself.
+			return nil, taskworker.Permanent(fmt.Errorf("podbackend: Pod %s exists and belongs to assignment %q, not %s", pod.Name, got, a.ID))
 		}
+	case apierrors.IsInvalid(err):
+		// The template or the job's image makes a Pod the API server will
+		// never accept; its message names the field.
+		return nil, taskworker.Permanent(fmt.Errorf("podbackend: create Pod %s in namespace %s: %w", pod.Name, b.ns, err))
 	default:
 		return nil, fmt.Errorf("podbackend: create Pod %s in namespace %s: %w", pod.Name, b.ns, err)
 	}

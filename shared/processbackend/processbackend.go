@@ -176,7 +176,16 @@ func (b *Backend) executor(id string, rec record) *taskworker.Executor {
 // Create starts the runner for a with spec's environment, and records it
 // before it starts: a crash between the two leaves a record without a
 // process, which Find reports pending and Create starts.
+//
+// A runner binary that does not exist or cannot be executed, an assignment
+// of another backend and an identity outside the trust domain are
+// taskworker.Permanent errors: the next delivery would fail the same way.
+// The record written before such a failure is an executor without a process
+// (Find: pending), which whoever fails the task deletes.
 func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec taskworker.LaunchSpec) (*taskworker.Executor, error) {
+	if a.Backend != taskassignment.BackendProcess {
+		return nil, taskworker.Permanent(fmt.Errorf("processbackend: assignment %s is for backend %q", a.ID, a.Backend))
+	}
 	rec, err := b.read(a.ID)
 	switch {
 	case err == nil && rec.PID != 0:
@@ -201,7 +210,7 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	}
 	id, err := spiffeid.FromString(a.Identity.SPIFFEID)
 	if err != nil || !id.MemberOf(b.cfg.TrustDomain) {
-		return nil, fmt.Errorf("executor %s: SPIFFE ID %q is not in trust domain %s", a.ID, a.Identity.SPIFFEID, b.cfg.TrustDomain)
+		return nil, taskworker.Permanent(fmt.Errorf("executor %s: SPIFFE ID %q is not in trust domain %s", a.ID, a.Identity.SPIFFEID, b.cfg.TrustDomain))
 	}
 	svidEnv, err := bootstrap.SVIDEnvironment(ctx, b.cfg.Minter, id, b.cfg.SVIDTTL)
 	if err != nil {
@@ -223,7 +232,11 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	// Its own process group: it outlives us, and Delete ends all of it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the runner of %s: %w", a.ID, err)
+		err = fmt.Errorf("start the runner of %s: %w", a.ID, err)
+		if cannotExec(err) {
+			err = taskworker.Permanent(err)
+		}
+		return nil, err
 	}
 	rec.PID = cmd.Process.Pid
 	rec.Start = startTime(rec.PID)
@@ -236,6 +249,13 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		return nil, err
 	}
 	return b.executor(a.ID, rec), nil
+}
+
+// cannotExec reports whether starting a process failed because of its
+// binary: missing, not executable, or not a program.
+func cannotExec(err error) bool {
+	return errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) ||
+		errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.ENOEXEC)
 }
 
 // reap waits for an executor's process to end, then tells OnExit.

@@ -1,15 +1,20 @@
 // Package recovery finishes, reports and cleans up whatever the backends
 // hold; it is the core of the `recover` function. One Run:
 //
+//  0. the rejection stream is drained (Drain): every task whose assignment
+//     handle rejected (a permanent error) or that ran out of deliveries is
+//     reported failed with the reason, its executor and payload deleted;
 //  1. every executor a backend holds, rebuilt from its metadata, goes through
 //     taskworker.Worker.Handle with its pool's Gitea registration: Gitea
 //     says the task is over -> the executor is deleted (this is how
 //     cancellations clean up); the executor Succeeded or Failed -> reported,
 //     then deleted. When Handle is done, the task's payload is deleted;
 //  2. a payload with neither a queued message nor an executor (a crash
-//     between dispatch's payload write and its publish, or a message that
-//     ran out of deliveries) is re-published, unless Gitea says the task is
-//     over, in which case the payload is deleted.
+//     between dispatch's payload write and its publish, a message
+//     terminated without naming its assignment) is re-published, unless
+//     Gitea says the task is over, in which case the payload is deleted. A
+//     payload whose rejection entry is still pending (step 0 failed for it)
+//     is no orphan: it is left for the next drain.
 //
 // Finish does step 1 for one executor, by its assignment ID, through the same
 // code: the fast path for a caller that learns of an executor's end (local
@@ -17,12 +22,16 @@
 // and its capacity freed at once. Run stays the safety net for every end
 // nobody heard of (a restart, a missed exit, a Finish that failed).
 //
-// Every step is idempotent: Run and Finish may be repeated after a crash.
-// They must not run side by side on one assignment: Worker.Handle creates an
-// absent executor, so a pass that asked Gitea just before the job ended could
-// re-create the executor the other has just deleted. A caller that runs both
-// serializes them (local mode does); in a cluster one recover runs at a time
-// (the CronJob forbids concurrent runs).
+// Every step is idempotent: Run and Finish may be repeated after a crash, and
+// may run side by side on one assignment, in one process or in several (the
+// CronJob pass and recover's finish mode). The invariant that makes this safe:
+// only handle creates executors (Worker.Accept, from a queue message); recover
+// only reports and deletes (Worker.Handle never creates). A pass that listed
+// an executor and asked Gitea just before the job ended, and then finds the
+// executor deleted by another, leaves it absent: the payload, if the other
+// has not deleted it yet, is an orphan for the orphan step, which deletes it
+// once Gitea says the task is over, or re-publishes it for handle if the task
+// is really not over. Concurrent passes therefore converge.
 package recovery
 
 import (
@@ -84,6 +93,9 @@ type Recovery struct {
 	Pools       map[string]Pool
 	Queue       Queue
 	Payloads    Payloads
+	// Rejections is the queue's rejection stream (Drain); nil skips the
+	// drain.
+	Rejections Rejections
 	// Concurrency bounds the assignments handled at once (default 8).
 	Concurrency int
 	Log         *slog.Logger
@@ -98,6 +110,11 @@ type Summary struct {
 	// Republished payloads that had neither a message nor an executor;
 	// PayloadsDeleted of tasks that are over.
 	Republished, PayloadsDeleted int
+	// Rejected and Exhausted count tasks Drain failed: their assignment was
+	// rejected by handle, or ran out of deliveries. RejectionsDropped counts
+	// entries that named no assignment, removed; RejectionsLeft entries left
+	// for the next pass (a failure, a pool not configured here).
+	Rejected, Exhausted, RejectionsDropped, RejectionsLeft int
 }
 
 func (r *Recovery) log() *slog.Logger {
@@ -107,16 +124,24 @@ func (r *Recovery) log() *slog.Logger {
 	return r.Log
 }
 
-// Run does one pass. Its error means a backend or the payload store could not
-// be listed at all; single assignments that fail are counted and logged, and
-// retried by the next Run.
+// Run does one pass. Its error means a backend, the payload store or the
+// rejection stream could not be listed at all; single assignments that fail
+// are counted and logged, and retried by the next Run.
 func (r *Recovery) Run(ctx context.Context) (Summary, error) {
 	var (
-		sum  Summary
 		mu   sync.Mutex
 		errs []error
 		seen = map[string]bool{}
 	)
+	// First: a rejected task's executor and payload are gone before the
+	// passes below could handle the one or re-publish the other.
+	sum, pending, err := r.drain(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for id := range pending {
+		seen[id] = true
+	}
 	count := func(f func(*Summary)) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -289,5 +314,7 @@ func (r *Recovery) rebuild(ctx context.Context, pool Pool, id string) (taskassig
 func (s Summary) Attrs() []any {
 	return []any{slog.Int("executors", s.Executors), slog.Int("done", s.Done), slog.Int("pending", s.Pending),
 		slog.Int("failed", s.Failed), slog.Int("unknown_pool", s.UnknownPool),
-		slog.Int("republished", s.Republished), slog.Int("payloads_deleted", s.PayloadsDeleted)}
+		slog.Int("republished", s.Republished), slog.Int("payloads_deleted", s.PayloadsDeleted),
+		slog.Int("rejected", s.Rejected), slog.Int("exhausted", s.Exhausted),
+		slog.Int("rejections_dropped", s.RejectionsDropped), slog.Int("rejections_left", s.RejectionsLeft)}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -51,6 +52,7 @@ type fixture struct {
 	queue    *assignmentqueue.Queue
 	payloads *assignmentqueue.Payloads
 	boot     *bootstrap.Bootstrap
+	js       jetstream.JetStream
 }
 
 func setup(t *testing.T) fixture {
@@ -69,7 +71,7 @@ func setup(t *testing.T) fixture {
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
 		Queue:    q, Payloads: payloads,
 	}
-	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot}
+	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot, js: env.JetStream}
 }
 
 func task(t *testing.T, id int64) *runnerv1.Task {
@@ -241,5 +243,97 @@ func TestFinish(t *testing.T) {
 				t.Errorf("after Finish: %+v, want %+v", got, tc.after)
 			}
 		})
+	}
+}
+
+// racingBackend is the fixture's backend as Run sees it: the first Find of
+// the assignment (Run's Handle, after it asked Gitea) runs first, to its end,
+// a Finish of that assignment, as a concurrent caller would that learnt of
+// the executor's end at that moment.
+type racingBackend struct {
+	*taskworkertest.Memory
+	once   sync.Once
+	finish func()
+}
+
+func (b *racingBackend) Find(ctx context.Context, id string) (*taskworker.Executor, error) {
+	b.once.Do(b.finish)
+	return b.Memory.Find(ctx, id)
+}
+
+// A Run that listed an executor and asked Gitea before the job ended, racing
+// a Finish that reports and deletes that executor, never creates it again:
+// the runner of a finished job could otherwise fetch the payload and run the
+// job a second time.
+func TestRunRacingFinishNeverCreates(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	a := f.claimed(t, 1, true)
+	f.setPhase(a, taskworker.PhaseSucceeded)
+	var finished Summary
+	var finishErr error
+	racing := &racingBackend{Memory: f.backend, finish: func() {
+		finished, finishErr = f.r.Finish(ctx, f.backend, a.ID)
+	}}
+	// Gitea learns of the report only after Run's Handle asked it: the
+	// report reaches the fake, which answers "over" from then on, but Run's
+	// Handle already holds "not over".
+	f.r.Backends[taskassignment.BackendProcess] = racing
+
+	sum, err := f.r.Run(ctx)
+	if err != nil || finishErr != nil {
+		t.Fatalf("Run() = %+v, %v; Finish error %v", sum, err, finishErr)
+	}
+	if finished != (Summary{Executors: 1, Done: 1}) {
+		t.Fatalf("Finish() = %+v, want it to report and clean up", finished)
+	}
+	if n := f.backend.Creates(); n != 1 {
+		t.Fatalf("%d executors created, want 1 (handle's own): the finished job's executor was created again", n)
+	}
+	if e, _ := f.backend.Find(ctx, a.ID); e != nil {
+		t.Fatalf("executor %s exists after the race", e.Name)
+	}
+	if f.hasPayload(t, a.ID) {
+		t.Fatal("the payload of the finished task is still stored")
+	}
+	if f.gitea.reported[1] != taskworker.PhaseSucceeded {
+		t.Fatalf("reported = %v", f.gitea.reported)
+	}
+}
+
+// Run and Finish side by side on many assignments, with no ordering at all,
+// create nothing and leave nothing.
+func TestRunAndFinishConcurrently(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	var as []taskassignment.Assignment
+	for id := int64(1); id <= 20; id++ {
+		a := f.claimed(t, id, true)
+		f.setPhase(a, taskworker.PhaseSucceeded)
+		as = append(as, a)
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if _, err := f.r.Run(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for _, a := range as {
+		wg.Go(func() {
+			if _, err := f.r.Finish(ctx, f.backend, a.ID); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := f.backend.Creates(); n != len(as) {
+		t.Fatalf("%d executors created, want %d (handle's own)", n, len(as))
+	}
+	for _, a := range as {
+		if e, _ := f.backend.Find(ctx, a.ID); e != nil || f.hasPayload(t, a.ID) {
+			t.Errorf("%s: executor %v, payload %v left", a.ID, e != nil, f.hasPayload(t, a.ID))
+		}
 	}
 }

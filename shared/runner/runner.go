@@ -62,12 +62,19 @@ type values struct {
 func Main(self []string, args []string) int {
 	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
 	fd := fs.Int("bootstrap-fd", -1, "internal: read the bootstrap values from this file descriptor")
+	version := fs.Bool("version", false, "print the version (module version, commit, Go version) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: runner\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
 		_ = envdoc.Usage(fs.Output(), function.EnvPrefix, &Config{})
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	switch err := fs.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		return function.ExitOK
+	case err != nil:
+		return function.ExitConfig
+	case *version:
+		function.PrintVersion(os.Stdout, "runner")
+		return function.ExitOK
 	}
 	if *fd < 0 {
 		return scrubAndReexec(self)

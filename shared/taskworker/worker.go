@@ -125,13 +125,23 @@ func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, 
 	return w.bind(ctx, a, executor)
 }
 
-// Handle performs one reconciliation of an assignment. If Gitea says the task
-// is over, the executor is deleted (this is how cancellations clean up).
-// Otherwise a missing executor is created and its identity bound, and an
-// executor that Succeeded or Failed is reported to Gitea BEFORE it is deleted,
-// so a crash between the two can never let the task run a second time.
-// Done means nothing is left to do for the assignment; false means call again
-// later.
+// Handle performs one reconciliation of an assignment that has an executor.
+// If Gitea says the task is over, the executor is deleted (this is how
+// cancellations clean up). Otherwise its identity is bound, and an executor
+// that Succeeded or Failed is reported to Gitea BEFORE it is deleted, so a
+// crash between the two can never let the task run a second time. Done means
+// nothing is left to do for the assignment; false means call again later.
+//
+// Handle never creates an executor: an absent one emits EventExecutorAbsent
+// and returns not done, without error. Only Accept creates executors, from a
+// queue message. The absent case is reached by a race: a caller listed the
+// executor, a concurrent Handle reported and deleted it, and Gitea does not
+// show the task as over yet. Creating it again would start the executor of a
+// finished job, whose runner could fetch the still-stored payload and run the
+// job a second time. Left absent, the payload is an orphan for recover's
+// orphan pass (Gitea over: deleted; not over: re-published for Accept). So
+// concurrent Handle calls on one assignment converge: each only reports and
+// deletes what it finds.
 func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done bool, err error) {
 	if w.Backend == nil || w.Tasks == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
 		return false, errors.New("taskworker: backend, task state, bootstrap and metadata keys are required")
@@ -158,10 +168,7 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 	}
 	if executor == nil {
 		w.emit(EventExecutorAbsent, a, nil)
-		if executor, err = w.create(ctx, a); err != nil {
-			return false, err
-		}
-		w.emit(EventExecutorCreated, a, executor)
+		return false, nil
 	}
 	bound, err := w.bind(ctx, a, executor)
 	if err != nil || !bound {

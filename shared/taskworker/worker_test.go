@@ -137,12 +137,14 @@ func TestHandle(t *testing.T) {
 		{"terminal without executor is done",
 			func(r *recorder, a taskassignment.Assignment) { r.terminal = true },
 			true, false, []string{"terminal:42", "find"}, true},
-		{"absent is created, target pending",
+		// Only Accept creates: an absent executor of a task that is not over
+		// is left absent (its payload is an orphan for recover).
+		{"absent is not created",
 			func(r *recorder, a taskassignment.Assignment) {},
-			false, false, []string{"terminal:42", "find", "create"}, false},
-		{"absent is created and bound when the target is known at once",
+			false, false, []string{"terminal:42", "find"}, true},
+		{"absent is not created, even when a target would be known at once",
 			func(r *recorder, a taskassignment.Assignment) { r.createdTarget = "node-1" },
-			false, false, []string{"terminal:42", "find", "create", bind}, false},
+			false, false, []string{"terminal:42", "find"}, true},
 		{"identity target pending",
 			func(r *recorder, a taskassignment.Assignment) { r.has(a, "", PhasePending) },
 			false, false, []string{"terminal:42", "find"}, false},
@@ -192,9 +194,6 @@ func TestHandle(t *testing.T) {
 		{"find fails",
 			func(r *recorder, a taskassignment.Assignment) { r.fail["find"] = errBoom },
 			false, true, []string{"terminal:42", "find"}, true},
-		{"create fails",
-			func(r *recorder, a taskassignment.Assignment) { r.fail["create"] = errBoom },
-			false, true, []string{"terminal:42", "find", "create"}, true},
 		{"bind fails: no report",
 			func(r *recorder, a taskassignment.Assignment) {
 				r.has(a, "node-1", PhaseSucceeded)
@@ -300,10 +299,6 @@ func TestRepeatedCallsCreateOnce(t *testing.T) {
 			_, err := w.Accept(context.Background(), a)
 			return err
 		}},
-		{"Handle", func(w Worker, a taskassignment.Assignment) error {
-			_, err := w.Handle(context.Background(), a)
-			return err
-		}},
 	} {
 		for _, target := range []string{"", "node-1"} {
 			t.Run(call.name+"/target="+target, func(t *testing.T) {
@@ -319,6 +314,35 @@ func TestRepeatedCallsCreateOnce(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Handle of an absent executor whose task is not over creates nothing and
+// says so with EventExecutorAbsent; it is not done (the payload is recover's
+// orphan), and not an error.
+func TestHandleNeverCreates(t *testing.T) {
+	for _, target := range []string{"", "node-1"} {
+		t.Run("target="+target, func(t *testing.T) {
+			w, rec, a, events := fixture(t)
+			rec.createdTarget = target
+			for range 3 {
+				done, err := w.Handle(context.Background(), a)
+				if done || err != nil {
+					t.Fatalf("Handle() = %v, %v; want not done, no error", done, err)
+				}
+			}
+			if slices.Contains(rec.calls, "create") || len(rec.executors) != 0 {
+				t.Fatalf("Handle created an executor: calls %q", rec.calls)
+			}
+			for _, e := range *events {
+				if e.Name != EventExecutorAbsent {
+					t.Fatalf("events = %+v, want only %s", *events, EventExecutorAbsent)
+				}
+			}
+			if len(*events) != 3 {
+				t.Fatalf("%d events over 3 calls, want 3 %s", len(*events), EventExecutorAbsent)
+			}
+		})
 	}
 }
 

@@ -20,8 +20,8 @@ import (
 const PayloadTTL = time.Hour
 
 // Queue is the assignment queue as dispatch, handle and recover share it, on a
-// server of the test's own: on return the stream (assignmentqueue.DefaultStream)
-// and the payload bucket (assignmentqueue.DefaultPayloadBucket, PayloadTTL,
+// server of the test's own: on return the stream (assignmentqueue.DefaultStream),
+// its rejection stream (EnsureRejections) and the payload bucket (assignmentqueue.DefaultPayloadBucket, PayloadTTL,
 // encrypted with Key) exist, and no consumer does. The queue signs what it
 // publishes with Signer, whose public key handle's Keyring must hold. Everything is shut down
 // and removed when the test ends.
@@ -43,7 +43,7 @@ type Queue struct {
 }
 
 // NewQueue starts a server (Start), connects to it (Connect) and ensures the
-// queue's stream and payload bucket. It fails the test if any step fails.
+// queue's stream, its rejection stream and the payload bucket. It fails the test if any step fails.
 func NewQueue(t testing.TB) *Queue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
@@ -55,6 +55,9 @@ func NewQueue(t testing.TB) *Queue {
 	q.Queue = assignmentqueue.New(q.JetStream, "").SignedBy(q.Signer)
 	if err := q.Queue.EnsureStream(ctx); err != nil {
 		t.Fatalf("jetstreamenv: ensure stream %s: %v", q.Queue.Stream(), err)
+	}
+	if err := q.Queue.EnsureRejections(ctx); err != nil {
+		t.Fatalf("jetstreamenv: ensure rejection stream %s: %v", q.Queue.RejectionStream(), err)
 	}
 	var err error
 	q.Payloads, err = assignmentqueue.EnsurePayloads(ctx, q.JetStream, assignmentqueue.DefaultPayloadBucket, PayloadTTL, q.Key)

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 var plane Shared
@@ -59,5 +61,48 @@ func TestE2EPlane(t *testing.T) {
 	}
 	if p.watchdog == nil {
 		t.Error("no watchdog guards the control plane")
+	}
+}
+
+// TestE2EAuditLog starts a plane of its own with the audit log on and an extra flag, and finds
+// an impersonated call in the log, with the impersonated user and the resource.
+func TestE2EAuditLog(t *testing.T) {
+	if p := plane.Plane(t); p.AuditLog() != "" {
+		t.Fatalf("a plane started without options writes an audit log at %s", p.AuditLog())
+	}
+	p, err := StartWith(Assets(t), Options{Audit: true, APIServerArgs: map[string][]string{"audit-log-maxbackup": {"1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := p.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := p.RESTConfig()
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:default:someone"}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().ConfigMaps("default").Get(ctx, "audit-probe", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("get as a ServiceAccount without a Role: %v, want forbidden", err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		data, err := os.ReadFile(p.AuditLog())
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, `"name":"audit-probe"`) && strings.Contains(line, `"impersonatedUser":{"username":"system:serviceaccount:default:someone"`) &&
+				strings.Contains(line, `"resource":"configmaps"`) && strings.Contains(line, `"code":403`) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit event for the probe in %s", p.AuditLog())
+		}
 	}
 }

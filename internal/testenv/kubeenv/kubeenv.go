@@ -17,6 +17,9 @@
 //     admission is off: no controller creates default ServiceAccounts),
 //     field selectors, label selectors and pagination.
 //   - etcd runs with --unsafe-no-fsync: the data is throwaway.
+//   - StartWith (or Shared.Options) can add an audit log (Options.Audit:
+//     who called what, at Metadata level) and extra kube-apiserver flags;
+//     Start runs neither.
 //   - If the test binary dies without stopping the plane (a timeout panic, a
 //     kill), a watchdog process kills etcd and kube-apiserver, checking each
 //     by the full path of its executable, and removes their data folder, so
@@ -67,12 +70,44 @@ type Plane struct {
 
 	env      *envtest.Environment
 	data     string // etcd data and API server certificates
+	auditLog string // "" without Options.Audit
 	watchdog *watchdog
 }
 
+// Options changes how a control plane starts. The zero value is what Start
+// runs.
+type Options struct {
+	// Audit makes kube-apiserver write an audit log (see AuditPolicy and
+	// Plane.AuditLog) into the plane's data folder.
+	Audit bool
+	// APIServerArgs are extra kube-apiserver flags, without the leading
+	// dashes ("feature-gates": "X=true"). They override the harness's own.
+	APIServerArgs map[string][]string
+}
+
+// AuditPolicy is the audit policy of a plane started with Options.Audit:
+// every request at Metadata level (user, impersonated user, verb, resource,
+// response code; never a request or response body, so no Secret's data),
+// once its response is complete.
+const AuditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+`
+
+// AuditLog returns the path of the audit log (JSON lines of audit.k8s.io/v1
+// Events), "" unless the plane was started with Options.Audit. The API server
+// writes each event once the request's response is complete, in blocking mode:
+// an event can land just after the client saw the response.
+func (p *Plane) AuditLog() string { return p.auditLog }
+
 // Start starts etcd and kube-apiserver from the assets folder dir and waits
 // until the API answers. The caller must Stop it.
-func Start(dir string) (*Plane, error) {
+func Start(dir string) (*Plane, error) { return StartWith(dir, Options{}) }
+
+// StartWith is Start with options.
+func StartWith(dir string, opts Options) (*Plane, error) {
 	abs, err := filepath.Abs(dir)
 	if err == nil {
 		abs, err = filepath.EvalSymlinks(abs) // /proc/<pid>/exe is resolved too (watchdog)
@@ -95,6 +130,23 @@ func Start(dir string) (*Plane, error) {
 			return nil, fmt.Errorf("kubeenv: %w", err)
 		}
 	}
+	var auditLog string
+	if opts.Audit {
+		policy := filepath.Join(data, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(AuditPolicy), 0o600); err != nil {
+			os.RemoveAll(data)
+			return nil, fmt.Errorf("kubeenv: %w", err)
+		}
+		auditLog = filepath.Join(data, "audit.log")
+		api.Configure().
+			Set("audit-policy-file", policy).
+			Set("audit-log-path", auditLog).
+			Set("audit-log-format", "json").
+			Set("audit-log-mode", "blocking")
+	}
+	for flag, values := range opts.APIServerArgs {
+		api.Configure().Set(flag, values...)
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: abs,
 		// Two cores shared with compilers: the first start can be slow.
@@ -108,7 +160,7 @@ func Start(dir string) (*Plane, error) {
 		os.RemoveAll(data)
 		return nil, fmt.Errorf("kubeenv: start kube-apiserver and etcd from %s: %w", abs, err)
 	}
-	p := &Plane{Config: cfg, env: env, data: data}
+	p := &Plane{Config: cfg, env: env, data: data, auditLog: auditLog}
 	if p.watchdog, err = startWatchdog(data, filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")); err != nil {
 		_ = p.Stop()
 		return nil, err
@@ -187,8 +239,11 @@ func (p *Plane) Namespace(t testing.TB) string {
 //
 //	func TestMain(m *testing.M) { code := m.Run(); plane.Stop(); os.Exit(code) }
 //
-// The zero value is ready to use and safe for concurrent use.
+// The zero value is ready to use and safe for concurrent use; set Options
+// before the first Plane call to start the plane with them.
 type Shared struct {
+	Options Options
+
 	mu    sync.Mutex
 	plane *Plane
 	err   error
@@ -205,7 +260,7 @@ func (s *Shared) Plane(t testing.TB) *Plane {
 	defer s.mu.Unlock()
 	if !s.tried {
 		s.tried = true
-		s.plane, s.err = Start(dir)
+		s.plane, s.err = StartWith(dir, s.Options)
 	}
 	if s.err != nil {
 		t.Fatal(s.err)

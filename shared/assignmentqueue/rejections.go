@@ -1,0 +1,336 @@
+package assignmentqueue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// Rejections: the queue's dead letters, kept until recover has acted on them.
+//
+// handle ends a message it can never accept with a termination whose reason
+// names the assignment (RejectedReason, ExhaustedReason). The server then
+// publishes an advisory, which by itself goes nowhere: the capture stream
+// (RejectionStream) stores two kinds of them for the queue's stream, and
+// nothing else:
+//
+//   - $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>: a
+//     message was terminated, with handle's reason;
+//   - $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>: a
+//     message reached MaxDeliver without a termination (a handle killed on
+//     its last delivery); the message itself stays in the queue's stream.
+//
+// The capture stream keeps an entry until it is removed (RemoveRejection):
+// no age or count limit drops one, so an entry outlives any crash of recover
+// and is removed only once recover has acted on it. Acting twice on one
+// entry is harmless (every step of recover is idempotent), so the order is
+// act, then remove.
+//
+// Crash window: an advisory is published by the server once, when the
+// message is terminated, at most once and without acknowledgement: it is
+// stored only if the capture stream exists and can store it at that moment
+// (EnsureRejections runs wherever the queue's stream is ensured). A
+// termination whose advisory is lost leaves a payload with neither message
+// nor executor: an orphan that recover re-publishes, and that handle then
+// rejects again, this time captured.
+
+const (
+	// RejectionStreamSuffix makes the capture stream's name from the queue
+	// stream's: CI_RUNNER -> CI_RUNNER_REJECTED.
+	RejectionStreamSuffix = "_REJECTED"
+
+	terminatedAdvisoryPrefix    = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
+	maxDeliveriesAdvisoryPrefix = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+	// MaxReasonBytes caps the explanation RejectedReason carries: it goes
+	// into an advisory and the job's log, not a novel.
+	MaxReasonBytes = 512
+
+	reasonPermanent = "permanent"
+	reasonExhausted = "exhausted"
+)
+
+// RejectionStream returns the name of the queue's capture stream.
+func (q *Queue) RejectionStream() string { return q.stream + RejectionStreamSuffix }
+
+// rejectionSubjects are the advisory subjects the capture stream stores: the
+// two kinds above, of every consumer of the queue's stream, and no other
+// stream's.
+func (q *Queue) rejectionSubjects() []string {
+	return []string{
+		terminatedAdvisoryPrefix + "." + q.stream + ".*",
+		maxDeliveriesAdvisoryPrefix + "." + q.stream + ".*",
+	}
+}
+
+func (q *Queue) rejectionConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        q.RejectionStream(),
+		Description: "terminations and exhausted deliveries of " + q.stream + ", until recover has acted on them",
+		Subjects:    q.rejectionSubjects(),
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		// No MaxAge, MaxMsgs or MaxBytes: an entry goes only when recover
+		// removes it.
+	}
+}
+
+// EnsureRejections creates the queue's capture stream, or brings an existing
+// one back to its configuration (the advisory subjects of the queue's
+// stream, file storage, limits retention without limits); the replica count
+// of an existing one is left as the operator set it. It is idempotent and
+// safe to run from several processes at once. A capture stream with another
+// storage type is an error: NATS cannot change it in place.
+func (q *Queue) EnsureRejections(ctx context.Context) error {
+	want := q.rejectionConfig()
+	s, err := q.js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		return fmt.Errorf("assignment queue: rejection stream %q: %w", want.Name, err)
+	default:
+		have := s.CachedInfo().Config
+		if have.Storage != want.Storage {
+			return fmt.Errorf("assignment queue: rejection stream %q has storage %s, want %s; NATS cannot change the storage of an existing stream",
+				want.Name, have.Storage, want.Storage)
+		}
+		want.Replicas = have.Replicas
+	}
+	if _, err := q.js.CreateOrUpdateStream(ctx, want); err != nil {
+		return fmt.Errorf("assignment queue: ensure rejection stream %q: %w", want.Name, err)
+	}
+	return nil
+}
+
+// RejectedReason is the termination reason of an assignment handle can
+// never accept: "permanent <assignment ID>: <why>", why on one line and at
+// most MaxReasonBytes long. why must not carry a credential (error texts in
+// this codebase never do): it reaches the job's log.
+func RejectedReason(assignmentID, why string) string {
+	return reasonPermanent + " " + assignmentID + ": " + oneLine(why, MaxReasonBytes)
+}
+
+// ExhaustedReason is the termination reason of a message handed back on its
+// last delivery: "exhausted <assignment ID>: deliveries exhausted", or
+// "deliveries exhausted" when the message did not decode to an assignment.
+func ExhaustedReason(assignmentID string) string {
+	if assignmentID == "" {
+		return "deliveries exhausted"
+	}
+	return reasonExhausted + " " + assignmentID + ": deliveries exhausted"
+}
+
+// oneLine joins s's lines with "; " and cuts it to at most n bytes, on a
+// rune boundary.
+func oneLine(s string, n int) string {
+	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	s = strings.Join(lines, "; ")
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// RejectionKind is what a captured advisory says happened.
+type RejectionKind string
+
+const (
+	// Terminated: handle terminated the message, with a reason.
+	Terminated RejectionKind = "terminated"
+	// MaxDeliveries: the message reached MaxDeliver without a termination;
+	// it is still in the queue's stream (QueueSeq).
+	MaxDeliveries RejectionKind = "max_deliveries"
+)
+
+// Rejection is one entry of the capture stream.
+type Rejection struct {
+	// Seq is the entry's sequence in the capture stream (RemoveRejection).
+	Seq  uint64
+	Kind RejectionKind
+	// Consumer is the consumer the message was delivered by: the backend.
+	Consumer string
+	// QueueSeq is the message's sequence in the queue's stream.
+	QueueSeq   uint64
+	Deliveries uint64
+	// Reason is the termination reason as handle gave it (Terminated only).
+	Reason string
+	// Err says why the entry did not decode; the other fields but Seq are
+	// then unset. Such an entry is not for recover to act on.
+	Err error
+}
+
+// Cause parses a Terminated rejection's reason: the assignment ID and why it
+// was rejected (RejectedReason), or that its deliveries were exhausted
+// (ExhaustedReason: exhausted true). ok is false for any other reason
+// (poison, a reason without an ID, a forgery that does not parse).
+func (r Rejection) Cause() (assignmentID, why string, exhausted, ok bool) {
+	if r.Kind != Terminated {
+		return "", "", false, false
+	}
+	kind, rest, found := strings.Cut(r.Reason, " ")
+	if !found || (kind != reasonPermanent && kind != reasonExhausted) {
+		return "", "", false, false
+	}
+	id, why, found := strings.Cut(rest, ": ")
+	if !found {
+		return "", "", false, false
+	}
+	if _, _, err := taskassignment.ParseID(id); err != nil {
+		return "", "", false, false
+	}
+	return id, why, kind == reasonExhausted, true
+}
+
+// advisory is the part of the two advisories Rejections reads. Its fields
+// are those of nats-server's JSConsumerDeliveryTerminatedAdvisory (schema
+// io.nats.jetstream.advisory.v1.terminated) and
+// JSConsumerDeliveryExceededAdvisory (io.nats.jetstream.advisory.v1.
+// max_deliver), decoded here so that the functions do not link the server.
+type advisory struct {
+	Type       string `json:"type"`
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+const (
+	terminatedAdvisoryType    = "io.nats.jetstream.advisory.v1.terminated"
+	maxDeliveriesAdvisoryType = "io.nats.jetstream.advisory.v1.max_deliver"
+)
+
+// Rejections returns up to limit entries of the capture stream, oldest
+// first (limit 0: all stored when the call starts). It reads without a
+// consumer and removes nothing: an entry stays until RemoveRejection. An
+// entry that does not decode is returned with Err set.
+func (q *Queue) Rejections(ctx context.Context, limit int) ([]Rejection, error) {
+	name := q.RejectionStream()
+	s, err := q.js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("assignment queue: rejection stream %q: %w", name, err)
+	}
+	state := s.CachedInfo().State
+	var out []Rejection
+	for seq := max(state.FirstSeq, 1); seq <= state.LastSeq && (limit <= 0 || len(out) < limit); seq++ {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return out, fmt.Errorf("assignment queue: rejection stream %q: read from sequence %d: %w", name, seq, err)
+		}
+		if m.Sequence > state.LastSeq {
+			break
+		}
+		seq = m.Sequence
+		out = append(out, q.decodeRejection(m))
+	}
+	return out, nil
+}
+
+func (q *Queue) decodeRejection(m *jetstream.RawStreamMsg) Rejection {
+	r := Rejection{Seq: m.Sequence}
+	var a advisory
+	if err := json.Unmarshal(m.Data, &a); err != nil {
+		r.Err = fmt.Errorf("entry %d on %s: %w", m.Sequence, m.Subject, err)
+		return r
+	}
+	switch {
+	case a.Type == terminatedAdvisoryType && strings.HasPrefix(m.Subject, terminatedAdvisoryPrefix+"."):
+		r.Kind = Terminated
+	case a.Type == maxDeliveriesAdvisoryType && strings.HasPrefix(m.Subject, maxDeliveriesAdvisoryPrefix+"."):
+		r.Kind = MaxDeliveries
+	default:
+		r.Err = fmt.Errorf("entry %d on %s: advisory type %q", m.Sequence, m.Subject, a.Type)
+		return r
+	}
+	if a.Stream != q.stream || a.Consumer == "" || !strings.HasSuffix(m.Subject, "."+q.stream+"."+a.Consumer) {
+		r.Err = fmt.Errorf("entry %d on %s: advisory of stream %q, consumer %q", m.Sequence, m.Subject, a.Stream, a.Consumer)
+		r.Kind = ""
+		return r
+	}
+	r.Consumer, r.QueueSeq, r.Deliveries, r.Reason = a.Consumer, a.StreamSeq, a.Deliveries, a.Reason
+	return r
+}
+
+// RemoveRejection removes entry seq of the capture stream; one already gone
+// is removed.
+func (q *Queue) RemoveRejection(ctx context.Context, seq uint64) error {
+	return q.deleteMsg(ctx, q.RejectionStream(), seq)
+}
+
+// ExhaustedAssignment reads message seq of the queue's stream, the one a
+// MaxDeliveries rejection names, and returns its assignment, authenticated
+// by the queue's signer and decoded in trust domain td. found is false when
+// the message is gone; a message that does not authenticate or decode is an
+// error wrapping ErrNotAnAssignment.
+func (q *Queue) ExhaustedAssignment(ctx context.Context, seq uint64, td spiffeid.TrustDomain) (a taskassignment.Assignment, found bool, err error) {
+	if q.signer == nil {
+		return a, false, fmt.Errorf("assignment queue: stream %q: read message %d: the queue has no key to authenticate messages with", q.stream, seq)
+	}
+	s, err := q.js.Stream(ctx, q.stream)
+	if err != nil {
+		return a, false, fmt.Errorf("assignment queue: stream %q: %w", q.stream, err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return a, false, nil
+	}
+	if err != nil {
+		return a, false, fmt.Errorf("assignment queue: stream %q: read message %d: %w", q.stream, seq, err)
+	}
+	msg, err := q.signer.Open(m.Data)
+	if err != nil {
+		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, ErrNotAnAssignment, err)
+	}
+	if a, err = taskassignment.Decode(msg, td); err != nil {
+		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, ErrNotAnAssignment, err)
+	}
+	return a, true, nil
+}
+
+// ErrNotAnAssignment: a message of the queue that does not authenticate or
+// decode.
+var ErrNotAnAssignment = errors.New("not an authentic assignment")
+
+// DeleteMessage removes message seq from the queue's stream (a message past
+// MaxDeliver, which no consumer delivers again); one already gone is
+// removed.
+func (q *Queue) DeleteMessage(ctx context.Context, seq uint64) error {
+	return q.deleteMsg(ctx, q.stream, seq)
+}
+
+func (q *Queue) deleteMsg(ctx context.Context, stream string, seq uint64) error {
+	s, err := q.js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("assignment queue: stream %q: %w", stream, err)
+	}
+	err = s.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		// The server answers a message already gone with an error whose
+		// code it shares with other failures: look whether it is gone.
+		if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("assignment queue: stream %q: delete message %d: %w", stream, seq, err)
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+package function
+
+import (
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strings"
+)
+
+// Version is what a binary knows about its own build, read from the build
+// information the Go toolchain embeds (module version, VCS revision and
+// time, Go version): no linker flags, so a reproducible build needs nothing
+// but the same source and toolchain.
+type Version struct {
+	// Module is the main module's version ("(devel)" when the toolchain
+	// could not derive one).
+	Module string
+	// Commit is the VCS revision, empty when built outside a checkout (or
+	// with -buildvcs=false); Modified says the checkout had local changes.
+	Commit   string
+	Modified bool
+	// Time is the commit's time (RFC 3339), not the build's: two builds of
+	// one commit say the same.
+	Time string
+	Go   string
+}
+
+// BuildVersion reads the running binary's Version.
+func BuildVersion() Version {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return Version{Module: "unknown", Go: "unknown"}
+	}
+	v := Version{Module: info.Main.Version, Go: info.GoVersion}
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v.Commit = s.Value
+		case "vcs.time":
+			v.Time = s.Value
+		case "vcs.modified":
+			v.Modified = s.Value == "true"
+		}
+	}
+	return v
+}
+
+// String is the one line `--version` prints after the program's name:
+// "<module version> commit <revision>[ (modified)] <commit time> <go version>",
+// leaving out what the build does not know.
+func (v Version) String() string {
+	parts := []string{v.Module}
+	if v.Commit != "" {
+		c := "commit " + v.Commit
+		if v.Modified {
+			c += " (modified)"
+		}
+		parts = append(parts, c)
+	}
+	if v.Time != "" {
+		parts = append(parts, v.Time)
+	}
+	parts = append(parts, v.Go)
+	return strings.Join(parts, " ")
+}
+
+// PrintVersion writes "<name> <version>" and a newline to w.
+func PrintVersion(w io.Writer, name string) {
+	fmt.Fprintf(w, "%s %s\n", name, BuildVersion())
+}
