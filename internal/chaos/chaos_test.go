@@ -312,6 +312,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("gitea: %d calls, %d faulted; opensandbox: %d sandboxes created, %d create calls", calls, faulted,
 		len(osb.Created()), osb.Calls("POST", "/sandboxes"))
 	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records()))
+	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
 	t.Logf("wall time %s", time.Since(started).Round(time.Second))
 	for _, l := range slices.Concat(lines, dupLines, leakLines) {
 		t.Log(l)
@@ -588,5 +589,26 @@ func results(records []TaskRecord) string {
 	for _, k := range slices.Sorted(maps.Keys(count)) {
 		parts = append(parts, fmt.Sprintf("%s: %d", k, count[k]))
 	}
+	return strings.Join(parts, ", ")
+}
+
+// streams lists every stream with the messages it holds, for the record.
+func streams(ctx context.Context, js jetstream.JetStream) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var parts []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			parts = append(parts, name+"=?")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", name, s.CachedInfo().State.Msgs))
+	}
+	if err := names.Err(); err != nil {
+		parts = append(parts, "error: "+err.Error())
+	}
+	slices.Sort(parts)
 	return strings.Join(parts, ", ")
 }
