@@ -231,8 +231,10 @@ func TestChaos(t *testing.T) {
 	}()
 	var wg sync.WaitGroup
 	fleet := NewFleet(env, logs, st.Seed)
-	t.Cleanup(func() { fleet.Close(time.Second) }) // a test that stops early leaves no process
-	wg.Go(func() {                                 // a Deployment: restarted whenever it exits
+	// A test that stops early leaves no process.
+	t.Cleanup(func() { fleet.Close(time.Second) })
+	// dispatch is a Deployment: restarted whenever it exits.
+	wg.Go(func() {
 		for runCtx.Err() == nil {
 			if errors.Is(fleet.Run("dispatch", bins.Dispatch, dispatchEnv, "serve"), ErrClosed) {
 				return
