@@ -405,6 +405,20 @@ func TestNATSAuthorization(t *testing.T) {
 		ctx := flowContext(t)
 		runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a3.ID: "nak", a6.ID: "reject", unauthenticatedMsg: "term", malformedMsg: "term"})
 		runHandleJob(ctx, t, handle, map[string]string{a3.ID: "ack"})
+		// Worker.Accept's end marks (functions/handle serve(): OpenEndings; Accept: Ended).
+		// recover writes them in production; dispatch's client writes this one.
+		if err := dp.Endings().MarkEnded(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
+		endings, err := assignmentqueue.OpenEndings(ctx, handle.js, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id, want := range map[string]bool{a1.ID: true, a5.ID: false} {
+			if ended, err := endings.Ended(ctx, id); err != nil || ended != want {
+				t.Fatalf("Ended(%s) = %v, %v; want %v", id, ended, err, want)
+			}
+		}
 		handleForbidden(t, handle, dispatch, dp, a5)
 	}) {
 		return
@@ -470,6 +484,11 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatal(err)
 		}
 		q := signedQueue(recoverC.js)
+		// Worker.Handle marks an assignment ended before it deletes its executor; Delete
+		// then removes the payload and leaves the mark, which IDs does not list.
+		if err := p.Endings().MarkEnded(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
 		if err := p.Delete(ctx, a1.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -726,9 +745,30 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 		_, err := q.Publish(ctx, f)
 		return err
 	})
-	c.denied(t, "open the payload bucket", "$JS.API.STREAM.INFO.KV_CI_TASKS", func(ctx context.Context) error {
-		_, err := assignmentqueue.OpenPayloads(ctx, c.js, bucket, payloadKey)
+	// handle may open the bucket (for its end marks), never read a payload through it, even
+	// with the payload key.
+	c.denied(t, "read a payload through the bucket", "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, func(ctx context.Context) error {
+		p, err := assignmentqueue.OpenPayloads(ctx, c.js, bucket, payloadKey)
+		if err != nil {
+			return err
+		}
+		_, err = p.Get(ctx, forged.ID)
 		return err
+	})
+	c.denied(t, "read a started mark", "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS.started."+forged.ID, func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS.started."+forged.ID, nil)
+		return err
+	})
+	c.denied(t, "read the payload stream by sequence", "$JS.API.DIRECT.GET.KV_CI_TASKS", func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_CI_TASKS", []byte(`{"seq":1}`))
+		return err
+	})
+	c.denied(t, "mark a task ended", "$KV.CI_TASKS.ended."+forged.ID, func(ctx context.Context) error {
+		e, err := assignmentqueue.OpenEndings(ctx, c.js, bucket)
+		if err != nil {
+			return err
+		}
+		return e.MarkEnded(ctx, forged.ID)
 	})
 	c.denied(t, "read a payload directly", "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, func(ctx context.Context) error {
 		_, err := c.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, nil)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
@@ -27,6 +28,9 @@ type Config struct {
 	bootstrap.Settings
 	assignmentsig.VerifySettings
 	backends.Setup
+	// The payload bucket's name, for the end marks a redelivered message is
+	// checked against (job mode); handle never holds the payload key.
+	assignmentqueue.BucketName
 
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`

@@ -31,7 +31,10 @@ func main() {
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	backend := taskassignment.Backend(cfg.Backend)
 	if cfg.Mode == modeHTTP {
-		h, closeBackend, err := newHandler(cfg, log)
+		// The Knative path has no NATS connection, hence no end marks: a
+		// redelivered event after its task ended can create an executor
+		// again, which finds no payload and ends (see README, Knative).
+		h, closeBackend, err := newHandler(cfg, nil, log)
 		if err != nil {
 			return err
 		}
@@ -68,7 +71,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%w (has handle run with GDR_MODE=setup?)", err)
 	}
-	h, closeBackend, err := newHandler(cfg, log)
+	endings, err := assignmentqueue.OpenEndings(ctx, js, cfg.PayloadBucket)
+	if err != nil {
+		return err
+	}
+	h, closeBackend, err := newHandler(cfg, endings, log)
 	if err != nil {
 		return err
 	}
@@ -83,10 +90,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-// newHandler builds the handler of the configured backend: its worker, and
-// the keys every message is authenticated with. The returned function
-// releases what the backend holds open.
-func newHandler(cfg Config, log *slog.Logger) (intake.Handler, func() error, error) {
+// newHandler builds the handler of the configured backend: its worker (with
+// endings, the end marks a redelivered message is checked against; nil for
+// none), and the keys every message is authenticated with. The returned
+// function releases what the backend holds open.
+func newHandler(cfg Config, endings taskworker.Endings, log *slog.Logger) (intake.Handler, func() error, error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
 		return intake.Handler{}, nil, err
@@ -105,7 +113,7 @@ func newHandler(cfg Config, log *slog.Logger) (intake.Handler, func() error, err
 		return intake.Handler{}, nil, err
 	}
 	worker := taskworker.Worker{
-		Backend: backend, Bootstrap: boot, Keys: keys,
+		Backend: backend, Bootstrap: boot, Keys: keys, Endings: endings,
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},

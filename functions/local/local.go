@@ -145,7 +145,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log}
-	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys,
+	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
 		}}
@@ -157,7 +157,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
-		Queue:    q, Rejections: q, Payloads: payloads, Log: log,
+		Queue:    q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
 	}
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {

@@ -165,7 +165,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
 	return &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: q, Rejections: q, Payloads: payloads, Concurrency: cfg.Concurrency, Log: log,
+		Queue: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
 	}, js, closeAll, nil
 }
 

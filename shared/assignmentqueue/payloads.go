@@ -234,7 +234,7 @@ func (p *Payloads) Started(ctx context.Context, assignmentID string) (bool, erro
 
 // IDs returns the assignment ID of every stored payload, sorted and without
 // duplicates; an empty store yields an empty slice. IDs of deleted or expired
-// payloads are not listed.
+// payloads are not listed, nor are the started and ended marks.
 func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	keys, err := p.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
@@ -245,7 +245,7 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	}
 	ids := make([]string, 0, len(keys))
 	for _, k := range keys {
-		if !strings.HasPrefix(k, startedPrefix) {
+		if !strings.HasPrefix(k, startedPrefix) && !strings.HasPrefix(k, endedPrefix) {
 			ids = append(ids, k)
 		}
 	}
@@ -256,8 +256,14 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 // PayloadStore is embedded in the configuration of every function that reads
 // or writes payloads.
 type PayloadStore struct {
-	PayloadBucket string        `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
-	PayloadKey    secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	BucketName
+	PayloadKey secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+}
+
+// BucketName names the payload bucket; handle embeds it alone, for the end
+// marks (Endings), never holding the payload key.
+type BucketName struct {
+	PayloadBucket string `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 }
 
 // Check reports a payload key that is not exactly 32 bytes, naming the

@@ -96,6 +96,11 @@ type Recovery struct {
 	// Rejections is the queue's rejection stream (Drain); nil skips the
 	// drain.
 	Rejections Rejections
+	// Endings remembers the assignments whose task is over: every executor
+	// recover deletes is marked ended first (taskworker.Worker.Endings), so
+	// that a queue message delivered again later creates no second one. Nil
+	// remembers nothing (tests of other paths).
+	Endings taskworker.Endings
 	// Concurrency bounds the assignments handled at once (default 8).
 	Concurrency int
 	Log         *slog.Logger
@@ -207,7 +212,7 @@ func (r *Recovery) handle(ctx context.Context, backend taskworker.Backend, a tas
 		return
 	}
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
-	w := taskworker.Worker{Backend: backend, Tasks: pool.Tasks, Bootstrap: r.Bootstrap, Keys: r.Keys,
+	w := taskworker.Worker{Backend: backend, Tasks: pool.Tasks, Bootstrap: r.Bootstrap, Keys: r.Keys, Endings: r.Endings,
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		}}

@@ -69,7 +69,7 @@ func setup(t *testing.T) fixture {
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]Backend{taskassignment.BackendProcess: mem},
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
-		Queue:    q, Payloads: payloads,
+		Queue:    q, Payloads: payloads, Endings: payloads.Endings(),
 	}
 	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot, js: env.JetStream}
 }
@@ -335,5 +335,25 @@ func TestRunAndFinishConcurrently(t *testing.T) {
 		if e, _ := f.backend.Find(ctx, a.ID); e != nil || f.hasPayload(t, a.ID) {
 			t.Errorf("%s: executor %v, payload %v left", a.ID, e != nil, f.hasPayload(t, a.ID))
 		}
+	}
+}
+
+// A pass that finishes an executor marks its task ended before it deletes
+// it: a message of the assignment delivered again afterwards (a handle killed
+// before its ack) is accepted by handle without a second executor.
+func TestRunMarksFinishedTasksEnded(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	a := f.claimed(t, 1, true)
+	f.backend.Set(a.ID, taskworker.Executor{Name: "exec-" + a.ID, IdentityTarget: "local", Phase: taskworker.PhaseSucceeded})
+	if sum, err := f.r.Run(ctx); err != nil || sum.Done != 1 {
+		t.Fatalf("Run = %+v, %v", sum, err)
+	}
+	w := taskworker.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.payloads.Endings()}
+	if ok, err := w.Accept(ctx, a); !ok || err != nil {
+		t.Fatalf("redelivered Accept = %v, %v", ok, err)
+	}
+	if n := f.backend.Creates(); n != 1 {
+		t.Fatalf("executor created %d times: the redelivery after the task ended created it again", n)
 	}
 }

@@ -186,8 +186,9 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 // backend serves than the consumer that terminated it.
 var errForeign = errors.New("terminated by another backend's consumer")
 
-// failTask reports the task of assignment id failed with reason, then
-// deletes its executor, if any, and its payload (steps 1-3 of Drain).
+// failTask reports the task of assignment id failed with reason, marks it
+// ended (see Recovery.Endings), then deletes its executor, if any, and its
+// payload (steps 1-3 of Drain).
 func (r *Recovery) failTask(ctx context.Context, id, consumer, reason string) error {
 	poolName, taskID, err := taskassignment.ParseID(id)
 	if err != nil {
@@ -203,6 +204,11 @@ func (r *Recovery) failTask(ctx context.Context, id, consumer, reason string) er
 	failed := taskworker.Executor{Phase: taskworker.PhaseFailed, Reason: reason}
 	if err := pool.Tasks.Report(ctx, taskID, failed); err != nil {
 		return fmt.Errorf("report task %d failed: %w", taskID, err)
+	}
+	if r.Endings != nil {
+		if err := r.Endings.MarkEnded(ctx, id); err != nil {
+			return fmt.Errorf("assignment %s: mark its task over: %w", id, err)
+		}
 	}
 	if backend, ok := r.Backends[pool.Backend]; ok {
 		e, err := backend.Find(ctx, id)

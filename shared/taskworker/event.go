@@ -27,6 +27,9 @@ const (
 	EventTaskTerminal          EventName = "task_terminal"
 	EventTaskReported          EventName = "task_reported"
 	EventExecutorDeleted       EventName = "executor_deleted"
+	// EventTaskEnded: Accept found no executor and the assignment marked
+	// ended; it creates none.
+	EventTaskEnded EventName = "task_ended"
 )
 
 func (w Worker) emit(name EventName, a taskassignment.Assignment, executor *Executor) {

@@ -92,9 +92,23 @@ type Worker struct {
 	Bootstrap Bootstrap
 	// Keys are the metadata keys the executors are created with.
 	Keys taskassignment.Keys
+	// Endings remembers the assignments whose task is over. Handle marks an
+	// assignment ended before it deletes its executor, and Accept consults
+	// the mark before it creates one: a queue message delivered again after
+	// its task ended (a handle killed before its ack, an ack lost in a NATS
+	// restart) then creates nothing. Without Endings such a redelivery
+	// creates a second executor for a task that is over.
+	Endings Endings
 	// OnEvent, if set, receives every lifecycle transition. It is called
 	// synchronously and must not block.
 	OnEvent func(Event)
+}
+
+// Endings remembers which assignments are over (assignmentqueue.Endings).
+// A mark, once written, must be seen by every later Ended.
+type Endings interface {
+	MarkEnded(ctx context.Context, assignmentID string) error
+	Ended(ctx context.Context, assignmentID string) (bool, error)
 }
 
 // Accept completes the hand-off from the queue to the backend: it finds or
@@ -102,6 +116,12 @@ type Worker struct {
 // True means every fact recovery needs is now held by the backend, and the
 // queue message may be acknowledged. False without error means "not yet"
 // (the identity target is pending): deliver the message again later.
+//
+// An assignment that has no executor and is marked ended (see Endings) is
+// over: Accept creates nothing and answers true, so its message is
+// acknowledged. The mark is read after Find: Handle writes it before it
+// deletes an executor, so a Find that no longer sees an executor Handle
+// deleted is always followed by a read that sees its mark.
 func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, error) {
 	if w.Backend == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
 		return false, errors.New("taskworker: backend, bootstrap and metadata keys are required")
@@ -115,6 +135,16 @@ func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, 
 	}
 	if executor == nil {
 		w.emit(EventExecutorAbsent, a, nil)
+		if w.Endings != nil {
+			ended, err := w.Endings.Ended(ctx, a.ID)
+			if err != nil {
+				return false, fmt.Errorf("assignment %s: is its task over: %w", a.ID, err)
+			}
+			if ended {
+				w.emit(EventTaskEnded, a, nil)
+				return true, nil
+			}
+		}
 		if executor, err = w.create(ctx, a); err != nil {
 			return false, err
 		}
@@ -159,6 +189,9 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 	}
 	if terminal {
 		w.emit(EventTaskTerminal, a, executor)
+		if err := w.markEnded(ctx, a); err != nil {
+			return false, err
+		}
 		if executor != nil {
 			if err := w.delete(ctx, a, executor); err != nil {
 				return false, err
@@ -181,10 +214,25 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 		return false, fmt.Errorf("report task %d as %s: %w", a.Task.ID, executor.Phase, err)
 	}
 	w.emit(EventTaskReported, a, executor)
+	if err := w.markEnded(ctx, a); err != nil {
+		return false, err
+	}
 	if err := w.delete(ctx, a, executor); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// markEnded records that a's task is over, before its executor is deleted
+// (see Endings); without Endings it does nothing.
+func (w Worker) markEnded(ctx context.Context, a taskassignment.Assignment) error {
+	if w.Endings == nil {
+		return nil
+	}
+	if err := w.Endings.MarkEnded(ctx, a.ID); err != nil {
+		return fmt.Errorf("assignment %s: mark its task over: %w", a.ID, err)
+	}
+	return nil
 }
 
 func checkAssignment(a taskassignment.Assignment) error {

@@ -26,6 +26,7 @@ type recorder struct {
 	createdTarget string
 	terminal      bool
 	fail          map[string]error
+	ended         map[string]bool // end marks (endings_test.go)
 }
 
 func newRecorder() *recorder {
