@@ -6,7 +6,7 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 FUZZTIME ?= 5s
 BENCHTIME ?= 1s
 
-.PHONY: build test unit fuzz vet bench clean peers e2e run try-gitea
+.PHONY: build test unit fuzz vet bench clean peers e2e run try-gitea chaos
 
 ## build: compile every function into $(BIN)/
 build:
@@ -48,6 +48,15 @@ peers:
 e2e: peers
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
+
+## chaos: the chaos run of issue 13 at full size (internal/chaos): 1,000 tasks, at least 200
+##        SIGKILLs of dispatch, handle and recover, 2 NATS restarts; `make test` runs a short one
+CHAOS_TASKS ?= 1000
+CHAOS_KILLS ?= 200
+CHAOS_NATS_RESTARTS ?= 2
+chaos:
+	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_RESTARTS=$(CHAOS_NATS_RESTARTS) \
+		CHAOS_DRAIN=$${CHAOS_DRAIN:-5m} $(GO) test -count=1 -v -timeout 60m -run '^TestChaos$$' ./internal/chaos/
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:

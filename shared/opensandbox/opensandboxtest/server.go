@@ -15,8 +15,10 @@
 // would refuse is refused here too, so the fake cannot hide a client bug.
 //
 // Tests drive what a real server decides on its own: state transitions
-// (SetState), faults (Inject, FailNext: 429 or 5xx, before or after the
-// request took effect) and latency (SetLatency).
+// (SetState, Transition), faults (Inject, FailNext: 429 or 5xx, before or
+// after the request took effect; SetFaults: a fault rate, including answers
+// that never come) and latency (SetLatency). Created records every sandbox
+// ever created, deleted ones included.
 package opensandboxtest
 
 import (
@@ -60,6 +62,8 @@ type Server struct {
 	creates    int
 	calls      map[string]int
 	faults     []Fault
+	faultFunc  func(method, path string) *Fault
+	created    []Sandbox
 	latency    time.Duration
 	rejections []Rejection
 }
@@ -140,6 +144,48 @@ type Fault struct {
 	AfterEffect bool
 	// RetryAfter, if positive, is sent as Retry-After (seconds).
 	RetryAfter int
+	// Drop closes the connection instead of answering (Status is then
+	// ignored): a request that timed out, or whose answer never came back
+	// (with AfterEffect). Only SetFaults may return it.
+	Drop bool
+}
+
+// SetFaults makes f decide, for every request that no injected fault
+// matches, whether it fails: f is called with the request's method and
+// specification path (as Calls names them) and returns the fault to apply,
+// or nil. A random f injects a fault rate (a chaos test). f is called with
+// no lock held and must be safe for concurrent use; nil removes it.
+func (s *Server) SetFaults(f func(method, path string) *Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faultFunc = f
+}
+
+// Created returns every sandbox created so far, deleted ones included, as
+// it was when it was created, oldest first: what a test counts creations
+// per assignment with.
+func (s *Server) Created() []Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Sandbox, len(s.created))
+	for i, sb := range s.created {
+		out[i] = sb
+		out[i].Metadata = maps.Clone(sb.Metadata)
+	}
+	return out
+}
+
+// Transition moves sandbox id to state, as SetState does, and reports
+// whether it exists; a sandbox deleted meanwhile is no failure (an executor
+// simulated beside a backend that may delete it at any time).
+func (s *Server) Transition(id, state string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.sandboxes[id]
+	if ok {
+		sb.State, sb.Reason = state, "test_transition"
+	}
+	return ok
 }
 
 // Inject queues f: the next f.Times requests matching f.Method get it.
@@ -325,7 +371,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.calls[op]++
 	fault := s.takeFault(r.Method)
+	faultFunc := s.faultFunc
 	s.mu.Unlock()
+	if fault == nil && faultFunc != nil {
+		fault = faultFunc(r.Method, in.Route.Path)
+	}
+	if fault != nil && fault.Drop && !fault.AfterEffect {
+		drop(w)
+		return
+	}
 
 	var resp response
 	switch {
@@ -342,6 +396,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp = s.handle(op, r, in, body)
 	}
 	if fault != nil && fault.AfterEffect {
+		if fault.Drop {
+			drop(w)
+			return
+		}
 		resp = faultResponse(*fault)
 	}
 	if fault == nil && resp.status >= 400 && resp.status < 500 && !resp.missing {
@@ -353,6 +411,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.reject(rej)
 	}
 	s.send(w, r, in, resp)
+}
+
+// drop closes the request's connection without an answer.
+func drop(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if conn, _, err := hj.Hijack(); err == nil {
+			_ = conn.Close()
+			return
+		}
+	}
+	panic(http.ErrAbortHandler) // the server closes the connection
 }
 
 func (s *Server) reject(rej Rejection) {
@@ -495,6 +564,7 @@ func (s *Server) create(body []byte) response {
 		sb.expiresAt = sb.CreatedAt.Add(time.Duration(*req.Timeout) * time.Second)
 	}
 	s.sandboxes[sb.ID] = sb
+	s.created = append(s.created, sb.snapshot())
 	resp := jsonResponse(http.StatusAccepted, sandboxJSON(sb, false))
 	resp.header = http.Header{"Location": {s.URL + "/v1/sandboxes/" + url.PathEscape(sb.ID)}}
 	return resp

@@ -1,0 +1,623 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"maps"
+	mathrand "math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// settings size a run; env overrides each (make chaos: 1000 tasks, 200
+// kills, 2 NATS restarts). The defaults are the short variant that runs in
+// `go test ./...`.
+type settings struct {
+	Tasks, Kills, NATSRestarts int
+	// Rate is how many jobs Gitea queues per second.
+	Rate float64
+	// Handles is the most handle runs at once (KEDA's maxReplicaCount).
+	Handles int
+	// Drain bounds the wait, after the last job is queued and the last
+	// kill, for every task to end and everything to be cleaned up.
+	Drain time.Duration
+	Seed  uint64
+	// Logs, if set, is where the processes' logs go (kept after the run).
+	Logs string
+}
+
+func loadSettings(t *testing.T) settings {
+	s := settings{Tasks: 60, Kills: 15, NATSRestarts: 1, Rate: 4, Handles: 4, Drain: 90 * time.Second,
+		Seed: uint64(time.Now().UnixNano())}
+	ints := map[string]*int{"CHAOS_TASKS": &s.Tasks, "CHAOS_KILLS": &s.Kills, "CHAOS_NATS_RESTARTS": &s.NATSRestarts, "CHAOS_HANDLES": &s.Handles}
+	for k, p := range ints {
+		if v := os.Getenv(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				t.Fatalf("%s=%q: want a count", k, v)
+			}
+			*p = n
+		}
+	}
+	if v := os.Getenv("CHAOS_RATE"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 {
+			t.Fatalf("CHAOS_RATE=%q: want jobs per second", v)
+		}
+		s.Rate = f
+	}
+	if v := os.Getenv("CHAOS_DRAIN"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("CHAOS_DRAIN=%q: %v", v, err)
+		}
+		s.Drain = d
+	}
+	if v := os.Getenv("CHAOS_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
+		}
+		s.Seed = n
+	}
+	s.Logs = os.Getenv("CHAOS_LOGS")
+	return s
+}
+
+// Timings of the run, scaled down from production's by about 20: Gitea's
+// ZOMBIE_TASK_TIMEOUT 10m -> 30s, dispatch's keep-alive 1m -> 3s, the
+// consumer's AckWait 5m -> 15s (the ratio zombie timeout / AckWait is kept).
+const (
+	zombieTimeout = 30 * time.Second
+	keepAlive     = 3 * time.Second
+	ackWait       = 15 * time.Second
+	faultRate     = 0.10
+	trustDomain   = "ci.example.org"
+	osbAPIKey     = "chaos-opensandbox-key"
+)
+
+// poolsYAML are the runner pools: both on the OpenSandbox backend, so both
+// share its one consumer.
+const poolsYAML = `pools:
+  - name: linux
+    labels: [ubuntu-latest]
+    backend: opensandbox
+    capacity: 30
+    profile: {image: "registry.example.org/runner:1", entrypoint: ["/runner"], resourceLimits: {cpu: "2", memory: "4Gi"}}
+  - name: arm
+    labels: [ubuntu-latest-arm]
+    backend: opensandbox
+    capacity: 20
+    profile: {image: "registry.example.org/runner-arm:1", entrypoint: ["/runner"], resourceLimits: {cpu: "2", memory: "4Gi"}}
+`
+
+const totalCapacity = 50
+
+// TestChaos is the chaos run (see the package doc). It fails, never skips,
+// when it cannot build or start its peers.
+func TestChaos(t *testing.T) {
+	st := loadSettings(t)
+	t.Logf("chaos: %d tasks at %.1f/s, %d kills, %d NATS restarts, seed %d (CHAOS_SEED)", st.Tasks, st.Rate, st.Kills, st.NATSRestarts, st.Seed)
+	started := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rng := mathrand.New(mathrand.NewPCG(st.Seed, 1))
+	dir := t.TempDir()
+	logs := st.Logs
+	if logs == "" {
+		logs = filepath.Join(dir, "logs")
+	}
+	for _, d := range []string{logs, filepath.Join(dir, "bin"), filepath.Join(dir, "nats"), filepath.Join(dir, "state")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	bins, err := Build(ctx, filepath.Join(dir, "bin"))
+	if err != nil {
+		t.Fatalf("build the binaries: %v", err)
+	}
+	t.Logf("built in %s", time.Since(started).Round(time.Millisecond))
+
+	gitea, err := StartGitea(ctx, GiteaOptions{ZombieTimeout: zombieTimeout, FaultRate: faultRate, Seed: st.Seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gitea.Stop()
+	osb := opensandboxtest.New(t, opensandboxtest.WithAPIKey(osbAPIKey))
+
+	ns := NewNATS(bins.NATS, filepath.Join(dir, "nats"), filepath.Join(logs, "nats.log"), testenv.FreePort(t))
+	if err := ns.Start(ctx); err != nil {
+		t.Fatalf("start NATS: %v", err)
+	}
+	defer ns.Stop(10 * time.Second)
+
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte(poolsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signingSeed := secretkey.Key(bytes.Repeat([]byte{8}, 32))
+	signer, err := assignmentsig.NewSigner(signingSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payloadKey := secretkey.Key(bytes.Repeat([]byte{7}, 32))
+	b64 := base64.StdEncoding.EncodeToString
+	env := []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + dir,
+		"GDR_LOG_LEVEL=info", "GDR_NATS_URL=" + ns.URL, "GDR_TRUST_DOMAIN=" + trustDomain,
+		"GDR_POOLS_FILE=" + pools, "GDR_STATE_DIR=" + filepath.Join(dir, "state"), "GDR_GITEA_URL=" + gitea.URL,
+		"GDR_PAYLOAD_KEY=" + b64(payloadKey), "GDR_ASSIGNMENT_SIGNING_KEY=" + b64(signingSeed),
+		"GDR_ASSIGNMENT_VERIFY_KEYS=" + b64(signer.Public()),
+		"GDR_BOOTSTRAP_KEY=" + b64(bytes.Repeat([]byte{9}, 32)), "GDR_GATEWAY_URL=https://gateway.example.org",
+		"GDR_OPENSANDBOX_URL=" + osb.URL, "GDR_OPENSANDBOX_API_KEY=" + osbAPIKey,
+	}
+	dispatchEnv := []string{"GDR_INTERVAL=250ms", "GDR_KEEPALIVE=" + keepAlive.String(), "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
+		"GDR_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}
+	handleEnv := []string{"GDR_MODE=job", "GDR_BACKEND=opensandbox", "GDR_BATCH=1", "GDR_FETCH_WAIT=1s",
+		"GDR_NAK_DELAY=250ms", "GDR_ERROR_DELAY=500ms", "GDR_HOLD_FOR=10s", "GDR_CAPACITY=" + strconv.Itoa(totalCapacity)}
+	recoverEnv := []string{"GDR_RECOVER_MODE=once"}
+
+	// Set-up, unkilled and without faults: register the pools, create the
+	// stream and consumer (handle's setup mode) and the payload bucket
+	// (dispatch's first round, with nothing queued yet).
+	setup := NewFleet(env, logs, st.Seed)
+	for _, step := range []struct {
+		name, bin string
+		extra     []string
+		args      []string
+	}{
+		{"dispatch register", bins.Dispatch, []string{"GDR_REGISTRATION_TOKEN=" + gitea.RegistrationToken}, []string{"register"}},
+		{"handle setup", bins.Handle, []string{"GDR_MODE=setup", "GDR_BACKEND=opensandbox", "GDR_CAPACITY=" + strconv.Itoa(totalCapacity)}, nil},
+		{"dispatch run", bins.Dispatch, dispatchEnv, []string{"run"}},
+	} {
+		if err := setup.Run("setup", step.bin, step.extra, step.args...); err != nil {
+			t.Fatalf("%s: %v\n%s", step.name, err, testenv.LogTail(filepath.Join(logs, "setup.log"), 20))
+		}
+	}
+
+	nc, err := nats.Connect(ns.URL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := scaleAckWait(ctx, t, js)
+	payloads, err := assignmentqueue.OpenPayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, payloadKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := taskassignment.NewKeys("gitea-dynamic-runner.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The run: faults on, executors simulated, the functions run as a
+	// cluster runs them, jobs queued over time, kills and NATS restarts.
+	gitea.SetFaults(true)
+	osb.SetFaults(osbFaults(st.Seed))
+	execs := &Executors{Sandboxes: osb, Gitea: gitea, Gateway: func() Gateway { return payloads }, Keys: keys,
+		Unreported: 0.1, MinRun: 200 * time.Millisecond, MaxRun: 3 * time.Second}
+	runCtx, stopRun := context.WithCancel(ctx)
+	execCtx, stopExecs := context.WithCancel(ctx)
+	execsDone := make(chan struct{})
+	go func() {
+		defer close(execsDone)
+		execs.Run(execCtx, st.Seed)
+	}()
+	var wg sync.WaitGroup
+	fleet := NewFleet(env, logs, st.Seed)
+	// A test that stops early leaves no process.
+	t.Cleanup(func() { fleet.Close(time.Second) })
+	// dispatch is a Deployment: restarted whenever it exits.
+	wg.Go(func() {
+		for runCtx.Err() == nil {
+			if errors.Is(fleet.Run("dispatch", bins.Dispatch, dispatchEnv, "serve"), ErrClosed) {
+				return
+			}
+			sleep(runCtx, 200*time.Millisecond)
+		}
+	})
+	wg.Go(func() { // a CronJob with concurrencyPolicy Forbid
+		r := mathrand.New(mathrand.NewPCG(st.Seed, 2))
+		for runCtx.Err() == nil {
+			if errors.Is(fleet.Run("recover", bins.Recover, recoverEnv), ErrClosed) {
+				return
+			}
+			sleep(runCtx, time.Second+time.Duration(r.Int64N(int64(time.Second))))
+		}
+	})
+	wg.Go(func() { keda(runCtx, fleet, consumer, st.Handles, bins.Handle, handleEnv) })
+
+	queueFor := time.Duration(float64(st.Tasks) / st.Rate * float64(time.Second))
+	queued := make(chan struct{})
+	go func() {
+		defer close(queued)
+		tick := time.NewTicker(time.Duration(float64(time.Second) / st.Rate))
+		defer tick.Stop()
+		for i := range st.Tasks {
+			<-tick.C
+			labels, repo := []string{"ubuntu-latest"}, fmt.Sprintf("org%d/repo%d", rng.IntN(5), rng.IntN(20))
+			if i%10 >= 7 {
+				labels = []string{"ubuntu-latest-arm"}
+			}
+			gitea.Queue(repo, fmt.Sprintf("job%d", i%7), labels)
+		}
+	}()
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		kill(runCtx, fleet, st.Kills, queueFor, st.Seed)
+	}()
+	restarts := make(chan error, 1)
+	go func() {
+		restarts <- restartNATS(runCtx, t, ns, st.NATSRestarts, queueFor)
+	}()
+
+	<-queued
+	<-killed
+	if err := <-restarts; err != nil {
+		t.Errorf("restart NATS: %v", err)
+	}
+	kills, _ := fleet.Kills()
+	t.Logf("all %d jobs queued and %d kills done after %s; draining (at most %s)", st.Tasks, kills, time.Since(started).Round(time.Second), st.Drain)
+	drained := waitDrained(ctx, st.Drain, func() (bool, string) {
+		return drainState(ctx, gitea, osb, js, st.Tasks)
+	})
+	t.Logf("drain: %s after %s", drained, time.Since(started).Round(time.Second))
+	stopRun()
+	fleet.Close(10 * time.Second)
+	wg.Wait()
+	stopExecs()
+	<-execsDone
+
+	// One final recover pass, against a Gitea and a backend without faults.
+	gitea.SetFaults(false)
+	osb.SetFaults(nil)
+	if err := NewFleet(env, logs, st.Seed).Run("recover-final", bins.Recover, recoverEnv); err != nil {
+		t.Errorf("final recover pass: %v\n%s", err, testenv.LogTail(filepath.Join(logs, "recover-final.log"), 20))
+	}
+	cancel()
+
+	// The verdict, from what Gitea and the backend recorded.
+	lost, lines := lostTasks(gitea.Records(), st.Tasks)
+	dups, dupLines := duplicated(osb.Created(), keys)
+	leaked, leakLines := leaks(context.Background(), osb, js)
+	kills, byKind := fleet.Kills()
+	calls, faulted := gitea.Calls()
+	es, er, eu := execs.Counts()
+	t.Logf("processes started: %v; killed: %v; NATS restarts: %d", fleet.Starts(), byKind, st.NATSRestarts)
+	t.Logf("gitea: %d calls, %d faulted; opensandbox: %d sandboxes created, %d create calls", calls, faulted,
+		len(osb.Created()), osb.Calls("POST", "/sandboxes"))
+	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records()))
+	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
+	t.Logf("wall time %s", time.Since(started).Round(time.Second))
+	for _, l := range slices.Concat(lines, dupLines, leakLines) {
+		t.Log(l)
+	}
+	if lost+dups+leaked > 0 {
+		for _, kind := range []string{"dispatch", "handle", "recover", "recover-final"} {
+			t.Logf("last lines of %s.log:\n%s", kind, testenv.LogTail(filepath.Join(logs, kind+".log"), 15))
+		}
+	}
+	verdict := fmt.Sprintf("chaos: %d tasks, %d kills, %d lost, %d duplicated, %d leaked", st.Tasks, kills, lost, dups, leaked)
+	if testing.Verbose() {
+		fmt.Println(verdict) // streamed: verbatim, the last line before the test's result
+	} else {
+		t.Log(verdict) // buffered: the last line of the test's report
+	}
+	if lost+dups+leaked > 0 || kills < st.Kills {
+		t.Fail()
+	}
+}
+
+// scaleAckWait sets the consumer handle's setup mode created to the run's
+// AckWait, keeping everything else, and returns it.
+func scaleAckWait(ctx context.Context, t *testing.T, js jetstream.JetStream) jetstream.Consumer {
+	t.Helper()
+	c, err := js.Consumer(ctx, assignmentqueue.DefaultStream, string(taskassignment.BackendOpenSandbox))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.AckWait = ackWait
+	c, err = js.UpdateConsumer(ctx, assignmentqueue.DefaultStream, cfg)
+	if err != nil {
+		t.Fatalf("scale the consumer's AckWait: %v", err)
+	}
+	return c
+}
+
+// osbFaults fails a tenth of the backend's calls: 5xx or 429 before the call
+// takes effect, 5xx after it (the answer lost), or no answer at all, before
+// or after.
+func osbFaults(seed uint64) func(method, path string) *opensandboxtest.Fault {
+	var mu sync.Mutex
+	r := mathrand.New(mathrand.NewPCG(seed, 3))
+	statuses := []int{http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable}
+	return func(string, string) *opensandboxtest.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Float64() >= faultRate {
+			return nil
+		}
+		switch p := r.Float64(); {
+		case p < 0.4:
+			return &opensandboxtest.Fault{Status: statuses[r.IntN(len(statuses))]}
+		case p < 0.55:
+			return &opensandboxtest.Fault{Status: http.StatusTooManyRequests, RetryAfter: 1}
+		case p < 0.8:
+			return &opensandboxtest.Fault{Status: statuses[r.IntN(len(statuses))], AfterEffect: true}
+		case p < 0.9:
+			return &opensandboxtest.Fault{Drop: true}
+		default:
+			return &opensandboxtest.Fault{Drop: true, AfterEffect: true}
+		}
+	}
+}
+
+// keda starts handle runs as KEDA's ScaledJob does: while the consumer has
+// pending plus ack-pending messages (the lag), it keeps min(lag, max) runs
+// going; each run exits by itself.
+func keda(ctx context.Context, fleet *Fleet, c jetstream.Consumer, maxRuns int, bin string, env []string) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for sleep(ctx, 250*time.Millisecond) {
+		ictx, cancel := context.WithTimeout(ctx, time.Second)
+		info, err := c.Info(ictx)
+		cancel()
+		if err != nil {
+			continue // NATS restarting: KEDA sees no lag either
+		}
+		lag := int(info.NumPending) + info.NumAckPending
+		for range min(lag, maxRuns) - fleet.Running("handle") {
+			wg.Go(func() { _ = fleet.Run("handle", bin, env) })
+		}
+	}
+}
+
+// kill SIGKILLs function processes until it has killed n of them, about
+// evenly over span: mostly a random live one, sometimes (one in five) the
+// next one to start, within 300 ms of its start.
+func kill(ctx context.Context, fleet *Fleet, n int, span time.Duration, seed uint64) {
+	if n == 0 {
+		return
+	}
+	r := mathrand.New(mathrand.NewPCG(seed, 4))
+	every := max(span/time.Duration(n), 50*time.Millisecond)
+	for {
+		if k, _ := fleet.Kills(); k >= n {
+			return
+		}
+		if !sleep(ctx, every/2+time.Duration(r.Int64N(int64(every)))) {
+			return
+		}
+		if r.IntN(5) == 0 {
+			fleet.KillNextStart()
+			continue
+		}
+		fleet.KillRandom()
+	}
+}
+
+// restartNATS restarts the server n times, evenly over span, with its store
+// kept: SIGKILL first, then SIGTERM, alternately.
+func restartNATS(ctx context.Context, t *testing.T, ns *NATS, n int, span time.Duration) error {
+	for i := range n {
+		if !sleep(ctx, span/time.Duration(n+1)) {
+			return nil
+		}
+		if i%2 == 0 {
+			ns.Kill()
+			t.Logf("NATS restart %d: SIGKILL at %s", i+1, time.Now().Format("15:04:05.000"))
+		} else {
+			ns.Stop(10 * time.Second)
+			t.Logf("NATS restart %d: SIGTERM at %s", i+1, time.Now().Format("15:04:05.000"))
+		}
+		if err := ns.Start(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// waitDrained polls drained every half second until it says done or limit
+// passes, and returns its last word.
+func waitDrained(ctx context.Context, limit time.Duration, drained func() (bool, string)) string {
+	deadline := time.Now().Add(limit)
+	for {
+		done, state := drained()
+		if done {
+			return "drained (" + state + ")"
+		}
+		if time.Now().After(deadline) || !sleep(ctx, 500*time.Millisecond) {
+			return "not drained (" + state + ")"
+		}
+	}
+}
+
+func drainState(ctx context.Context, g *Gitea, osb *opensandboxtest.Server, js jetstream.JetStream, n int) (bool, string) {
+	done := g.Done()
+	sandboxes := len(osb.Sandboxes())
+	keys, msgs, err := queueLeft(ctx, js)
+	state := fmt.Sprintf("%d/%d tasks done, %d sandboxes, %d payload keys, %d messages", done, n, sandboxes, len(keys), msgs)
+	if err != nil {
+		return false, state + ": " + err.Error()
+	}
+	return done == n && sandboxes == 0 && len(keys) == 0 && msgs == 0, state
+}
+
+// endedPrefix starts the end marks recover leaves in the payload bucket
+// (assignmentqueue.Endings): kept by design for the bucket's TTL, so that a
+// late redelivery creates nothing; they are no leak.
+const endedPrefix = "ended."
+
+// queueLeft returns the keys left in the payload bucket (payloads and
+// started marks; end marks are left out) and the number of messages left in
+// the stream.
+func queueLeft(ctx context.Context, js jetstream.JetStream) ([]string, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, assignmentqueue.DefaultPayloadBucket)
+	if err != nil {
+		return nil, 0, err
+	}
+	all, err := kv.Keys(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, 0, err
+	}
+	keys := slices.DeleteFunc(all, func(k string) bool { return strings.HasPrefix(k, endedPrefix) })
+	s, err := js.Stream(ctx, assignmentqueue.DefaultStream)
+	if err != nil {
+		return keys, 0, err
+	}
+	return keys, s.CachedInfo().State.Msgs, nil
+}
+
+// lostTasks counts the tasks that do not have exactly one final result of
+// ours: never claimed or never ended, reaped as zombies, claimed twice, or
+// sent two different final results.
+func lostTasks(records []TaskRecord, n int) (int, []string) {
+	var lines []string
+	if len(records) != n {
+		lines = append(lines, fmt.Sprintf("LOST: Gitea holds %d tasks, %d were queued", len(records), n))
+	}
+	lost := 0
+	for _, r := range records {
+		var why []string
+		if r.Claims != 1 {
+			why = append(why, fmt.Sprintf("claimed %d times", r.Claims))
+		}
+		if r.Result == runnerv1.Result_RESULT_UNSPECIFIED {
+			why = append(why, "no final result")
+		}
+		if r.Reaped {
+			why = append(why, "reaped as a zombie")
+		}
+		for _, f := range r.Finals {
+			if f.Result != r.Result && f.By != "reaper" {
+				why = append(why, fmt.Sprintf("another final result %s by %s", f.Result, f.By))
+			}
+		}
+		if len(why) > 0 {
+			lost++
+			lines = append(lines, fmt.Sprintf("LOST: task %d: %s (finals %+v)", r.ID, strings.Join(why, ", "), r.Finals))
+		}
+	}
+	return lost, lines
+}
+
+// duplicated counts the assignments whose executor was created more than
+// once (the fake records every creation, deleted sandboxes included).
+func duplicated(created []opensandboxtest.Sandbox, keys taskassignment.Keys) (int, []string) {
+	by := map[string][]string{}
+	for _, sb := range created {
+		a := sb.Metadata[keys.AssignmentID]
+		by[a] = append(by[a], sb.ID+"@"+sb.CreatedAt.Format("15:04:05.000"))
+	}
+	var lines []string
+	for _, a := range slices.Sorted(maps.Keys(by)) {
+		if len(by[a]) > 1 {
+			lines = append(lines, fmt.Sprintf("DUPLICATED: assignment %s: %d sandboxes created: %v", a, len(by[a]), by[a]))
+		}
+	}
+	return len(lines), lines
+}
+
+// leaks counts what is left: sandboxes, keys in the payload bucket, messages
+// in the stream.
+func leaks(ctx context.Context, osb *opensandboxtest.Server, js jetstream.JetStream) (int, []string) {
+	var lines []string
+	for _, sb := range osb.Sandboxes() {
+		lines = append(lines, fmt.Sprintf("LEAKED: sandbox %s (%s) of assignment %s", sb.ID, sb.State, sb.Metadata["gitea-dynamic-runner.io/assignment-id"]))
+	}
+	keys, msgs, err := queueLeft(ctx, js)
+	if err != nil {
+		lines = append(lines, fmt.Sprintf("LEAKED: the queue cannot be read: %v", err))
+		return len(lines), lines
+	}
+	for _, k := range keys {
+		lines = append(lines, "LEAKED: payload bucket key "+k)
+	}
+	if msgs > 0 {
+		lines = append(lines, fmt.Sprintf("LEAKED: %d messages in the stream", msgs))
+	}
+	return len(osb.Sandboxes()) + len(keys) + int(msgs), lines
+}
+
+// results sums the final results, by result and by who set it.
+func results(records []TaskRecord) string {
+	count := map[string]int{}
+	for _, r := range records {
+		for _, f := range r.Finals {
+			if f.Accepted {
+				by := f.By
+				if f.By == "protocol" && strings.Contains(f.Log, "could not store") {
+					by = "dispatch-finalize"
+				} else if f.By == "protocol" {
+					by = "recover-report"
+				}
+				count[strings.TrimPrefix(f.Result.String(), "RESULT_")+" by "+by]++
+			}
+		}
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(count)) {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, count[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// streams lists every stream with the messages it holds, for the record.
+func streams(ctx context.Context, js jetstream.JetStream) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var parts []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			parts = append(parts, name+"=?")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", name, s.CachedInfo().State.Msgs))
+	}
+	if err := names.Err(); err != nil {
+		parts = append(parts, "error: "+err.Error())
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,304 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mathrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+)
+
+// module is the module path the binaries are built from.
+const module = "github.com/gitea-dynamic-runner/gitea-dynamic-runner"
+
+// Binaries are the programs a run starts, built once into one folder.
+type Binaries struct {
+	Dispatch, Handle, Recover, NATS string
+}
+
+// Build builds dispatch, handle and recover (the project's own mains) and
+// nats-server (the module's dependency) into dir with `go build`.
+func Build(ctx context.Context, dir string) (Binaries, error) {
+	b := Binaries{
+		Dispatch: filepath.Join(dir, "dispatch"), Handle: filepath.Join(dir, "handle"),
+		Recover: filepath.Join(dir, "recover"), NATS: filepath.Join(dir, "nats-server"),
+	}
+	for _, args := range [][]string{
+		{"build", "-o", dir + "/", module + "/functions/dispatch", module + "/functions/handle", module + "/functions/recover"},
+		{"build", "-o", b.NATS, "github.com/nats-io/nats-server/v2"},
+	} {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("go %v: %w\n%s", args, err, out)
+		}
+	}
+	return b, nil
+}
+
+// NATS is a nats-server with JetStream in a process of its own, on one port
+// of 127.0.0.1 and one store folder, both kept across restarts. Plain: no
+// TLS, no authentication (the chaos run tests crashes, not access control).
+type NATS struct {
+	URL string
+
+	bin, store, log string
+	port            int
+
+	mu   sync.Mutex
+	proc *testenv.Process
+}
+
+// NewNATS returns a server (not started) keeping its store in dir and
+// appending its output to log.
+func NewNATS(bin, dir, log string, port int) *NATS {
+	return &NATS{bin: bin, store: filepath.Join(dir, "store"), log: log, port: port,
+		URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
+}
+
+// Start starts the server and waits until JetStream answers.
+func (n *NATS) Start(ctx context.Context) error {
+	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(n.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", n.store)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	p, err := testenv.StartProcess(cmd)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.proc = p
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = p.WaitReady(ctx, 100*time.Millisecond, func(ctx context.Context) error {
+		nc, err := nats.Connect(n.URL, nats.Timeout(time.Second), nats.NoReconnect())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		_, err = js.AccountInfo(ctx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("nats-server: %w\n%s", err, testenv.LogTail(n.log, 20))
+	}
+	return nil
+}
+
+// Kill ends the server with SIGKILL and waits for it.
+func (n *NATS) Kill() {
+	n.mu.Lock()
+	p := n.proc
+	n.mu.Unlock()
+	_ = syscall.Kill(p.PID(), syscall.SIGKILL)
+	<-p.Exited()
+}
+
+// Stop ends the server with SIGTERM (SIGKILL after grace) and waits for it.
+func (n *NATS) Stop(grace time.Duration) {
+	n.mu.Lock()
+	p := n.proc
+	n.mu.Unlock()
+	if p != nil {
+		p.Stop(grace)
+	}
+}
+
+// Fleet runs the function processes of a run and kills them on demand. It
+// only ever signals processes it started, by PID (each in a group of its
+// own, see testenv.StartProcess).
+type Fleet struct {
+	env  []string
+	logs string
+
+	mu       sync.Mutex
+	live     map[int]*member
+	starts   map[string]int
+	exits    map[string]int
+	kills    map[string]int
+	killNext int // processes to kill soon after they start
+	rng      *mathrand.Rand
+	closed   bool
+}
+
+type member struct {
+	kind string
+	proc *testenv.Process
+}
+
+// NewFleet returns a fleet whose processes get env (and nothing of the test's
+// own environment) and append their output to <logs>/<kind>.log.
+func NewFleet(env []string, logs string, seed uint64) *Fleet {
+	return &Fleet{env: env, logs: logs, live: map[int]*member{}, starts: map[string]int{}, exits: map[string]int{},
+		kills: map[string]int{}, rng: mathrand.New(mathrand.NewPCG(seed, 0x6b696c6c))}
+}
+
+// ErrClosed is returned by Run once the fleet is closed.
+var ErrClosed = errors.New("fleet closed")
+
+// Run starts bin (its kind names its log) with extra environment, waits
+// for it to exit, and returns its exit error (nil for status 0).
+func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return ErrClosed
+	}
+	f.mu.Unlock()
+	logf, err := os.OpenFile(filepath.Join(f.logs, kind+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append([]string{}, f.env...), extra...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	p, err := testenv.StartProcess(cmd)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.live[p.PID()] = &member{kind: kind, proc: p}
+	f.starts[kind]++
+	killSoon := f.killNext > 0 && !f.closed
+	var after time.Duration
+	if killSoon {
+		f.killNext--
+		after = time.Duration(f.rng.IntN(300)) * time.Millisecond
+	}
+	f.mu.Unlock()
+	if killSoon {
+		go func() {
+			select {
+			case <-time.After(after):
+				f.kill(p.PID())
+			case <-p.Exited():
+			}
+		}()
+	}
+	<-p.Exited()
+	f.mu.Lock()
+	delete(f.live, p.PID())
+	f.exits[kind]++
+	f.mu.Unlock()
+	if !cmd.ProcessState.Success() {
+		return &exec.ExitError{ProcessState: cmd.ProcessState}
+	}
+	return nil
+}
+
+// kill SIGKILLs the live member pid and counts it; false if it is gone.
+func (f *Fleet) kill(pid int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, ok := f.live[pid]
+	if !ok || f.closed {
+		return false
+	}
+	select {
+	case <-m.proc.Exited():
+		return false
+	default:
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return false
+	}
+	f.kills[m.kind]++
+	return true
+}
+
+// KillRandom SIGKILLs one live process chosen at random and reports whether
+// there was one.
+func (f *Fleet) KillRandom() bool {
+	f.mu.Lock()
+	pids := make([]int, 0, len(f.live))
+	for pid := range f.live {
+		pids = append(pids, pid)
+	}
+	var pid int
+	if len(pids) > 0 {
+		pid = pids[f.rng.IntN(len(pids))]
+	}
+	f.mu.Unlock()
+	return pid != 0 && f.kill(pid)
+}
+
+// KillNextStart has the next process to start killed within 300 ms of its
+// start.
+func (f *Fleet) KillNextStart() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.killNext++
+}
+
+// Running counts the live processes of kind.
+func (f *Fleet) Running(kind string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, m := range f.live {
+		if m.kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// Kills returns the kills so far, in all and by kind.
+func (f *Fleet) Kills() (int, map[string]int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	by := map[string]int{}
+	for k, v := range f.kills {
+		n += v
+		by[k] = v
+	}
+	return n, by
+}
+
+// Starts returns the processes started so far, by kind.
+func (f *Fleet) Starts() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	by := map[string]int{}
+	for k, v := range f.starts {
+		by[k] = v
+	}
+	return by
+}
+
+// Close starts nothing more, stops every live process (SIGTERM, then
+// SIGKILL after grace) and waits for them.
+func (f *Fleet) Close(grace time.Duration) {
+	f.mu.Lock()
+	f.closed = true
+	var ps []*testenv.Process
+	for _, m := range f.live {
+		ps = append(ps, m.proc)
+	}
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(func() { p.Stop(grace) })
+	}
+	wg.Wait()
+}
