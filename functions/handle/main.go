@@ -45,8 +45,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Close flushes the acks, naks and terminations still in flight before exit.
-	defer func() { _ = natsconn.Close(nc) }()
+	// Close flushes the naks and terminations still in flight before exit
+	// (acks are confirmed as they are sent).
+	defer func() {
+		if err := natsconn.Close(nc); err != nil {
+			log.Warn("settlements may not have reached NATS: their messages come back after the ack wait", slog.Any("error", err))
+		}
+	}()
 	q := assignmentqueue.New(js, cfg.Stream)
 	if cfg.Mode == modeSetup {
 		if err := q.EnsureStream(ctx); err != nil {

@@ -75,6 +75,7 @@ type task struct {
 	payload  *runnerv1.Task
 	runner   int64 // 0 while the job waits
 	claims   int
+	claimed  time.Time // the first claim's answer
 	queuedAt time.Time
 	updated  time.Time
 	result   runnerv1.Result
@@ -103,10 +104,13 @@ type Final struct {
 // TaskRecord is what the scripted Gitea knows of one task.
 type TaskRecord struct {
 	ID     int64
+	Labels []string
 	Claims int
-	Result runnerv1.Result
-	Finals []Final
-	Reaped bool
+	// ClaimedAt is when Gitea answered the first claim (zero if none).
+	ClaimedAt time.Time
+	Result    runnerv1.Result
+	Finals    []Final
+	Reaped    bool
 }
 
 // GiteaOptions configure StartGitea.
@@ -195,7 +199,8 @@ func (g *Gitea) Records() []TaskRecord {
 	defer g.mu.Unlock()
 	out := make([]TaskRecord, 0, len(g.tasks))
 	for _, t := range g.tasks {
-		out = append(out, TaskRecord{ID: t.id, Claims: t.claims, Result: t.result, Finals: slices.Clone(t.finals), Reaped: t.reaped})
+		out = append(out, TaskRecord{ID: t.id, Labels: slices.Clone(t.labels), Claims: t.claims, ClaimedAt: t.claimed,
+			Result: t.result, Finals: slices.Clone(t.finals), Reaped: t.reaped})
 	}
 	slices.SortFunc(out, func(a, b TaskRecord) int { return int(a.ID - b.ID) })
 	return out
@@ -322,6 +327,9 @@ func (g *Gitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.Fetch
 		}
 		g.waiting = slices.Delete(g.waiting, i, i+1)
 		t.runner, t.claims, t.updated = r.id, t.claims+1, time.Now()
+		if t.claimed.IsZero() {
+			t.claimed = t.updated
+		}
 		res.Task = t.payload
 		break
 	}

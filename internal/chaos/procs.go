@@ -134,14 +134,25 @@ type Fleet struct {
 	starts   map[string]int
 	exits    map[string]int
 	kills    map[string]int
+	lives    []Life
 	killNext int // processes to kill soon after they start
 	rng      *mathrand.Rand
 	closed   bool
 }
 
 type member struct {
-	kind string
-	proc *testenv.Process
+	kind    string
+	proc    *testenv.Process
+	started time.Time
+	killed  bool
+}
+
+// Life is one process of the fleet, from its start to its end.
+type Life struct {
+	Kind           string
+	Started, Ended time.Time
+	// Killed: it ended by the fleet's SIGKILL.
+	Killed bool
 }
 
 // NewFleet returns a fleet whose processes get env (and nothing of the test's
@@ -176,7 +187,7 @@ func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
 		return err
 	}
 	f.mu.Lock()
-	f.live[p.PID()] = &member{kind: kind, proc: p}
+	f.live[p.PID()] = &member{kind: kind, proc: p, started: time.Now()}
 	f.starts[kind]++
 	killSoon := f.killNext > 0 && !f.closed
 	var after time.Duration
@@ -196,6 +207,8 @@ func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
 	}
 	<-p.Exited()
 	f.mu.Lock()
+	m := f.live[p.PID()]
+	f.lives = append(f.lives, Life{Kind: kind, Started: m.started, Ended: time.Now(), Killed: m.killed})
 	delete(f.live, p.PID())
 	f.exits[kind]++
 	f.mu.Unlock()
@@ -221,6 +234,7 @@ func (f *Fleet) kill(pid int) bool {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return false
 	}
+	m.killed = true
 	f.kills[m.kind]++
 	return true
 }
@@ -273,6 +287,20 @@ func (f *Fleet) Kills() (int, map[string]int) {
 		by[k] = v
 	}
 	return n, by
+}
+
+// Lives returns the processes of kind that have ended, in the order they
+// ended.
+func (f *Fleet) Lives(kind string) []Life {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Life
+	for _, l := range f.lives {
+		if l.Kind == kind {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Starts returns the processes started so far, by kind.

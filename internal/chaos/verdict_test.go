@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"testing"
+	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
@@ -23,9 +24,46 @@ func TestLostTasks(t *testing.T) {
 		{ID: 6, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}, {Result: fail, By: "protocol"}}},
 		{ID: 7, Claims: 2, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}}},
 	}
-	lost, lines := lostTasks(records, 8) // and one queued task Gitea does not hold
-	if lost != 5 || len(lines) != 6 {
-		t.Errorf("lostTasks = %d, %q; want 5 tasks and 6 lines", lost, lines)
+	never := func(TaskRecord) bool { return false }
+	lost, cut, lines := lostTasks(records, 8, never) // and one queued task Gitea does not hold
+	if lost != 5 || cut != 0 || len(lines) != 6 {
+		t.Errorf("lostTasks = %d, %d, %q; want 5 tasks, none cut, and 6 lines", lost, cut, lines)
+	}
+	// A cut claim excuses a task that only never ended or was reaped, never
+	// one claimed twice or sent a differing result.
+	always := func(TaskRecord) bool { return true }
+	lost, cut, lines = lostTasks(records, 7, always)
+	if lost != 3 || cut != 2 || len(lines) != 5 {
+		t.Errorf("lostTasks with every claim cut = %d, %d, %q; want tasks 3, 6 and 7 lost, 4 and 5 cut", lost, cut, lines)
+	}
+}
+
+func TestCutClaim(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 5, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	lives := []Life{
+		{Kind: "dispatch", Started: at(0), Ended: at(1000), Killed: true},
+		{Kind: "dispatch", Started: at(1200), Ended: at(5000), Killed: false},
+	}
+	record := func(claimed int) TaskRecord {
+		return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, ClaimedAt: at(claimed)}
+	}
+	nothing := func(string) bool { return false }
+	for _, tc := range []struct {
+		name    string
+		r       TaskRecord
+		written func(string) bool
+		want    bool
+	}{
+		{"claimed by the killed process, nothing written", record(900), nothing, true},
+		{"its payload was written", record(900), func(id string) bool { return id == "linux-9" }, false},
+		{"claimed by a process that was not killed", record(2000), nothing, false},
+		{"claimed between two processes", record(1100), nothing, false},
+		{"never claimed", TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}}, nothing, false},
+	} {
+		if got := cutClaim(tc.r, lives, tc.written); got != tc.want {
+			t.Errorf("%s: cutClaim = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

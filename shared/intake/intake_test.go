@@ -245,6 +245,37 @@ func TestJobAcceptsAndAcks(t *testing.T) {
 	expectOutstanding(t, q, 0)
 }
 
+// An accepted message is acknowledged before Run returns, not merely sent:
+// right after the run (no flush, no wait) the stream no longer holds it. A
+// plain ack is still in flight then; a run killed at that moment would have
+// logged "accepted" for a message that comes back.
+func TestJobAckIsConfirmed(t *testing.T) {
+	env := jetstreamenv.NewQueue(t)
+	q := env.Queue
+	env.OpenConsumer(t, taskassignment.BackendProcess, 4)
+	// handle's own connection: what it sends is not ordered with the test's reads.
+	_, js := jetstreamenv.Connect(t, env.URL)
+	c, err := assignmentqueue.New(js, "").Consumer(context.Background(), taskassignment.BackendProcess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := taskworkertest.NewMemory("node-1")
+	for i := range int64(20) {
+		a := assignment(t, 100+i)
+		publish(t, q, a)
+		if sum, err := job(c, worker(t, backend), nil).Run(context.Background()); err != nil || sum.Accepted != 1 {
+			t.Fatalf("Run = %+v, %v", sum, err)
+		}
+		queued, _, err := q.Queued(context.Background(), taskassignment.BackendProcess, td)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if queued[a.ID] {
+			t.Fatalf("assignment %s still in the stream when Run returned it accepted", a.ID)
+		}
+	}
+}
+
 func TestJobWithoutMessagesIsAnEmptyRun(t *testing.T) {
 	_, c, _ := queue(t, 4)
 	sum, err := job(c, worker(t, taskworkertest.NewMemory("n")), nil).Run(context.Background())

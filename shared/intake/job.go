@@ -31,6 +31,8 @@ const (
 	DefaultHoldFor = 2 * time.Minute
 	// MaxErrorDelay caps the backoff of a message that keeps failing.
 	MaxErrorDelay = 5 * time.Minute
+	// ackTimeout bounds the wait for the server to confirm an ack.
+	ackTimeout = 5 * time.Second
 )
 
 // ErrorBackoff is when a message that failed on its delivered-th delivery
@@ -136,9 +138,11 @@ func (s *Summary) count(o Outcome) {
 // node) settles nothing; the message comes back AckWait after its last
 // in-progress signal, to a run whose Accept finds the executor it created.
 //
-// Settling publishes on the consumer's connection: flush it before the
-// process exits. The error is only for a run that could not fetch at all; outcomes of single
-// messages are in the Summary and the log. No message available is a
+// An ack is confirmed by the server before Run counts the message Accepted;
+// naks and terminations are published on the consumer's connection without
+// a reply: flush it before the process exits. The error is only for a run
+// that could not fetch at all; outcomes of single messages are in the
+// Summary and the log. No message available is a
 // successful, empty run.
 func (j Job) Run(ctx context.Context) (Summary, error) {
 	var sum Summary
@@ -240,11 +244,18 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 	}
 	switch outcome {
 	case Accepted:
-		// A plain ack: the caller flushes its connection before it exits. An
-		// ack lost on the way costs a redelivery after AckWait, which Accept
-		// answers by finding the executor, never a second one.
-		if err := msg.Ack(); err != nil {
-			log.Warn("assignment accepted, acknowledgement not sent", append(attrs, slog.Any("error", err))...)
+		// A confirmed ack: once the server has answered, the message is gone
+		// from the stream, so "accepted" in the log is a fact. It is sent
+		// even when ctx has ended (the executor exists: handing the message
+		// back would only cost a redelivery). An ack that is not confirmed
+		// (NATS restarting) costs a redelivery after AckWait, which Accept
+		// answers by finding the executor, or its task's end mark, never by
+		// creating a second one.
+		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+		err := msg.DoubleAck(ackCtx)
+		cancel()
+		if err != nil {
+			log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
 			return Failed, false
 		}
 		log.Info("assignment accepted", attrs...)
