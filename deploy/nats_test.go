@@ -946,7 +946,7 @@ func TestNATSSubjectFormats(t *testing.T) {
 			// publishes wait for their acks than its limit, which a loaded machine reaches.
 			const keys, batch = 12000, 1000
 			for i := range keys {
-				if _, err := dispatch.js.PublishAsync(fmt.Sprintf("$KV.CI_TASKS.started.linux-%d", i+1), []byte{1}); err != nil {
+				if _, err := dispatch.js.PublishAsync(fmt.Sprintf("$KV.CI_TASKS.linux-%d", i+1), []byte{1}); err != nil {
 					t.Fatal(err)
 				}
 				if (i+1)%batch != 0 {
@@ -958,8 +958,8 @@ func TestNATSSubjectFormats(t *testing.T) {
 					t.Fatal(ctx.Err())
 				}
 			}
-			if _, err := dp.IDs(ctx); err != nil {
-				t.Fatal(err)
+			if ids, err := dp.IDs(ctx); err != nil || len(ids) != keys {
+				t.Fatalf("dispatch: IDs = %d keys, %v; want %d", len(ids), err, keys)
 			}
 			dispatch.clean(t)
 			recoverC := srv.connect(t, "RECOVER")
@@ -967,8 +967,8 @@ func TestNATSSubjectFormats(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := rp.IDs(ctx); err != nil {
-				t.Fatal(err)
+			if ids, err := rp.IDs(ctx); err != nil || len(ids) != keys {
+				t.Fatalf("recover: IDs = %d keys, %v; want %d", len(ids), err, keys)
 			}
 			recoverC.clean(t)
 		})

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -236,21 +235,23 @@ func (p *Payloads) Started(ctx context.Context, assignmentID string) (bool, erro
 // duplicates; an empty store yields an empty slice. IDs of deleted or expired
 // payloads are not listed, nor are the started and ended marks.
 func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
-	keys, err := p.kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return []string{}, nil
-	}
+	// Payload keys are one token (an assignment ID has no dot); the marks
+	// are two ("started.<id>", "ended.<id>"). Filtering on one token lists
+	// the payloads alone: a round's cost follows the tasks in flight, not
+	// the marks of every task the bucket's TTL still remembers.
+	lister, err := p.kv.ListKeysFiltered(ctx, "*")
 	if err != nil {
 		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
 	}
-	ids := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if !strings.HasPrefix(k, startedPrefix) && !strings.HasPrefix(k, endedPrefix) {
-			ids = append(ids, k)
-		}
+	ids := []string{}
+	for k := range lister.Keys() {
+		ids = append(ids, k)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
 	}
 	slices.Sort(ids)
-	return ids, nil
+	return slices.Compact(ids), nil
 }
 
 // PayloadStore is embedded in the configuration of every function that reads
