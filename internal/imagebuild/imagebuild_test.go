@@ -199,7 +199,7 @@ func TestDebs(t *testing.T) {
 		"usr/share/doc/ca-certificates/README":    "not a certificate",
 	})
 	other := fakeDeb(t, dir, "login_1_all.deb", "login", map[string]string{
-		"usr/bin/su*":          "su",
+		"usr/bin/su*": "su",
 	})
 	bundle, err := caBundle(context.Background(), []string{other, ca})
 	if err != nil {
