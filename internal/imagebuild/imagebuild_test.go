@@ -238,3 +238,24 @@ func TestDebs(t *testing.T) {
 		t.Errorf("shared directories not once: %v", seen)
 	}
 }
+
+// TestEveryFunctionHasAnImage: a function added under functions/ gets an
+// image, or a reason here not to. local runs from a checkout: its executors
+// are processes on the host.
+func TestEveryFunctionHasAnImage(t *testing.T) {
+	entries, err := os.ReadDir("../../functions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || e.Name() == "local" {
+			continue
+		}
+		if !slices.ContainsFunc(Images, func(i Image) bool { return i.Name == e.Name() && i.Package == "./functions/"+e.Name() }) {
+			t.Errorf("functions/%s has no image in Images", e.Name())
+		}
+	}
+	if !slices.ContainsFunc(Images, func(i Image) bool { return i.Packages && i.Binary == "runner" }) {
+		t.Error("no runner image with the Debian packages (runner-host)")
+	}
+}
