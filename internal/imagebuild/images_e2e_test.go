@@ -147,8 +147,24 @@ func runHostTools(t *testing.T, dir string) {
 	}
 	rootfs := t.TempDir()
 	unpack(t, image, rootfs)
-	script := "set -e; git --version; node -e 'console.log(\"node \" + process.version)'; " +
-		"bash -c 'echo bash $BASH_VERSION'; test -s " + CABundle + "; id -u"
+	// A container runtime gives every container the devices of /dev that
+	// git needs (null, urandom); the chroot gets them here.
+	if err := os.MkdirAll(filepath.Join(rootfs, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, minor := range map[string]int{"null": 3, "zero": 5, "random": 8, "urandom": 9} {
+		dev := filepath.Join(rootfs, "dev", name)
+		if err := syscall.Mknod(dev, syscall.S_IFCHR|0o666, 1<<8|minor); err != nil {
+			t.Skipf("cannot make /dev/%s for the chroot here: %v", name, err)
+		}
+		if err := os.Chmod(dev, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := "set -e; git --version; node -e 'require(\"https\"); require(\"zlib\"); console.log(\"node \" + process.version)'; " +
+		"bash -c 'echo bash $BASH_VERSION'; test -s " + CABundle + "; id -u; " +
+		"cd /tmp && git init -q repo && git -C repo -c user.name=t -c user.email=t@example.com commit -q --allow-empty -m one && " +
+		"echo commits $(git -C repo rev-list --count HEAD)"
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
 	cmd.Dir = "/"
@@ -161,7 +177,7 @@ func runHostTools(t *testing.T, dir string) {
 		t.Fatalf("in runner-host (amd64): %v\n%s", err, out)
 	}
 	t.Logf("in runner-host (amd64):\n%s", out)
-	for _, want := range []string{"git version ", "node v", "bash ", "65532"} {
+	for _, want := range []string{"git version ", "node v", "bash ", "65532", "commits 1"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
 		}
