@@ -44,8 +44,8 @@ peers:
 	./scripts/peers/kube.sh build
 	./scripts/peers/spire.sh build
 
-## e2e: the end-to-end tests against real peers (build tag e2e)
-e2e: peers
+## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test
+e2e: peers images
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
 
@@ -57,6 +57,15 @@ CHAOS_NATS_RESTARTS ?= 2
 chaos:
 	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_RESTARTS=$(CHAOS_NATS_RESTARTS) \
 		CHAOS_DRAIN=$${CHAOS_DRAIN:-5m} $(GO) test -count=1 -v -timeout 60m -run '^TestChaos$$' ./internal/chaos/
+
+## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (README "Images"):
+##         dispatch, handle, recover, gateway, runner, runner-host; linux/amd64 + linux/arm64,
+##         reproducible (every timestamp SOURCE_DATE_EPOCH, default: the last commit's time)
+.PHONY: images
+images:
+	@debs=$$(./scripts/debs.sh build) && \
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
+	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs"
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:

@@ -9,6 +9,7 @@ require (
 	gitea.dev/actions-proto-go v0.6.0
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/getkin/kin-openapi v0.152.0
+	github.com/google/go-containerregistry v0.22.1
 	github.com/kelseyhightower/envconfig v1.4.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -50,12 +51,12 @@ require (
 	github.com/creack/pty v1.1.21 // indirect
 	github.com/cyphar/filepath-securejoin v0.4.1 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
-	github.com/distribution/reference v0.5.0 // indirect
-	github.com/docker/cli v24.0.7+incompatible // indirect
+	github.com/distribution/reference v0.6.0 // indirect
+	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/distribution v2.8.3+incompatible // indirect
 	github.com/docker/docker v24.0.9+incompatible // indirect
-	github.com/docker/docker-credential-helpers v0.7.0 // indirect
-	github.com/docker/go-connections v0.4.0 // indirect
+	github.com/docker/docker-credential-helpers v0.9.3 // indirect
+	github.com/docker/go-connections v0.7.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/dprotaso/go-yit v0.0.0-20220510233725-9ba8df137936 // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
@@ -117,7 +118,7 @@ require (
 	github.com/oasdiff/yaml v0.1.1 // indirect
 	github.com/oasdiff/yaml3 v0.0.14 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
-	github.com/opencontainers/image-spec v1.1.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/opencontainers/runc v1.1.12 // indirect
 	github.com/opencontainers/selinux v1.11.0 // indirect
 	github.com/pjbgf/sha1cd v0.3.2 // indirect
@@ -172,3 +173,15 @@ require (
 replace github.com/nektos/act => gitea.com/gitea/act v0.261.10
 
 tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
+
+// go-containerregistry's go.mod asks for docker/cli v29 (and the newer
+// reference, credential-helpers and go-connections that come with it) for its
+// registry-auth and daemon packages, which internal/imagebuild does not import;
+// act (gitea/act) is built against docker/cli v24 and docker/distribution,
+// which do not compile against those. Keep act's versions.
+replace (
+	github.com/distribution/reference => github.com/distribution/reference v0.5.0
+	github.com/docker/cli => github.com/docker/cli v24.0.7+incompatible
+	github.com/docker/docker-credential-helpers => github.com/docker/docker-credential-helpers v0.7.0
+	github.com/docker/go-connections => github.com/docker/go-connections v0.4.0
+)

@@ -60,11 +60,14 @@ type values struct {
 // this same runner again (the program and, for a multi-command binary, its
 // subcommand): the runner re-executes itself with it.
 func Main(self []string, args []string) int {
+	if len(args) > 0 && args[0] == "install" {
+		return install(args[1:], os.Stderr)
+	}
 	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
 	fd := fs.Int("bootstrap-fd", -1, "internal: read the bootstrap values from this file descriptor")
 	version := fs.Bool("version", false, "print the version (module version, commit, Go version) and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: runner\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
+		fmt.Fprintf(fs.Output(), "usage: runner\n       runner install <path>   copy this runner to <path> (mode 0755) and exit\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
 		_ = envdoc.Usage(fs.Output(), function.EnvPrefix, &Config{})
 	}
 	switch err := fs.Parse(args); {

@@ -1,0 +1,409 @@
+// Package imagebuild builds the project's container images on this machine,
+// without a registry or a Docker daemon: each is an OCI image layout holding
+// one image index with a linux/amd64 and a linux/arm64 image.
+//
+// Every image is reproducible: the binaries are static (CGO_ENABLED=0) and
+// built with -trimpath, every file has the same modification time (the
+// epoch, SOURCE_DATE_EPOCH in `make images`), the image's created time is
+// that epoch, and layers are written in a fixed order with numeric owners
+// only; the same source, Go toolchain, packages and epoch give the same
+// digests. Every image runs as 65532:65532 (nonroot, with /etc/passwd and
+// /etc/group entries), carries a CA bundle from Debian's ca-certificates
+// package, and has its binary as entrypoint.
+package imagebuild
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// The user every image runs as.
+const (
+	UID      = 65532
+	GID      = 65532
+	UserName = "nonroot"
+	Home     = "/home/nonroot"
+)
+
+// BinDir is where an image's binary is, on the image's PATH.
+const BinDir = "/usr/local/bin"
+
+// CABundle is where every image has its CA certificates.
+const CABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// RefName is the reference name (org.opencontainers.image.ref.name) of the
+// image index in each layout: `oci:<folder>:latest` to skopeo.
+const RefName = "latest"
+
+// Platform is one platform of every image.
+type Platform struct {
+	Arch    string // GOARCH, OCI architecture and Debian architecture alike
+	Variant string
+}
+
+// Platforms are the platforms of every image, in index order.
+var Platforms = []Platform{{Arch: "amd64"}, {Arch: "arm64", Variant: "v8"}}
+
+// Image is one image to build.
+type Image struct {
+	// Name names the layout's folder (Options.Out/<Name>).
+	Name string
+	// Package is the Go main package of the image's binary, relative to
+	// Options.Module ("./functions/dispatch").
+	Package string
+	// Binary is the binary's name, in BinDir; the image's entrypoint.
+	Binary string
+	// Packages says the image carries the Debian packages of
+	// Options.Packages (bash, git, node and what they need).
+	Packages bool
+}
+
+// Images are the images `make images` builds. functions/local has none: it
+// is the one-machine quick start, whose process backend runs every executor
+// as a process of the user on the host, so it is run from a checkout.
+var Images = []Image{
+	function("dispatch"),
+	function("handle"),
+	function("recover"),
+	function("gateway"),
+	// The runner alone, for injection into any job image: an init container
+	// runs `runner install <path>` to copy it into a shared volume.
+	function("runner"),
+	// The runner with bash, git, node and CA certificates: host-mode jobs.
+	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true},
+}
+
+func function(name string) Image {
+	return Image{Name: name, Package: "./functions/" + name, Binary: name}
+}
+
+// Options say where the inputs are and where the images go.
+type Options struct {
+	// Module is the Go module's root folder, where `go build` runs.
+	Module string
+	// Out is the folder the layouts are written to, one folder each.
+	Out string
+	// Packages is the folder of Debian packages (scripts/debs.sh), with one
+	// folder of .deb files per architecture. Needed by images with
+	// Packages, and for the CA bundle when CABundle is nil.
+	Packages string
+	// CABundle, if not nil, is the CA bundle instead of the one generated
+	// from the ca-certificates package (tests).
+	CABundle []byte
+	// Epoch is every file's modification time and the images' created time.
+	Epoch time.Time
+	// Go is the go command ("go" when empty).
+	Go string
+	// Log gets the builder's progress and the go command's output.
+	Log io.Writer
+}
+
+// Result is one image built.
+type Result struct {
+	Name string
+	// Digest is the image index's digest.
+	Digest v1.Hash
+	// Manifests are the digests of the platform images, in Platforms order.
+	Manifests []v1.Hash
+	// Sizes are the compressed sizes (config and layers) of the platform
+	// images, in Platforms order.
+	Sizes []int64
+}
+
+// Build builds the images, one after the other, into Options.Out.
+func Build(ctx context.Context, opts Options, images []Image) ([]Result, error) {
+	if opts.Go == "" {
+		opts.Go = "go"
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	work, err := os.MkdirTemp("", "imagebuild-")
+	if err != nil {
+		return nil, fmt.Errorf("work folder: %w", err)
+	}
+	defer os.RemoveAll(work)
+	b := &builder{opts: opts, work: work, layers: map[string]v1.Layer{}}
+	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("output folder %s: %w", opts.Out, err)
+	}
+	var results []Result
+	for _, img := range images {
+		r, err := b.image(ctx, img)
+		if err != nil {
+			return results, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		results = append(results, r)
+	}
+	return results, nil
+}
+
+// builder builds images, sharing layers between them.
+type builder struct {
+	opts   Options
+	work   string
+	ca     []byte
+	layers map[string]v1.Layer // by key: "base", "bin/<arch>/<binary>", "debs/<arch>"
+}
+
+// image builds one image and writes its layout.
+func (b *builder) image(ctx context.Context, img Image) (Result, error) {
+	r := Result{Name: img.Name}
+	var adds []mutate.IndexAddendum
+	for _, p := range Platforms {
+		im, err := b.platformImage(ctx, img, p)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", p.Arch, err)
+		}
+		d, err := im.Digest()
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", p.Arch, err)
+		}
+		size, err := imageSize(im)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", p.Arch, err)
+		}
+		r.Manifests = append(r.Manifests, d)
+		r.Sizes = append(r.Sizes, size)
+		adds = append(adds, mutate.IndexAddendum{Add: im, Descriptor: v1.Descriptor{
+			Platform: &v1.Platform{OS: "linux", Architecture: p.Arch, Variant: p.Variant},
+		}})
+	}
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
+	d, err := idx.Digest()
+	if err != nil {
+		return r, err
+	}
+	r.Digest = d
+
+	dir := filepath.Join(b.opts.Out, img.Name)
+	tmp := dir + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return r, err
+	}
+	lp, err := layout.Write(tmp, empty.Index)
+	if err != nil {
+		return r, fmt.Errorf("layout %s: %w", tmp, err)
+	}
+	if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": RefName,
+	})); err != nil {
+		return r, fmt.Errorf("layout %s: %w", tmp, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return r, err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(b.opts.Log, "imagebuild: %s: %s\n", dir, d)
+	return r, nil
+}
+
+// imageSize is the compressed size of an image's config and layers.
+func imageSize(im v1.Image) (int64, error) {
+	m, err := im.Manifest()
+	if err != nil {
+		return 0, err
+	}
+	size := m.Config.Size
+	for _, l := range m.Layers {
+		size += l.Size
+	}
+	return size, nil
+}
+
+// platformImage is the image of one platform: the Debian packages (if any),
+// the base files, then the binary, each a layer.
+func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.Image, error) {
+	var adds []mutate.Addendum
+	add := func(l v1.Layer, what string) {
+		adds = append(adds, mutate.Addendum{Layer: l, History: v1.History{
+			Created:   v1.Time{Time: b.epoch()},
+			CreatedBy: "gitea-dynamic-runner imagebuild: " + what,
+		}})
+	}
+	if img.Packages {
+		l, err := b.debsLayer(ctx, p.Arch)
+		if err != nil {
+			return nil, err
+		}
+		add(l, "Debian packages (scripts/debs.sh)")
+	}
+	l, err := b.baseLayer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	add(l, "passwd, group, nsswitch.conf, CA certificates, /tmp, "+Home)
+	l, err = b.binaryLayer(ctx, img, p.Arch)
+	if err != nil {
+		return nil, err
+	}
+	add(l, BinDir+"/"+img.Binary+" ("+img.Package+")")
+
+	cfg := &v1.ConfigFile{
+		Architecture: p.Arch,
+		Variant:      p.Variant,
+		OS:           "linux",
+		Created:      v1.Time{Time: b.epoch()},
+		Config: v1.Config{
+			Entrypoint: []string{BinDir + "/" + img.Binary},
+			User:       strconv.Itoa(UID) + ":" + strconv.Itoa(GID),
+			Env: []string{
+				"PATH=" + BinDir + ":/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+				"HOME=" + Home,
+				"SSL_CERT_FILE=" + CABundle,
+			},
+			WorkingDir: "/",
+			Labels: map[string]string{
+				"org.opencontainers.image.title": "gitea-dynamic-runner-" + img.Name,
+			},
+		},
+		RootFS: v1.RootFS{Type: "layers"},
+	}
+	im := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	im = mutate.ConfigMediaType(im, types.OCIConfigJSON)
+	im, err = mutate.ConfigFile(im, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return mutate.Append(im, adds...)
+}
+
+func (b *builder) epoch() time.Time { return b.opts.Epoch.UTC().Truncate(time.Second) }
+
+// layer returns the layer cached under key, or writes it with fill.
+func (b *builder) layer(key string, fill func(*tarLayer) error) (v1.Layer, error) {
+	if l, ok := b.layers[key]; ok {
+		return l, nil
+	}
+	path := filepath.Join(b.work, strings.ReplaceAll(key, "/", "_")+".tar.gz")
+	tl, err := newTarLayer(path, b.epoch())
+	if err != nil {
+		return nil, err
+	}
+	if err := fill(tl); err != nil {
+		tl.close()
+		return nil, fmt.Errorf("layer %s: %w", key, err)
+	}
+	if err := tl.close(); err != nil {
+		return nil, err
+	}
+	l, err := tarball.LayerFromFile(path, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", key, err)
+	}
+	b.layers[key] = l
+	return l, nil
+}
+
+// baseLayer has what every image has besides its binary: the user, name
+// service configuration, the CA bundle, /tmp and the user's home.
+func (b *builder) baseLayer(ctx context.Context) (v1.Layer, error) {
+	ca, err := b.caBundle(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return b.layer("base", func(l *tarLayer) error {
+		uid, gid := strconv.Itoa(UID), strconv.Itoa(GID)
+		files := []struct {
+			name string
+			mode int64
+			data []byte
+		}{
+			{"etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\n" +
+				UserName + ":x:" + uid + ":" + gid + ":" + UserName + ":" + Home + ":/sbin/nologin\n")},
+			{"etc/group", 0o644, []byte("root:x:0:\n" + UserName + ":x:" + gid + ":\n")},
+			{"etc/nsswitch.conf", 0o644, []byte("passwd: files\ngroup: files\nhosts: files dns\n")},
+			{strings.TrimPrefix(CABundle, "/"), 0o644, ca},
+		}
+		for _, f := range files {
+			if err := l.bytes(f.name, f.mode, f.data); err != nil {
+				return err
+			}
+		}
+		if err := l.dir("root", 0o700, 0, 0); err != nil {
+			return err
+		}
+		if err := l.dir("tmp", 0o1777, 0, 0); err != nil {
+			return err
+		}
+		return l.dir(strings.TrimPrefix(Home, "/"), 0o755, UID, GID)
+	})
+}
+
+// caBundle is Options.CABundle, or the bundle generated from the
+// ca-certificates package.
+func (b *builder) caBundle(ctx context.Context) ([]byte, error) {
+	if b.opts.CABundle != nil {
+		return b.opts.CABundle, nil
+	}
+	if b.ca != nil {
+		return b.ca, nil
+	}
+	debs, err := debFiles(b.opts.Packages, Platforms[0].Arch)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := caBundle(ctx, debs)
+	if err != nil {
+		return nil, err
+	}
+	b.ca = ca
+	return ca, nil
+}
+
+// debsLayer has the file system trees of the Debian packages of arch.
+func (b *builder) debsLayer(ctx context.Context, arch string) (v1.Layer, error) {
+	debs, err := debFiles(b.opts.Packages, arch)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(b.opts.Log, "imagebuild: %d Debian packages for %s\n", len(debs), arch)
+	return b.layer("debs/"+arch, func(l *tarLayer) error {
+		return addDebs(ctx, l, debs)
+	})
+}
+
+// binaryLayer has the image's binary, compiled for arch.
+func (b *builder) binaryLayer(ctx context.Context, img Image, arch string) (v1.Layer, error) {
+	return b.layer("bin/"+arch+"/"+img.Binary+"/"+img.Package, func(l *tarLayer) error {
+		bin, err := b.compile(ctx, img, arch)
+		if err != nil {
+			return err
+		}
+		return l.copyFile(strings.TrimPrefix(BinDir, "/")+"/"+img.Binary, 0o755, bin)
+	})
+}
+
+// compile builds the image's binary for linux/arch: static, -trimpath,
+// without symbol tables, for the baseline of each architecture.
+func (b *builder) compile(ctx context.Context, img Image, arch string) (string, error) {
+	out := filepath.Join(b.work, "bin", arch, img.Binary)
+	fmt.Fprintf(b.opts.Log, "imagebuild: go build %s for linux/%s\n", img.Package, arch)
+	cmd := exec.CommandContext(ctx, b.opts.Go, "build", "-trimpath", "-ldflags=-s -w", "-o", out, img.Package)
+	cmd.Dir = b.opts.Module
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOAMD64=v1", "GOARM64=v8.0")
+	var output bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build %s for linux/%s: %w\n%s", img.Package, arch, err, output.String())
+	}
+	_, _ = b.opts.Log.Write(output.Bytes())
+	return out, nil
+}

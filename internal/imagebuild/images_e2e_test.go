@@ -1,0 +1,239 @@
+//go:build e2e
+
+package imagebuild
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+)
+
+// hostTools are what runner-host must carry for host-mode jobs.
+var hostTools = []string{"/bin/sh", "/bin/bash", "/usr/bin/git", "/usr/bin/node"}
+
+// imagesDir is the folder `make images` wrote ($GDR_IMAGES_DIR, else
+// bin/images). Without it the test skips on a developer machine and fails
+// under CI=true.
+func imagesDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("GDR_IMAGES_DIR")
+	if dir == "" {
+		var err error
+		if dir, err = filepath.Abs("../../bin/images"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, img := range Images {
+		if _, err := os.Stat(filepath.Join(dir, img.Name, "index.json")); err != nil {
+			msg := "image " + img.Name + " not built in " + dir + ": run `make images`"
+			if os.Getenv("CI") == "true" {
+				t.Fatal(msg + " (CI=true: a missing image is a failure)")
+			}
+			t.Skip(msg)
+		}
+	}
+	return dir
+}
+
+// TestE2EImages opens every image `make images` built and checks it
+// (checkImage: platforms, entrypoint, user, static binary of the platform's
+// ELF machine, no setuid file, --version), its CA bundle (Debian's, well over
+// a hundred certificates), that the runner copies itself (`runner install`)
+// to a copy that runs, and that runner-host's bash, git and node are the
+// platform's and, on amd64, run in the image's own root (chroot, as the
+// image's user), /bin/sh too.
+func TestE2EImages(t *testing.T) {
+	dir := imagesDir(t)
+	for _, img := range Images {
+		t.Run(img.Name, func(t *testing.T) {
+			var wanted []string
+			if img.Packages {
+				wanted = hostTools
+			}
+			fs := checkImage(t, filepath.Join(dir, img.Name), img, wanted...)
+			for _, p := range fs {
+				if n := bytes.Count(p.files[strings.TrimPrefix(CABundle, "/")], []byte("BEGIN CERTIFICATE")); n < 100 {
+					t.Errorf("%s: %s holds %d certificates, want Debian's bundle", p.platform, CABundle, n)
+				}
+			}
+			if img.Binary == "runner" {
+				checkInstall(t, fs[0].files[strings.TrimPrefix(BinDir, "/")+"/runner"])
+			}
+			if img.Packages {
+				checkHostTools(t, fs)
+				runHostTools(t, filepath.Join(dir, img.Name))
+			}
+		})
+	}
+}
+
+// checkInstall runs the amd64 runner's `install` and the copy's --version.
+func checkInstall(t *testing.T, runner []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "runner")
+	if err := os.WriteFile(bin, runner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(dir, "shared-runner")
+	if out, err := exec.Command(bin, "install", copyPath).CombinedOutput(); err != nil {
+		t.Fatalf("runner install: %v\n%s", err, out)
+	}
+	out, err := exec.Command(copyPath, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "runner ") {
+		t.Fatalf("installed runner --version: %v: %q", err, out)
+	}
+}
+
+// checkHostTools: every host tool is in each platform's image (through its
+// symbolic links) as an ELF binary of the platform's machine.
+func checkHostTools(t *testing.T, fs []*platformFS) {
+	t.Helper()
+	for _, p := range fs {
+		for _, tool := range hostTools {
+			target, h, err := p.resolve(tool)
+			if err != nil {
+				t.Errorf("%s: %s: %v", p.platform, tool, err)
+				continue
+			}
+			if h.Typeflag != tar.TypeReg || h.Mode&0o111 == 0 {
+				t.Errorf("%s: %s (%s) is not an executable file", p.platform, tool, target)
+				continue
+			}
+			checkELF(t, p.platform.String()+" "+tool+" ("+target+")", p.files[target], p.platform.Architecture, false)
+		}
+	}
+}
+
+// runHostTools unpacks the amd64 image of runner-host and runs its tools
+// inside it (chroot, as the image's user): the package closure is complete
+// when they start with nothing but the image's own loader and libraries.
+func runHostTools(t *testing.T, dir string) {
+	t.Helper()
+	lp, err := layout.FromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := lp.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := root.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := root.ImageIndex(rm.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := idx.Image(im.Manifests[0].Digest) // amd64 (checkImage checked the order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := t.TempDir()
+	unpack(t, image, rootfs)
+	// A container runtime gives every container the devices of /dev that
+	// git needs (null, urandom); the chroot gets them here.
+	if err := os.MkdirAll(filepath.Join(rootfs, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, minor := range map[string]int{"null": 3, "zero": 5, "random": 8, "urandom": 9} {
+		dev := filepath.Join(rootfs, "dev", name)
+		if err := syscall.Mknod(dev, syscall.S_IFCHR|0o666, 1<<8|minor); err != nil {
+			t.Skipf("cannot make /dev/%s for the chroot here: %v", name, err)
+		}
+		if err := os.Chmod(dev, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := "set -e; git --version; node -e 'require(\"https\"); require(\"zlib\"); console.log(\"node \" + process.version)'; " +
+		"bash -c 'echo bash $BASH_VERSION'; test -s " + CABundle + "; id -u; " +
+		"cd /tmp && git init -q repo && git -C repo -c user.name=t -c user.email=t@example.com commit -q --allow-empty -m one && " +
+		"echo commits $(git -C repo rev-list --count HEAD)"
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: UID, Gid: GID}}
+	out, err := cmd.CombinedOutput()
+	if errors.Is(err, syscall.EPERM) {
+		t.Skipf("chroot not permitted here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("in runner-host (amd64): %v\n%s", err, out)
+	}
+	t.Logf("in runner-host (amd64):\n%s", out)
+	for _, want := range []string{"git version ", "node v", "bash ", "65532", "commits 1"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
+		}
+	}
+}
+
+// unpack writes an image's file system into dir.
+func unpack(t *testing.T, image v1.Image, dir string) {
+	t.Helper()
+	rc := mutate.Extract(image)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Join(dir, filepath.Clean("/"+h.Name))
+		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(name, 0o755)
+			if err == nil {
+				err = os.Chmod(name, os.FileMode(h.Mode&0o777)|modeSticky(h.Mode))
+			}
+			if err == nil {
+				err = os.Lchown(name, h.Uid, h.Gid)
+			}
+		case tar.TypeReg:
+			var f *os.File
+			f, err = os.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode&0o777))
+			if err == nil {
+				_, err = io.Copy(f, tr)
+				if errClose := f.Close(); err == nil {
+					err = errClose
+				}
+			}
+		case tar.TypeSymlink:
+			err = os.Symlink(h.Linkname, name)
+		case tar.TypeLink:
+			err = os.Link(filepath.Join(dir, filepath.Clean("/"+h.Linkname)), name)
+		}
+		if err != nil {
+			t.Fatalf("unpack %s: %v", h.Name, err)
+		}
+	}
+}
+
+func modeSticky(mode int64) os.FileMode {
+	if mode&0o1000 != 0 {
+		return os.ModeSticky
+	}
+	return 0
+}
