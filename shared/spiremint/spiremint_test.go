@@ -170,3 +170,35 @@ func checkFailure(t *testing.T, err error, want string) {
 		t.Fatalf("the error holds PEM: %v", err)
 	}
 }
+
+func TestRemoteOverUnixSocket(t *testing.T) {
+	fake := spiremintest.New(t, td)
+	r, err := spiremint.Dial("unix:"+fake.Socket, td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.MintX509SVID(context.Background(), taskID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = r.MintX509SVID(context.Background(), taskID, time.Minute)
+	checkFailure(t, err, "closed")
+}
+
+// TestRemoteOverTCPNeedsAnSVID: over TCP the caller authenticates with its
+// own SVID from the Workload API; without one, minting fails, transiently,
+// saying so.
+func TestRemoteOverTCPNeedsAnSVID(t *testing.T) {
+	t.Setenv("SPIFFE_ENDPOINT_SOCKET", "unix:///nonexistent/gdr-test/agent.sock")
+	r, err := spiremint.Dial("127.0.0.1:8081", td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, _, err = r.MintX509SVID(ctx, taskID, time.Minute)
+	checkFailure(t, err, "own SVID from the SPIFFE Workload API")
+}
