@@ -26,7 +26,10 @@ var (
 	taskID = spiffeid.RequireFromString("spiffe://ci.example.org/repo/alice/repo/task/42")
 )
 
-var _ bootstrap.Minter = (*spiremint.Minter)(nil)
+var (
+	_ bootstrap.Minter = (*spiremint.Minter)(nil)
+	_ bootstrap.Minter = (*spiremint.Remote)(nil)
+)
 
 func TestMintX509SVID(t *testing.T) {
 	fake := spiremintest.New(t, td)
