@@ -95,7 +95,17 @@ plugins {
 // Option changes the server's configuration.
 type Option func(*options)
 
-type options struct{ adminIDs []spiffeid.ID }
+type options struct {
+	adminIDs           []spiffeid.ID
+	regoPath, dataPath string
+}
+
+// WithAuthorizationPolicy replaces the default authorization policy with
+// the rego policy and its data in these files (the server's experimental
+// auth_opa_policy_engine).
+func WithAuthorizationPolicy(regoPath, dataPath string) Option {
+	return func(o *options) { o.regoPath, o.dataPath = regoPath, dataPath }
+}
 
 // WithAdminIDs makes ids admins (the server's admin_ids): a caller
 // presenting an X.509-SVID of one of them over the TCP API has the same
@@ -121,6 +131,10 @@ func Start(t testing.TB, opts ...Option) *Server {
 			extra += strconv.Quote(id.String())
 		}
 		extra += "]\n"
+	}
+	if o.regoPath != "" {
+		extra += fmt.Sprintf("    experimental {\n        auth_opa_policy_engine {\n            local {\n"+
+			"                rego_path = %q\n                policy_data_path = %q\n            }\n        }\n    }\n", o.regoPath, o.dataPath)
 	}
 	bin := Binary(t)
 	dir := t.TempDir()
