@@ -71,6 +71,10 @@ func (r *Remote) MintX509SVID(ctx context.Context, id spiffeid.ID, ttl time.Dura
 	return m.MintX509SVID(ctx, id, ttl)
 }
 
+// connect makes the connection once. It holds r's lock while it waits for
+// the Workload API (at most until ctx ends), so concurrent first mints wait
+// for one connection rather than racing to make several; a failed connect
+// leaves nothing behind and the next mint tries again.
 func (r *Remote) connect(ctx context.Context) (*Minter, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
