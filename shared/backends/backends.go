@@ -21,6 +21,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -36,12 +37,14 @@ type Backend interface {
 type Setup struct {
 	ProcessDir     string `envconfig:"PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
 	RunnerBin      string `envconfig:"RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
-	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); empty for opensandbox: no SVID is handed over"`
+	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
 	OpenSandboxURL string `envconfig:"OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
 	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
-	KubeNamespace  string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
-	SPIRESocket    string `envconfig:"SPIRE_SERVER_SOCKET" default:"/run/spire/server-sockets/api.sock" desc:"pod backend: unix socket of the SPIRE Server API, for registration entries"`
-	ClusterName    string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
+	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
+	OpenSandboxSPIRE string `envconfig:"OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
+	KubeNamespace    string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
+	SPIRESocket      string `envconfig:"SPIRE_SERVER_SOCKET" default:"/run/spire/server-sockets/api.sock" desc:"pod backend: unix socket of the SPIRE Server API, for registration entries"`
+	ClusterName      string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
 // Deps is what a backend is built from, besides its Setup.
@@ -82,7 +85,19 @@ func New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, e
 			return nil, nil, err
 		}
 		cfg := opensandboxbackend.Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: corrupt}
-		if c.CADir != "" {
+		release := none
+		switch {
+		case c.OpenSandboxSPIRE != "" && c.CADir != "":
+			// Which root the gateway trusts decides which one works: refuse
+			// to guess.
+			return nil, nil, errors.New("GDR_OPENSANDBOX_SPIRE_SERVER and GDR_CA_DIR: set one, not both, for the opensandbox backend")
+		case c.OpenSandboxSPIRE != "":
+			spire, err := spiremint.Dial(c.OpenSandboxSPIRE, d.TrustDomain)
+			if err != nil {
+				return nil, nil, fmt.Errorf("GDR_OPENSANDBOX_SPIRE_SERVER: %w", err)
+			}
+			cfg.Minter, release = spire, spire.Close
+		case c.CADir != "":
 			ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
 			if err != nil {
 				return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
@@ -90,7 +105,11 @@ func New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, e
 			cfg.Minter = ca
 		}
 		b, err := opensandboxbackend.New(cfg)
-		return b, none, err
+		if err != nil {
+			_ = release()
+			return nil, nil, err
+		}
+		return b, release, nil
 	case taskassignment.BackendPod:
 		if c.ClusterName == "" {
 			return nil, nil, errors.New("GDR_CLUSTER_NAME is required for the pod backend")

@@ -58,7 +58,9 @@ type Config struct {
 	// valid Profile. A sandbox lives at most its pool's job timeout.
 	Pools runnerpool.Pools
 	// Minter, if set, mints the X.509-SVID each new sandbox gets in its
-	// environment (see bootstrap.SVIDEnvironment).
+	// environment (see bootstrap.SVIDEnvironment), for the pool's job
+	// timeout: spiremint (a SPIRE Server) or svidca (the local CA). Its
+	// errors are transient.
 	Minter bootstrap.Minter
 	// CreateRetry bounds the creates of one sandbox after a failure that may
 	// or may not have taken effect (429, 5xx, no answer). Before each retry

@@ -21,9 +21,14 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint/spiremintest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // testMinter is a CA of its own trust domain that mints SVIDs.
@@ -167,6 +172,60 @@ func TestCreateRefusesABadSVID(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "PRIVATE KEY") || strings.Contains(err.Error(), "CERTIFICATE") {
 				t.Fatalf("the error holds PEM: %v", err)
+			}
+			if h.fake.Creates() != 0 {
+				t.Fatal("a sandbox was created")
+			}
+			if taskworker.IsPermanent(err) {
+				t.Fatalf("err = %v is permanent; the next delivery mints again", err)
+			}
+		})
+	}
+}
+
+// TestCreateWithSPIRE: the backend consumes a SPIRE minter like any other:
+// the sandbox gets SPIRE's SVID for the task, for the pool's job timeout;
+// a SPIRE Server that refuses handle, or is unreachable, fails the create
+// transiently with a message saying so, and creates no sandbox.
+func TestCreateWithSPIRE(t *testing.T) {
+	spire := spiremintest.New(t, td)
+	h := newHarness(t, func(c *opensandboxbackend.Config) { c.Minter = spiremint.New(spire.Conn()) })
+	a := assignment(t, "linux", 42)
+	e := h.create(t, a)
+	sb, _ := h.fake.Sandbox(e.Name)
+	svid, err := x509svid.Parse([]byte(sb.Env[bootstrap.EnvSVIDCert]), []byte(sb.Env[bootstrap.EnvSVIDKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID.String() != a.Identity.SPIFFEID {
+		t.Fatalf("SVID for %s", svid.ID)
+	}
+	if err := svid.Certificates[0].CheckSignatureFrom(spire.CA); err != nil {
+		t.Fatalf("the SVID is not SPIRE's: %v", err)
+	}
+	if calls := spire.Calls(); len(calls) != 1 || calls[0].TTL != 90*time.Minute || calls[0].ID.String() != a.Identity.SPIFFEID {
+		t.Fatalf("SPIRE was asked %+v", calls)
+	}
+
+	for _, tt := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"refused", status.Error(codes.PermissionDenied, "authorization denied for MintX509SVID"), "refused this caller"},
+		{"unreachable", status.Error(codes.Unavailable, "connection refused"), "unreachable"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			spire := spiremintest.New(t, td)
+			spire.SetFaults(spiremintest.Faults{MintErr: tt.err})
+			h := newHarness(t, func(c *opensandboxbackend.Config) { c.Minter = spiremint.New(spire.Conn()) })
+			a := assignment(t, "linux", 43)
+			_, err := h.backend.Create(context.Background(), a, h.launch(t, a))
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), a.ID) || !strings.Contains(err.Error(), a.Identity.SPIFFEID) {
+				t.Fatalf("err = %v, want one naming the assignment, the identity and %q", err, tt.want)
+			}
+			if taskworker.IsPermanent(err) {
+				t.Fatalf("err = %v is permanent", err)
 			}
 			if h.fake.Creates() != 0 {
 				t.Fatal("a sandbox was created")

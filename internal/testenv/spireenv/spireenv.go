@@ -74,7 +74,7 @@ const configTemplate = `server {
     trust_domain = %q
     data_dir = %q
     log_level = "WARN"
-}
+%s}
 
 plugins {
     DataStore "sql" {
@@ -92,9 +92,50 @@ plugins {
 }
 `
 
+// Option changes the server's configuration.
+type Option func(*options)
+
+type options struct {
+	adminIDs           []spiffeid.ID
+	regoPath, dataPath string
+}
+
+// WithAuthorizationPolicy replaces the default authorization policy with
+// the rego policy and its data in these files (the server's experimental
+// auth_opa_policy_engine).
+func WithAuthorizationPolicy(regoPath, dataPath string) Option {
+	return func(o *options) { o.regoPath, o.dataPath = regoPath, dataPath }
+}
+
+// WithAdminIDs makes ids admins (the server's admin_ids): a caller
+// presenting an X.509-SVID of one of them over the TCP API has the same
+// rights as a local caller on the socket.
+func WithAdminIDs(ids ...spiffeid.ID) Option {
+	return func(o *options) { o.adminIDs = append(o.adminIDs, ids...) }
+}
+
 // Start starts a fresh server and returns once its Entry API answers.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var extra string
+	if len(o.adminIDs) > 0 {
+		extra = "    admin_ids = ["
+		for i, id := range o.adminIDs {
+			if i > 0 {
+				extra += ", "
+			}
+			extra += strconv.Quote(id.String())
+		}
+		extra += "]\n"
+	}
+	if o.regoPath != "" {
+		extra += fmt.Sprintf("    experimental {\n        auth_opa_policy_engine {\n            local {\n"+
+			"                rego_path = %q\n                policy_data_path = %q\n            }\n        }\n    }\n", o.regoPath, o.dataPath)
+	}
 	bin := Binary(t)
 	dir := t.TempDir()
 	// A unix socket path must fit in 108 bytes: t.TempDir() (named after the
@@ -114,7 +155,7 @@ func Start(t testing.TB) *Server {
 		port := testenv.FreePort(t)
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		conf := filepath.Join(dir, "server.conf")
-		data := fmt.Sprintf(configTemplate, port, s.Socket, TrustDomain, filepath.Join(dir, "data"),
+		data := fmt.Sprintf(configTemplate, port, s.Socket, TrustDomain, filepath.Join(dir, "data"), extra,
 			filepath.Join(dir, "data", "datastore.sqlite3"))
 		if err := os.WriteFile(conf, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
