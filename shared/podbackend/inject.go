@@ -163,8 +163,9 @@ func checkReserved(spec corev1.PodSpec) error {
 
 // overlaps reports whether one of two absolute paths is the other or under it.
 func overlaps(a, b string) bool {
-	a, b = path.Clean(a)+"/", path.Clean(b)+"/"
-	return strings.HasPrefix(a, b) || strings.HasPrefix(b, a)
+	under := func(p, dir string) bool { return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/") }
+	a, b = path.Clean(a), path.Clean(b)
+	return under(a, b) || under(b, a)
 }
 
 // inject adds to a validated template (see checkReserved) what lets any
