@@ -48,19 +48,24 @@ const (
 
 // runnerVolumeSize bounds the runner volume: the static runner and the
 // temporary file it is written through.
-var runnerVolumeSize = resource.MustParse("256Mi")
+func runnerVolumeSize() *resource.Quantity {
+	q := resource.MustParse("256Mi")
+	return &q
+}
 
 // installResources are the init container's: it copies one file. Its memory
 // limit leaves room for the page cache of the copy; the Pod's effective
 // request is the larger of it and its containers', so it costs no capacity.
-var installResources = corev1.ResourceRequirements{
-	Requests: corev1.ResourceList{
-		corev1.ResourceCPU:    resource.MustParse("10m"),
-		corev1.ResourceMemory: resource.MustParse("32Mi"),
-	},
-	Limits: corev1.ResourceList{
-		corev1.ResourceMemory: resource.MustParse("128Mi"),
-	},
+func installResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("10m"),
+			corev1.ResourceMemory: resource.MustParse("32Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceMemory: resource.MustParse("128Mi"),
+		},
+	}
 }
 
 // WorkloadAPI says how the runner container reaches the SPIRE agent's
@@ -186,7 +191,7 @@ func overlaps(a, b string) bool {
 func inject(t *corev1.PodTemplateSpec, runnerImage string, w WorkloadAPI) {
 	spec := &t.Spec
 	spec.Volumes = append(spec.Volumes,
-		corev1.Volume{Name: runnerVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runnerVolumeSize}}},
+		corev1.Volume{Name: runnerVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: runnerVolumeSize()}}},
 		w.volume())
 	spec.InitContainers = append(spec.InitContainers, installContainer(spec, runnerImage))
 	c := &spec.Containers[runnerIndex(spec.Containers)]
@@ -228,9 +233,9 @@ func installContainer(spec *corev1.PodSpec, image string) corev1.Container {
 		Image: image,
 		// The image's entrypoint is the runner: `runner install <path>`
 		// copies itself (mode 0755, renamed into place).
-		Args:            []string{"install", RunnerPath},
-		Resources:       *installResources.DeepCopy(),
-		VolumeMounts:    []corev1.VolumeMount{{Name: runnerVolume, MountPath: RunnerDir}},
+		Args:         []string{"install", RunnerPath},
+		Resources:    installResources(),
+		VolumeMounts: []corev1.VolumeMount{{Name: runnerVolume, MountPath: RunnerDir}},
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot:             &yes,
 			RunAsUser:                id(runnerSC.RunAsUser, podSC.RunAsUser),
