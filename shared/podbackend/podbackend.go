@@ -10,6 +10,12 @@
 //     from the pool's pod template, labelled and annotated with the metadata
 //     contract (taskassignment.Keys), restartPolicy Never,
 //     activeDeadlineSeconds = the pool's job timeout;
+//   - the runner is injected, so the runner container may run any image (the
+//     job's `container:`): an init container copies the static runner from
+//     the pool's runner image into an emptyDir, and the runner container
+//     runs RunnerPath from it, with the SPIRE agent's Workload API (the
+//     SPIFFE CSI driver's volume, or a hostPath) read-only at WorkloadAPIDir
+//     and SPIFFE_ENDPOINT_SOCKET naming its socket (see ParseProfile);
 //   - the executor environment (credentials) is in the Secret
 //     <NamePrefix><id>-env, never in the Pod spec: the runner container reads
 //     it with envFrom, and the Secret's owner reference names the Pod, so the

@@ -15,19 +15,21 @@ import (
 
 // RunnerContainer is the fixed name of the container in a pool's pod template
 // that runs the one-shot runner: it receives the executor environment and the
-// job's container image.
+// job's container image, and runs the injected runner (see RunnerPath).
 const RunnerContainer = "runner"
 
 // Profile is the pod backend's part of a runner pool (runnerpool.Pool.Profile).
-// Exactly one of its fields is set. In YAML:
+// Exactly one of PodTemplate and PodTemplateFile is set. In YAML:
 //
 //	profile:
+//	  runnerImage: registry.example.com/gdr-runner:v1   # optional
+//	  workloadAPI: {csiDriver: csi.spiffe.io}           # optional, the default
 //	  podTemplate:            # a corev1.PodTemplateSpec
 //	    metadata: {labels: {team: ci}}
 //	    spec:
 //	      containers:
 //	      - name: runner
-//	        image: registry.example.com/gdr-runner:v1
+//	        image: registry.example.com/gdr-runner-host:v1
 //
 // or
 //
@@ -42,12 +44,24 @@ type Profile struct {
 	// PodTemplateFile is a YAML or JSON file holding one PodTemplateSpec. It
 	// is read once, when the backend is constructed.
 	PodTemplateFile string `json:"podTemplateFile,omitempty"`
+	// RunnerImage is the image the init container copies the runner from:
+	// its entrypoint must be the static runner (the `runner` image of make
+	// images), which `install <path>` copies. Default: the runner
+	// container's image in the template (runner-host's entrypoint is the
+	// runner too), never the job's.
+	RunnerImage string `json:"runnerImage,omitempty"`
+	// WorkloadAPI is how the runner reaches the SPIRE agent. Default: the
+	// SPIFFE CSI driver csi.spiffe.io.
+	WorkloadAPI *WorkloadAPI `json:"workloadAPI,omitempty"`
 }
 
 // ParseProfile reads a pool's profile (JSON, as runnerpool keeps it) and
-// returns its validated pod template. Unknown fields, in the profile and in
-// the template, are errors; so is every rule of validateTemplate. Errors name
-// the field at fault; the caller adds the pool.
+// returns its validated pod template with the runner injection and the
+// Workload API volume added (see inject): every Pod of the pool is this
+// template with the job's metadata, environment Secret and image. Unknown
+// fields, in the profile and in the template, are errors; so is every rule of
+// validateTemplate and checkReserved. Errors name the field at fault; the
+// caller adds the pool.
 func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemplateSpec, error) {
 	if len(raw) == 0 {
 		return corev1.PodTemplateSpec{}, errors.New("profile is missing: set podTemplate or podTemplateFile")
@@ -80,6 +94,21 @@ func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemp
 	if err := validateTemplate(tmpl, keys); err != nil {
 		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
 	}
+	if err := checkReserved(tmpl.Spec); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
+	}
+	var w WorkloadAPI
+	if p.WorkloadAPI != nil {
+		w = *p.WorkloadAPI
+	}
+	if err := w.validate(); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile workloadAPI: %w", err)
+	}
+	image := p.RunnerImage
+	if image == "" {
+		image = tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)].Image
+	}
+	inject(&tmpl, image, w)
 	return tmpl, nil
 }
 

@@ -42,7 +42,7 @@ func handoverChild() int {
 					leaked = append(leaked, name)
 				}
 			}
-			fmt.Printf("task=%d gateway=%s bundle=%s leaked=%s\n", v.TaskID, v.GatewayID, hex.EncodeToString(sum[:]), strings.Join(leaked, ","))
+			fmt.Printf("task=%d gateway=%s bundle=%s socket=%s leaked=%s\n", v.TaskID, v.GatewayID, hex.EncodeToString(sum[:]), v.Socket, strings.Join(leaked, ","))
 			return 0
 		}
 	}
@@ -81,10 +81,34 @@ func TestHandoverOfLargeValues(t *testing.T) {
 				t.Fatal("the hand-over hung")
 			}
 			sum := sha256.Sum256([]byte(bundle))
-			want := fmt.Sprintf("task=7 gateway=spiffe://ci.example.org/gateway bundle=%s leaked=\n", hex.EncodeToString(sum[:]))
+			want := fmt.Sprintf("task=7 gateway=spiffe://ci.example.org/gateway bundle=%s socket= leaked=\n", hex.EncodeToString(sum[:]))
 			if out.String() != want {
 				t.Fatalf("re-executed runner printed %q, want %q", out.String(), want)
 			}
 		})
+	}
+}
+
+// The pod backend sets SPIFFE_ENDPOINT_SOCKET in the runner container (the
+// SPIFFE CSI volume's or the hostPath's socket): the runner hands the address
+// over to its re-executed self, which reaches the Workload API with it, and
+// the job's steps never see the variable.
+func TestWorkloadAPISocketHandedOverNotLeaked(t *testing.T) {
+	const socket = "unix:///spiffe-workload-api/spire-agent.sock"
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), envHandoverChild+"=1",
+		bootstrap.EnvAssignmentID+"=linux-7", bootstrap.EnvTaskID+"=7",
+		bootstrap.EnvSPIFFEID+"=spiffe://ci.example.org/repo/alice/repo/task/7",
+		bootstrap.EnvCapability+"=cap", bootstrap.EnvGatewayURL+"=https://gateway.example.org",
+		bootstrap.EnvGatewayID+"=spiffe://ci.example.org/gateway",
+		"SPIFFE_ENDPOINT_SOCKET="+socket)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("runner: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(string(out), " socket="+socket+" ") || !strings.HasSuffix(string(out), " leaked=\n") {
+		t.Fatalf("re-executed runner printed %q: want the socket handed over and nothing leaked", out)
 	}
 }
