@@ -31,7 +31,8 @@ import (
 )
 
 // program is dispatch's command line.
-var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME]"}
+var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME]",
+	Commands: []string{"register", "run", "serve"}}
 
 func main() {
 	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,10 +57,15 @@ type Config struct {
 }
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return serve(ctx, cfg, log)
-	}))
+	})
 }
 
 // Check checks what envconfig cannot, and loads the pools file.

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 
@@ -22,10 +23,15 @@ import (
 )
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return serve(ctx, cfg, log.With(slog.String("backend", cfg.Backend)))
-	}))
+	})
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {

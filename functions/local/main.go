@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 
@@ -29,10 +30,15 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "runner" {
 		os.Exit(runner.Main(os.Args[:2], os.Args[2:]))
 	}
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return run(ctx, cfg, log)
-	}))
+	})
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -77,14 +78,27 @@ func (c *Config) Check() error {
 	td, _, _ := c.Parse()
 	pools, err := c.Source.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err)
+	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err}
+	checked := map[taskassignment.Backend]bool{}
+	for _, p := range pools {
+		if !checked[p.Backend] {
+			checked[p.Backend] = true
+			errs = append(errs, c.Setup.Check(p.Backend))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return run(ctx, cfg, log)
-	}))
+	})
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {
