@@ -5,7 +5,8 @@
 //	dispatch register          register every pool that has no credentials yet
 //	dispatch run [-pool NAME]  one round for every pool (or one): a CronJob, a manual run
 //	dispatch serve             HTTP: Gitea's workflow_job webhook at /webhook, a schedule
-//	                           tick (Knative PingSource, any POST) at /, health at /healthz
+//	                           tick (Knative PingSource, any POST) at /, readiness at /healthz
+//	                           (NATS connected), liveness at /livez, metrics at /metrics
 //
 // Exit status: 0 when everything asked for was done, 1 when something could
 // not be (the log says what), 2 for bad configuration or usage.
@@ -26,6 +27,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
@@ -171,5 +173,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		return nil, nil, err
 	}
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive}
-	return newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log), closeFn, nil
+	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
+	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}}, Log: log}
+	return svc, closeFn, nil
 }
