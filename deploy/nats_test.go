@@ -23,6 +23,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -387,6 +388,10 @@ func TestNATSAuthorization(t *testing.T) {
 		}
 		if err := dp.Delete(ctx, a4.ID); err != nil {
 			t.Fatal(err)
+		}
+		// serve's metrics read each backend's consumer on scrape (metrics.Consumers).
+		if info, err := metrics.JetStreamConsumerInfo(dispatch.js)(ctx, "CI_RUNNER", "pod"); err != nil || info.Name != "pod" {
+			t.Fatalf("dispatch reads the pod consumer's state: %v, %v", info, err)
 		}
 		dispatch.clean(t)
 		dispatch.denied(t, "consume the queue", "$JS.API.CONSUMER.MSG.NEXT.CI_RUNNER.pod", func(ctx context.Context) error {

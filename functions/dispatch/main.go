@@ -28,6 +28,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
@@ -172,8 +173,26 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive}
+	reg := metrics.NewRegistry()
+	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive,
+		Observer: metrics.NewDispatch(reg)}
+	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}}, Log: log}
+	svc.metrics = reg
 	return svc, closeFn, nil
+}
+
+// consumersOf names the durable consumers that feed pools' backends: one
+// per backend, named after it (assignmentqueue.Queue.OpenConsumer).
+func consumersOf(pools runnerpool.Pools) []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, p := range pools {
+		if b := string(p.Backend); !seen[b] {
+			seen[b] = true
+			names = append(names, b)
+		}
+	}
+	return names
 }
