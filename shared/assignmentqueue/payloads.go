@@ -275,3 +275,26 @@ func (p PayloadStore) Check() error {
 	}
 	return nil
 }
+
+// Stored returns when each stored payload was written, by assignment ID,
+// like IDs (the same meta-only listing: no payload byte is read, so it
+// needs no more than IDs' grants). The marks are not listed.
+func (p *Payloads) Stored(ctx context.Context) (map[string]time.Time, error) {
+	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, err)
+	}
+	defer func() { _ = w.Stop() }()
+	stored := map[string]time.Time{}
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current value has been delivered
+				return stored, nil
+			}
+			stored[e.Key()] = e.Created()
+		case <-ctx.Done():
+			return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, ctx.Err())
+		}
+	}
+}
