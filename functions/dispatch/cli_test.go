@@ -27,7 +27,7 @@ func TestCommandLine(t *testing.T) {
 		{"unknown flag", nil, []string{"--nope"}, 2, []string{"flag provided but not defined: -nope"}, nil},
 		{"no configuration", nil, []string{"run"}, 2, []string{"dispatch: configuration: required variables not set"}, nil},
 		{"no command", nil, nil, 2, []string{"dispatch: no command", "usage: dispatch"}, []string{"configuration"}},
-		{"status is no command", nil, []string{"status"}, 2, []string{`dispatch: unknown command "status"`}, []string{"configuration"}},
+		{"status needs the configuration", nil, []string{"status"}, 2, []string{"dispatch: configuration: required variables not set"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
