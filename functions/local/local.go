@@ -36,6 +36,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -58,19 +59,21 @@ type local struct {
 	cfg Config
 	log *slog.Logger
 
-	ns      *server.Server
-	nc      *nats.Conn
-	gw      *http.Server
-	kick    chan struct{} // a webhook or a freed slot asks for a dispatch round now
-	hook    *http.Server
-	ops     *http.Server // metrics and probes, with --metrics-addr
-	reg     *prometheus.Registry
-	passes  *metrics.Recover
-	loops   sync.WaitGroup
-	d       *dispatcher.Dispatcher
-	pool    dispatcher.Pool
-	job     intake.Job
-	recover *recovery.Recovery
+	ns   *server.Server
+	nc   *nats.Conn
+	gw   *http.Server
+	kick chan struct{} // a webhook or a freed slot asks for a dispatch round now
+	hook *http.Server
+	ops  *http.Server // metrics and probes, with --metrics-addr
+	reg  *prometheus.Registry
+	// statusSource is what writeStatus reads the status file from.
+	statusSource poolstatus.Source
+	passes       *metrics.Recover
+	loops        sync.WaitGroup
+	d            *dispatcher.Dispatcher
+	pool         dispatcher.Pool
+	job          intake.Job
+	recover      *recovery.Recovery
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
 	// executor, so concurrent passes converge); it saves duplicate calls.
@@ -151,6 +154,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	l.backend = backend
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
+	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
+		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: metrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
 	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
@@ -412,6 +417,7 @@ func (l *local) loop(ctx context.Context, f func(context.Context)) {
 }
 
 func (l *local) dispatchOnce(ctx context.Context) {
+	defer l.writeStatus(ctx)
 	res, err := l.d.Dispatch(ctx, l.pool)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -502,6 +508,7 @@ func (l *local) recoverOnce(ctx context.Context) {
 func (l *local) wait(ctx context.Context) {
 	<-ctx.Done()
 	l.loops.Wait()
+	removeStatus(l.cfg.StateDir)
 	l.shutdown()
 }
 
