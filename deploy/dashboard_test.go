@@ -86,6 +86,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	metrics.NewAssignments(reg).Handled("pod", intake.Accepted)
 	metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler()).
 		ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
+	metrics.NewStarted(reg).Started("linux", time.Second)
 	r := metrics.NewRecover(reg)
 	r.Pass(recovery.Summary{}, nil)
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {

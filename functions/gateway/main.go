@@ -118,10 +118,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	for _, p := range cfg.pools {
 		backendOf[p.Name] = p.Backend
 	}
-	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log,
+	reg := metrics.NewRegistry()
+	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log, Observer: metrics.NewStarted(reg),
 		// Finish notices name no stream: whichever captures ci.finished.> (dispatch and handle-setup ensure it).
 		Finished: assignmentqueue.NewFinished(js, ""), Backends: backendOf}
-	reg := metrics.NewRegistry()
 	requests := metrics.NewRequests(reg, "gateway", rpcNames...)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -333,7 +333,7 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 		return err
 	}
 	g := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{poolName: client},
-		Payloads: payloads, Capabilities: boot, Log: l.log}
+		Payloads: payloads, Capabilities: boot, Log: l.log, Observer: metrics.NewStarted(l.reg)}
 	ln, err := net.Listen("tcp", l.cfg.GatewayAddr)
 	if err != nil {
 		return fmt.Errorf("the gateway cannot listen on %s (is another local mode running? --gateway-addr picks another): %w", l.cfg.GatewayAddr, err)

@@ -85,6 +85,7 @@ jobs:
 		{"gdr_dispatch_pickup_seconds", []string{"pool", "local"}},
 		{"gdr_assignments_total", []string{"backend", "process", "outcome", "accepted"}},
 		{"gdr_gateway_requests_total", []string{"method", "FetchTask", "code", "200"}},
+		{"gdr_gateway_pickup_seconds", []string{"pool", "local"}},
 		{"gdr_gateway_requests_total", []string{"method", "UpdateTask", "code", "200"}},
 	} {
 		if v, ok := fams.Value(want.name, want.labels...); !ok || v < 1 {

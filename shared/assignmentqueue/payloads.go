@@ -298,3 +298,16 @@ func (p *Payloads) Stored(ctx context.Context) (map[string]time.Time, error) {
 		}
 	}
 }
+
+// StoredAt returns when the payload of assignmentID was stored (the task's
+// claim), without opening it; it wraps ErrPayloadNotFound if there is none.
+func (p *Payloads) StoredAt(ctx context.Context, assignmentID string) (time.Time, error) {
+	e, err := p.kv.Get(ctx, assignmentID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, ErrPayloadNotFound)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	return e.Created(), nil
+}

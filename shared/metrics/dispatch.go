@@ -57,3 +57,22 @@ func (m *Dispatch) Queued(pool string, pickup time.Duration) {
 	m.claimed.WithLabelValues(pool).Inc()
 	m.pickup.WithLabelValues(pool).Observe(pickup.Seconds())
 }
+
+// Started is gateway.Observer: how long tasks waited for their executor.
+type Started struct {
+	waited *prometheus.HistogramVec
+}
+
+// NewStarted registers the gateway's pickup histogram with reg.
+func NewStarted(reg prometheus.Registerer) *Started {
+	m := &Started{waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "gateway", Name: "pickup_seconds",
+		Help:    "From the claim (the task's payload stored) to its executor fetching it from the gateway, by pool: queue, executor creation and start-up.",
+		Buckets: PickupBuckets}, []string{"pool"})}
+	reg.MustRegister(m.waited)
+	return m
+}
+
+// Started observes one task handed to its executor.
+func (m *Started) Started(pool string, waited time.Duration) {
+	m.waited.WithLabelValues(pool).Observe(waited.Seconds())
+}
