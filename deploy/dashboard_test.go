@@ -17,6 +17,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // dashboardFile is the Grafana dashboard shipped in deploy/.
@@ -92,6 +94,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
 		return &jetstream.ConsumerInfo{}, nil
 	}, "CI_RUNNER", []string{"pod"}, nil))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -107,3 +110,12 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// noExecutors is a backend that holds none.
+type noExecutors struct{}
+
+func (noExecutors) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	return nil, nil
+}
+
+func (noExecutors) Find(context.Context, string) (*taskworker.Executor, error) { return nil, nil }

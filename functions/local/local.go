@@ -152,6 +152,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		return nil, l.fail(err)
 	}
 	l.backend = backend
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,

@@ -92,6 +92,9 @@ jobs:
 			t.Errorf("%s%v = %v (present %v), want at least 1", want.name, want.labels, v, ok)
 		}
 	}
+	if v, ok := fams.Value("gdr_executors", "backend", "process", "phase", "running"); !ok || v != 0 {
+		t.Errorf("running executors after the job = %v (present %v), want 0", v, ok)
+	}
 	if v, _ := fams.Value("gdr_dispatch_tasks_claimed_total", "pool", "local"); v != 1 {
 		t.Errorf("claimed = %v, want 1 (one job)", v)
 	}

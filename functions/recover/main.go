@@ -113,6 +113,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	switch cfg.Mode {
 	case "http":
 		reg := metrics.NewRegistry()
+		listers := map[taskassignment.Backend]metrics.ExecutorLister{}
+		for b, backend := range r.Backends {
+			listers[b] = backend
+		}
+		reg.MustRegister(metrics.NewExecutors(listers, log))
 		probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(js.Conn())}}, Log: log}
 		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, probes, reg, metrics.NewRecover(reg), log)
 	case modeFinish:

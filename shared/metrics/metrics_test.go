@@ -16,6 +16,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // serve serves h and returns its URL.
@@ -165,4 +167,32 @@ func gather(t *testing.T, reg prometheus.Gatherer) Families {
 	mux := http.NewServeMux()
 	Register(mux, reg)
 	return scrape(t, serve(t, mux))
+}
+
+// lister is a backend of fixed executors.
+type lister map[string]taskworker.Phase
+
+func (l lister) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	var as []taskassignment.Assignment
+	for id := range l {
+		as = append(as, taskassignment.Assignment{ID: id})
+	}
+	return as, nil
+}
+
+func (l lister) Find(_ context.Context, id string) (*taskworker.Executor, error) {
+	return &taskworker.Executor{Name: id, Phase: l[id]}, nil
+}
+
+func TestExecutors(t *testing.T) {
+	reg := NewRegistry()
+	reg.MustRegister(NewExecutors(map[taskassignment.Backend]ExecutorLister{
+		"process": lister{"linux-1": taskworker.PhaseRunning, "linux-2": taskworker.PhaseRunning, "linux-3": taskworker.PhasePending, "linux-4": "odd"},
+	}, nil))
+	fams := gather(t, reg)
+	for phase, want := range map[string]float64{"running": 2, "pending": 1, "succeeded": 0, "unknown": 1} {
+		if v, ok := fams.Value("gdr_executors", "backend", "process", "phase", phase); !ok || v != want {
+			t.Errorf("gdr_executors{phase=%s} = %v (%v), want %v", phase, v, ok, want)
+		}
+	}
 }
