@@ -389,6 +389,10 @@ func TestNATSAuthorization(t *testing.T) {
 		if err := dp.Delete(ctx, a4.ID); err != nil {
 			t.Fatal(err)
 		}
+		// `dispatch status` lists the payloads with their store times, reading none.
+		if stored, err := dp.Stored(ctx); err != nil || len(stored) != 3 {
+			t.Fatalf("Stored = %v, %v", stored, err)
+		}
 		// serve's metrics read each backend's consumer on scrape (metrics.Consumers).
 		if info, err := metrics.JetStreamConsumerInfo(dispatch.js)(ctx, "CI_RUNNER", "pod"); err != nil || info.Name != "pod" {
 			t.Fatalf("dispatch reads the pod consumer's state: %v, %v", info, err)
@@ -444,6 +448,10 @@ func TestNATSAuthorization(t *testing.T) {
 		}
 		if err := p.MarkStarted(ctx, a1.ID); err != nil {
 			t.Fatal(err)
+		}
+		// Its pickup histogram reads when the payload was stored.
+		if at, err := p.StoredAt(ctx, a1.ID); err != nil || at.IsZero() {
+			t.Fatalf("StoredAt = %v, %v", at, err)
 		}
 		gateway.clean(t)
 		if started, err := dp.Started(ctx, a1.ID); err != nil || !started {

@@ -55,7 +55,7 @@ func (c *Consumers) Collect(ch chan<- prometheus.Metric) {
 		info, err := c.info(ctx, c.stream, name)
 		if err != nil {
 			if c.log != nil {
-				c.log.Warn("consumer state unreadable for metrics", slog.String("stream", c.stream), slog.String("consumer", name), slog.Any("error", err))
+				c.log.Debug("consumer state unreadable for metrics (gdr_consumer_info_up 0)", slog.String("stream", c.stream), slog.String("consumer", name), slog.Any("error", err))
 			}
 			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0, c.stream, name)
 			continue

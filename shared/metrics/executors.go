@@ -41,7 +41,7 @@ func NewExecutors(backends map[taskassignment.Backend]ExecutorLister, log *slog.
 func (c *Executors) Describe(ch chan<- *prometheus.Desc) { ch <- c.count }
 
 // Collect implements prometheus.Collector. A backend that cannot be listed
-// is left out of this scrape (and logged).
+// is left out of this scrape (logged at debug level).
 func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
 	defer cancel()
@@ -50,7 +50,7 @@ func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 		as, err := l.RecoverAssignments(ctx)
 		if err != nil {
 			if c.log != nil {
-				c.log.Warn("executors unreadable for metrics", slog.String("backend", string(b)), slog.Any("error", err))
+				c.log.Debug("executors unreadable for metrics", slog.String("backend", string(b)), slog.Any("error", err))
 			}
 			continue
 		}
