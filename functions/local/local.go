@@ -156,6 +156,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
+		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: metrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))

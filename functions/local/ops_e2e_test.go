@@ -52,7 +52,7 @@ jobs:
 		r := status()
 		if len(r.Pools) == 1 && r.Pools[0].Started == 1 && len(r.Pools[0].Tasks) == 1 {
 			task := r.Pools[0].Tasks[0]
-			if task.Phase != poolstatus.PhaseStarted || !strings.HasPrefix(task.URL, strings.TrimSuffix(s.gitea.URL, "/")+"/") || !strings.Contains(task.URL, "/actions/runs/") {
+			if task.Phase != poolstatus.PhaseStarted || task.Executor == "" || task.ExecutorPhase != "running" || !strings.HasPrefix(task.URL, strings.TrimSuffix(s.gitea.URL, "/")+"/") || !strings.Contains(task.URL, "/actions/runs/") {
 				t.Fatalf("running task = %+v", task)
 			}
 			var table bytes.Buffer

@@ -23,6 +23,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // Payloads is what a report reads of the payload store
@@ -39,6 +41,12 @@ type Tasks interface {
 	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
 }
 
+// Executors finds a task's executor in its backend (taskworker.Backend);
+// optional: a reader without backend access leaves executors out.
+type Executors interface {
+	Find(ctx context.Context, assignmentID string) (*taskworker.Executor, error)
+}
+
 // ConsumerInfo reads a durable consumer's state (metrics.ConsumerInfo).
 type ConsumerInfo func(ctx context.Context, stream, consumer string) (*jetstream.ConsumerInfo, error)
 
@@ -47,6 +55,8 @@ type Source struct {
 	Payloads Payloads
 	// Tasks, when set, gives each task its Gitea URL.
 	Tasks Tasks
+	// Executors, when set, finds each task's executor, by backend.
+	Executors map[taskassignment.Backend]Executors
 	// Consumers and Stream give each backend's queued messages; nil leaves
 	// them out.
 	Consumers ConsumerInfo
@@ -97,6 +107,13 @@ type Task struct {
 	Age        Duration `json:"age"`
 	// URL is the task's workflow run in Gitea, when the report could read it.
 	URL string `json:"url,omitempty"`
+	// Executor names the task's executor and ExecutorPhase its phase, when
+	// the report could look (Source.Executors); empty executor: none yet
+	// (its assignment is still queued, or being created). Reason says why a
+	// failed executor failed, when its backend can tell.
+	Executor      string `json:"executor,omitempty"`
+	ExecutorPhase string `json:"executor_phase,omitempty"`
+	Reason        string `json:"reason,omitempty"`
 }
 
 // Duration is a time.Duration that reads as "1m30s" in JSON too.
@@ -164,6 +181,11 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 					t.URL = runURL(task)
 				}
 			}
+			if ex := src.Executors[p.Backend]; ex != nil {
+				if e, err := ex.Find(ctx, id); err == nil && e != nil {
+					t.Executor, t.ExecutorPhase, t.Reason = e.Name, string(e.Phase), e.Reason
+				}
+			}
 			pool.Tasks = append(pool.Tasks, t)
 		}
 		slices.SortFunc(pool.Tasks, func(a, b Task) int { return int(b.Age - a.Age) })
@@ -207,9 +229,16 @@ func (r Report) WriteTable(w io.Writer) error {
 		tasks = append(tasks, p.Tasks...)
 	}
 	if len(tasks) > 0 {
-		fmt.Fprintln(tw, "\nASSIGNMENT\tTASK\tPHASE\tAGE\tURL")
+		fmt.Fprintln(tw, "\nASSIGNMENT\tTASK\tPHASE\tAGE\tEXECUTOR\tURL")
 		for _, t := range tasks {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", t.Assignment, t.Task, t.Phase, age(t.Age, true), t.URL)
+			executor := "-"
+			if t.Executor != "" {
+				executor = t.Executor + " (" + t.ExecutorPhase + ")"
+				if t.Reason != "" {
+					executor += ": " + t.Reason
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.Assignment, t.Task, t.Phase, age(t.Age, true), executor, t.URL)
 		}
 	}
 	return tw.Flush()

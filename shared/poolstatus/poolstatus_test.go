@@ -15,6 +15,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // A report of a real queue: two tasks of linux in flight, one started;
@@ -48,7 +49,8 @@ func TestRead(t *testing.T) {
 		return c.CachedInfo(), nil
 	}
 	now := time.Now().Add(time.Minute)
-	r, err := Read(ctx, Source{Payloads: env.Payloads, Tasks: env.Payloads, Consumers: consumers, Stream: env.Queue.Stream()}, pools, now)
+	executors := map[taskassignment.Backend]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: taskworker.PhaseRunning}}}
+	r, err := Read(ctx, Source{Payloads: env.Payloads, Tasks: env.Payloads, Executors: executors, Consumers: consumers, Stream: env.Queue.Stream()}, pools, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +69,9 @@ func TestRead(t *testing.T) {
 		if want := map[string]string{"linux-1": PhaseWaiting, "linux-2": PhaseStarted}[task.Assignment]; task.Phase != want {
 			t.Errorf("task %s phase = %q, want %q", task.Assignment, task.Phase, want)
 		}
+		if want := map[string]string{"linux-2": "gdr-linux-2"}[task.Assignment]; task.Executor != want {
+			t.Errorf("task %s executor = %q, want %q", task.Assignment, task.Executor, want)
+		}
 	}
 	if gpu.InFlight != 0 || gpu.Queued != -1 || len(gpu.Tasks) != 0 || gpu.OldestWaiting != 0 {
 		t.Errorf("gpu = %+v", gpu)
@@ -83,7 +88,7 @@ func TestRead(t *testing.T) {
 			t.Fatalf("the report shows the task's token:\n%s", out)
 		}
 	}
-	if !strings.Contains(table.String(), "linux-1") || !strings.Contains(table.String(), "POOL") {
+	if !strings.Contains(table.String(), "linux-1") || !strings.Contains(table.String(), "POOL") || !strings.Contains(table.String(), "gdr-linux-2 (running)") {
 		t.Errorf("table:\n%s", table.String())
 	}
 	var back Report
@@ -103,4 +108,11 @@ func TestReadEmpty(t *testing.T) {
 	if err := r.Write(&out, "yaml"); err == nil {
 		t.Fatal("an unknown format was accepted")
 	}
+}
+
+// findExecutors is a backend of fixed executors, by assignment ID.
+type findExecutors map[string]*taskworker.Executor
+
+func (f findExecutors) Find(_ context.Context, id string) (*taskworker.Executor, error) {
+	return f[id], nil
 }
