@@ -23,6 +23,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -388,6 +389,14 @@ func TestNATSAuthorization(t *testing.T) {
 		if err := dp.Delete(ctx, a4.ID); err != nil {
 			t.Fatal(err)
 		}
+		// `dispatch status` lists the payloads with their store times, reading none.
+		if stored, err := dp.Stored(ctx); err != nil || len(stored) != 3 {
+			t.Fatalf("Stored = %v, %v", stored, err)
+		}
+		// serve's metrics read each backend's consumer on scrape (metrics.Consumers).
+		if info, err := metrics.JetStreamConsumerInfo(dispatch.js)(ctx, "CI_RUNNER", "pod"); err != nil || info.Name != "pod" {
+			t.Fatalf("dispatch reads the pod consumer's state: %v, %v", info, err)
+		}
 		dispatch.clean(t)
 		dispatch.denied(t, "consume the queue", "$JS.API.CONSUMER.MSG.NEXT.CI_RUNNER.pod", func(ctx context.Context) error {
 			_, err := dispatch.nc.RequestWithContext(ctx, "$JS.API.CONSUMER.MSG.NEXT.CI_RUNNER.pod", []byte(`{"batch":1}`))
@@ -439,6 +448,10 @@ func TestNATSAuthorization(t *testing.T) {
 		}
 		if err := p.MarkStarted(ctx, a1.ID); err != nil {
 			t.Fatal(err)
+		}
+		// Its pickup histogram reads when the payload was stored.
+		if at, err := p.StoredAt(ctx, a1.ID); err != nil || at.IsZero() {
+			t.Fatalf("StoredAt = %v, %v", at, err)
 		}
 		gateway.clean(t)
 		if started, err := dp.Started(ctx, a1.ID); err != nil || !started {

@@ -325,6 +325,8 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 	spire := other("spire-server", "spire", map[string]string{"app.kubernetes.io/name": "server"}, "10.244.2.6")
 	gitea := other("gitea", "gitea", map[string]string{"app.kubernetes.io/name": "gitea"}, "10.244.3.7")
 	curious := other("another Pod of the namespace", installNamespace, map[string]string{"app": "curious"}, "10.244.1.99")
+	prometheus := other("prometheus", "monitoring", map[string]string{"app.kubernetes.io/name": "prometheus"}, "10.244.5.9")
+	otherMonitor := other("another Pod of the monitoring namespace", "monitoring", map[string]string{"app": "grafana"}, "10.244.5.10")
 	anotherExecutor := executor
 	anotherExecutor.ip = netip.MustParseAddr("10.244.1.11")
 	address := func(name, addr string) endpoint { return endpoint{name: name, ip: netip.MustParseAddr(addr)} }
@@ -356,6 +358,20 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		{curious, gateway, 8443, tcp, false},
 		{gitea, gateway, 8443, tcp, false},
 		{curious, executor, 22, tcp, false},
+		// Metrics: Prometheus scrapes the gateway's plain-HTTP metrics port, and nothing else
+		// of the gateway; nobody else reaches that port.
+		{prometheus, gateway, 9090, tcp, true},
+		{prometheus, gateway, 8443, tcp, false},
+		{otherMonitor, gateway, 9090, tcp, false},
+		{curious, gateway, 9090, tcp, false},
+		{executor, gateway, 9090, tcp, false},
+		{gitea, gateway, 9090, tcp, false},
+		{prometheus, executor, 9090, tcp, false},
+	}
+	for _, f := range []string{"handle", "recover"} {
+		for _, e := range byFunction(f) {
+			conns = append(conns, conn{prometheus, e, 8080, tcp, false})
+		}
 	}
 	for _, f := range []string{"dispatch", "handle", "recover"} {
 		for _, e := range byFunction(f) {
@@ -378,7 +394,8 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 	} else {
 		for _, e := range byFunction("dispatch") {
 			if e.ports["http"] != 0 { // the webhook server (serve), not the run CronJob
-				conns = append(conns, conn{gitea, e, 8080, tcp, true})
+				conns = append(conns, conn{gitea, e, 8080, tcp, true}, conn{prometheus, e, 8080, tcp, true},
+					conn{otherMonitor, e, 8080, tcp, false})
 			}
 		}
 	}

@@ -72,9 +72,10 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
-// loadConfig loads the configuration as main does, from the environment.
+// loadConfig loads the configuration as main does for `dispatch run`, from
+// the environment.
 func loadConfig() (Config, error) {
 	var c Config
-	_, err := program.Load(&c, nil, io.Discard)
+	_, err := program.Load(&c, []string{"run"}, io.Discard)
 	return c, err
 }

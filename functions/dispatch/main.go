@@ -4,8 +4,11 @@
 //
 //	dispatch register          register every pool that has no credentials yet
 //	dispatch run [-pool NAME]  one round for every pool (or one): a CronJob, a manual run
+//	dispatch status [-o json]  per pool: capacity, tasks in flight, started, waiting
+//	                           and the oldest wait, queued messages (read only)
 //	dispatch serve             HTTP: Gitea's workflow_job webhook at /webhook, a schedule
-//	                           tick (Knative PingSource, any POST) at /, health at /healthz
+//	                           tick (Knative PingSource, any POST) at /, readiness at /healthz
+//	                           (NATS connected), liveness at /livez, metrics at /metrics
 //
 // Exit status: 0 when everything asked for was done, 1 when something could
 // not be (the log says what), 2 for bad configuration or usage.
@@ -22,37 +25,60 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
 // program is dispatch's command line.
-var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME]"}
+var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME] | status [-o table|json]",
+	Commands: []string{"register", "run", "serve", "status"}}
 
 func main() {
 	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
 }
 
-// execute runs dispatch's command line args and returns the exit code.
+// execute runs dispatch's command line args and returns the exit code;
+// status writes its report to os.Stdout.
 func execute(ctx context.Context, args []string, stderr io.Writer) int {
+	return executeTo(ctx, args, os.Stdout, stderr)
+}
+
+// executeTo is execute with the report's writer given.
+func executeTo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cfg Config
 	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
-		return run(ctx, cfg, log, args)
+		return run(ctx, cfg, log, args, stdout)
 	})
 }
 
 // run carries out the command in args.
-func run(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
+func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return function.Usage(errors.New("no command"))
 	}
 	hc := &http.Client{Timeout: 30 * time.Second}
 	pools := cfg.pools
 	switch cmd := args[0]; cmd {
+	case "status":
+		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		format := fs.String("o", "table", "output format: table or json")
+		if err := fs.Parse(args[1:]); err != nil {
+			return function.Usage(fmt.Errorf("%s: %w", cmd, err))
+		}
+		if fs.NArg() > 0 || (*format != "table" && *format != "json") {
+			return function.Usage(fmt.Errorf("status takes -o table or -o json only, got %q", args[1:]))
+		}
+		return status(ctx, cfg, pools, *format, stdout)
 	case "register":
 		if len(args) > 1 {
 			return function.Usage(fmt.Errorf("register takes no arguments, got %q", args[1:]))
@@ -169,6 +195,58 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive}
-	return newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log), closeFn, nil
+	reg := metrics.NewRegistry()
+	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive,
+		Observer: metrics.NewDispatch(reg)}
+	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
+	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
+	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}}, Log: log}
+	svc.metrics = reg
+	return svc, closeFn, nil
 }
+
+// consumersOf names the durable consumers that feed pools' backends: one
+// per backend, named after it (assignmentqueue.Queue.OpenConsumer).
+func consumersOf(pools runnerpool.Pools) []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, p := range pools {
+		if b := string(p.Backend); !seen[b] {
+			seen[b] = true
+			names = append(names, b)
+		}
+	}
+	return names
+}
+
+// status writes the pools' status to w. It only reads: no stream, bucket or
+// consumer is created, and no payload is opened (dispatch's NATS user may
+// not read one back), so the report carries no run URLs.
+func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format string, w io.Writer) error {
+	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = natsconn.Close(nc) }()
+	var payloads poolstatus.Payloads
+	switch p, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey); {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		payloads = noPayloads{} // nothing was ever dispatched: nothing runs
+	case err != nil:
+		return err
+	default:
+		payloads = p
+	}
+	r, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: payloads, Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)),
+		Stream: cfg.Stream}, pools, time.Now())
+	if err != nil {
+		return err
+	}
+	return r.Write(w, format)
+}
+
+// noPayloads is the payload store before dispatch first ran: empty.
+type noPayloads struct{}
+
+func (noPayloads) Stored(context.Context) (map[string]time.Time, error) { return nil, nil }
+func (noPayloads) Started(context.Context, string) (bool, error)        { return false, nil }

@@ -7,8 +7,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -27,6 +31,11 @@ type service struct {
 	ticks    function.Ticks
 	rounds   *rounds
 	log      *slog.Logger
+	// probes answer /healthz (NATS connected) and /livez; without checks
+	// (a test) the service is always ready.
+	probes health.Probes
+	// metrics answers /metrics; nil (a test) serves none.
+	metrics prometheus.Gatherer
 }
 
 // newHTTPService returns the service of pools; its background rounds run on
@@ -66,7 +75,10 @@ func (s *service) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook", s.webhook)
 	mux.Handle("POST /{$}", s.ticks.Authorized(http.HandlerFunc(s.tick)))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	s.probes.Register(mux)
+	if s.metrics != nil {
+		metrics.Register(mux, s.metrics)
+	}
 	return mux
 }
 

@@ -12,12 +12,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -28,6 +30,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
@@ -51,15 +55,21 @@ type Config struct {
 	SVIDCert     string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
 	SVIDKey      string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
 	SVIDBundle   string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
+	MetricsAddr  string        `envconfig:"METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
 
 	pools runnerpool.Pools
 }
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return serve(ctx, cfg, log)
-	}))
+	})
 }
 
 // Check checks what envconfig cannot, and loads the pools file.
@@ -108,16 +118,77 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	for _, p := range cfg.pools {
 		backendOf[p.Name] = p.Backend
 	}
-	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log,
+	reg := metrics.NewRegistry()
+	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log, Observer: metrics.NewStarted(reg),
 		// Finish notices name no stream: whichever captures ci.finished.> (dispatch and handle-setup ensure it).
 		Finished: assignmentqueue.NewFinished(js, ""), Backends: backendOf}
+	requests := metrics.NewRequests(reg, "gateway", rpcNames...)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	opsDone := make(chan error, 1)
+	if cfg.MetricsAddr != "" {
+		probes := health.Probes{Log: log, Checks: []health.Check{
+			{Name: "nats", Ready: natsconn.Connected(nc)},
+			{Name: "svid", Ready: svidValid(svids, time.Now)},
+		}}
+		opsLn, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("GDR_METRICS_ADDR: %w", err)
+		}
+		log.Info("serving metrics and probes", slog.String("addr", opsLn.Addr().String()))
+		go func() {
+			err := function.Serve(ctx, function.Server(opsHandler(probes, reg), opsMaxBytes), opsLn)
+			cancel() // the gateway does not run on without the probes its orchestrator expects
+			opsDone <- err
+		}()
+	} else {
+		opsDone <- nil
+	}
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
-	return function.Serve(ctx, function.Server(g.Handler(), gateway.MaxRequestBytes),
+	err = function.Serve(ctx, function.Server(requests.Wrap(g.Handler()), gateway.MaxRequestBytes),
 		tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
+	cancel()
+	return errors.Join(err, <-opsDone)
+}
+
+// rpcNames are the runner protocol's RPCs, the method label values of the
+// gateway's request counter.
+var rpcNames = []string{"Register", "Declare", "FetchTask", "UpdateTask", "UpdateLog"}
+
+// opsMaxBytes caps a request body on the metrics listener: it answers GETs.
+const opsMaxBytes = 4 << 10
+
+// opsHandler is the plain-HTTP listener's handler: probes and metrics,
+// nothing of the runner protocol.
+func opsHandler(probes health.Probes, g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	probes.Register(mux)
+	metrics.Register(mux, g)
+	return mux
+}
+
+// svidValid is the readiness check of the gateway's own SVID: one is
+// available and now is within its leaf certificate's validity.
+func svidValid(src x509svid.Source, now func() time.Time) func(context.Context) error {
+	return func(context.Context) error {
+		svid, err := src.GetX509SVID()
+		if err != nil {
+			return fmt.Errorf("gateway SVID: %w", err)
+		}
+		if len(svid.Certificates) == 0 {
+			return errors.New("gateway SVID: no certificate")
+		}
+		leaf, t := svid.Certificates[0], now()
+		if t.Before(leaf.NotBefore) || t.After(leaf.NotAfter) {
+			return fmt.Errorf("gateway SVID %s: valid %s to %s only", svid.ID, leaf.NotBefore.Format(time.RFC3339), leaf.NotAfter.Format(time.RFC3339))
+		}
+		return nil
+	}
 }
 
 // spiffeSource returns the gateway's SVID and bundle sources: files when

@@ -85,7 +85,7 @@ func (c *Config) Check() error {
 		td, _, _ := c.Parse()
 		pools, err := c.Source.Load()
 		c.pools = pools
-		errs = append(errs, keysErr, c.Settings.Check(td), err)
+		errs = append(errs, keysErr, c.Settings.Check(td), err, c.Setup.Check(taskassignment.Backend(c.Backend)))
 	}
 	return errors.Join(errs...)
 }

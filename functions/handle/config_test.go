@@ -29,7 +29,7 @@ func TestLoadConfig(t *testing.T) {
 	base := map[string]string{
 		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(),
 		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org", "GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
-		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org",
+		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org", "GDR_CLUSTER_NAME": "ci",
 	}
 	for _, tc := range []struct {
 		name    string
@@ -60,6 +60,10 @@ func TestLoadConfig(t *testing.T) {
 		{"bad verification key", map[string]string{"GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=,c2hvcnQ="}, "GDR_ASSIGNMENT_VERIFY_KEYS: assignment verification key 2"},
 		{"setup needs no verification keys", map[string]string{"GDR_MODE": "setup", "GDR_ASSIGNMENT_VERIFY_KEYS": ""}, ""},
 		{"setup needs no gateway", map[string]string{"GDR_MODE": "setup", "GDR_GATEWAY_URL": "x"}, ""},
+		{"pod backend without its cluster name", map[string]string{"GDR_CLUSTER_NAME": ""}, "GDR_CLUSTER_NAME is required for the pod backend"},
+		{"opensandbox backend without its URL", map[string]string{"GDR_BACKEND": "opensandbox"}, "GDR_OPENSANDBOX_URL is required"},
+		{"process backend without a CA", map[string]string{"GDR_BACKEND": "process"}, "GDR_CA_DIR"},
+		{"setup builds no backend", map[string]string{"GDR_MODE": "setup", "GDR_CLUSTER_NAME": ""}, ""},
 		{"bad pools file", map[string]string{"GDR_POOLS_FILE": "/nonexistent/pools.yaml"}, "runner pools"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,23 +9,34 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return serve(ctx, cfg, log.With(slog.String("backend", cfg.Backend)))
-	}))
+	})
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -39,7 +50,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		defer func() { _ = closeBackend() }()
-		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: h}, log)
+		reg := metrics.NewRegistry()
+		h.Observer = metrics.NewAssignments(reg)
+		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: h}, reg, log)
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "handle-"+cfg.Backend)
 	if err != nil {
@@ -126,11 +139,27 @@ func newHandler(cfg Config, endings taskworker.Endings, log *slog.Logger) (intak
 	return intake.Handler{Worker: worker, TrustDomain: td, Keys: ring, Log: log}, closeBackend, nil
 }
 
-func serveHTTP(ctx context.Context, addr string, r intake.Receiver, log *slog.Logger) error {
-	h, err := r.NewHTTPHandler(ctx)
+func serveHTTP(ctx context.Context, addr string, r intake.Receiver, g prometheus.Gatherer, log *slog.Logger) error {
+	h, err := httpHandler(ctx, r, g, log)
 	if err != nil {
 		return err
 	}
 	log.Info("serving CloudEvents", slog.String("addr", addr))
 	return function.ListenAndServe(ctx, function.Server(h, intake.MaxEventBytes), addr)
+}
+
+// httpHandler serves CloudEvents at / (any other path too: Knative posts
+// to /), readiness at GET /healthz and liveness at GET /livez (this mode
+// holds no NATS connection: nothing to check but the process), and g's
+// metrics at GET /metrics.
+func httpHandler(ctx context.Context, r intake.Receiver, g prometheus.Gatherer, log *slog.Logger) (http.Handler, error) {
+	events, err := r.NewHTTPHandler(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	health.Probes{Log: log}.Register(mux)
+	metrics.Register(mux, g)
+	mux.Handle("/", events)
+	return mux, nil
 }

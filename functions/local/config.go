@@ -26,6 +26,7 @@ type Config struct {
 	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
 	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
+	MetricsAddr       string        `envconfig:"LOCAL_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
 
 	// tokenFile is --registration-token-file: a token is never given on the
@@ -42,6 +43,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "jobs run at once")
 	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "the gateway's address")
 	fs.StringVar(&c.WebhookAddr, "webhook-addr", c.WebhookAddr, "serve the workflow_job webhook here")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve /metrics, /healthz and /livez here")
 }
 
 // Check checks the configuration once flags are applied.

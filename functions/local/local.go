@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
@@ -31,8 +32,11 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -55,16 +59,21 @@ type local struct {
 	cfg Config
 	log *slog.Logger
 
-	ns      *server.Server
-	nc      *nats.Conn
-	gw      *http.Server
-	kick    chan struct{} // a webhook or a freed slot asks for a dispatch round now
-	hook    *http.Server
-	loops   sync.WaitGroup
-	d       *dispatcher.Dispatcher
-	pool    dispatcher.Pool
-	job     intake.Job
-	recover *recovery.Recovery
+	ns   *server.Server
+	nc   *nats.Conn
+	gw   *http.Server
+	kick chan struct{} // a webhook or a freed slot asks for a dispatch round now
+	hook *http.Server
+	ops  *http.Server // metrics and probes, with --metrics-addr
+	reg  *prometheus.Registry
+	// statusSource is what writeStatus reads the status file from.
+	statusSource poolstatus.Source
+	passes       *metrics.Recover
+	loops        sync.WaitGroup
+	d            *dispatcher.Dispatcher
+	pool         dispatcher.Pool
+	job          intake.Job
+	recover      *recovery.Recovery
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
 	// executor, so concurrent passes converge); it saves duplicate calls.
@@ -76,7 +85,8 @@ type local struct {
 // start brings everything up, failing fast, and in an order that writes
 // nothing to the state directory before Gitea has accepted the registration.
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
-	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
+	reg := metrics.NewRegistry()
+	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1), reg: reg, passes: metrics.NewRecover(reg)}
 	client, err := l.registration(ctx)
 	if err != nil {
 		return nil, err
@@ -142,15 +152,20 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		return nil, l.fail(err)
 	}
 	l.backend = backend
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
-	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log}
+	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
+		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
+		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
+	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: metrics.NewDispatch(reg)}
+	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
 	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
 		}}
 	l.job = intake.Job{
-		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log},
+		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
 		Consumer: consumer, Batch: cfg.Capacity,
 	}
 	l.recover = &recovery.Recovery{
@@ -161,6 +176,11 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	}
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {
+			return nil, l.fail(err)
+		}
+	}
+	if cfg.MetricsAddr != "" {
+		if err := l.startOps(); err != nil {
 			return nil, l.fail(err)
 		}
 	}
@@ -315,12 +335,13 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 		return err
 	}
 	g := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{poolName: client},
-		Payloads: payloads, Capabilities: boot, Log: l.log}
+		Payloads: payloads, Capabilities: boot, Log: l.log, Observer: metrics.NewStarted(l.reg)}
 	ln, err := net.Listen("tcp", l.cfg.GatewayAddr)
 	if err != nil {
 		return fmt.Errorf("the gateway cannot listen on %s (is another local mode running? --gateway-addr picks another): %w", l.cfg.GatewayAddr, err)
 	}
-	l.gw = function.Server(g.Handler(), gateway.MaxRequestBytes)
+	requests := metrics.NewRequests(l.reg, "gateway", "Register", "Declare", "FetchTask", "UpdateTask", "UpdateLog")
+	l.gw = function.Server(requests.Wrap(g.Handler()), gateway.MaxRequestBytes)
 	go func() { _ = l.gw.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer()))) }()
 	return nil
 }
@@ -346,6 +367,25 @@ func (l *local) startWebhook() error {
 	go func() { _ = l.hook.Serve(ln) }()
 	return nil
 }
+
+// startOps serves metrics and probes (the embedded NATS connected) on
+// --metrics-addr.
+func (l *local) startOps() error {
+	mux := http.NewServeMux()
+	health.Probes{Log: l.log, Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(l.nc)}}}.Register(mux)
+	metrics.Register(mux, l.reg)
+	ln, err := net.Listen("tcp", l.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	l.ops = function.Server(mux, opsMaxBytes)
+	go func() { _ = l.ops.Serve(ln) }()
+	l.log.Info("serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
+	return nil
+}
+
+// opsMaxBytes caps a request body on the metrics listener: it answers GETs.
+const opsMaxBytes = 4 << 10
 
 // every runs f now, then every interval and whenever kick fires, until ctx
 // ends.
@@ -379,6 +419,7 @@ func (l *local) loop(ctx context.Context, f func(context.Context)) {
 }
 
 func (l *local) dispatchOnce(ctx context.Context) {
+	defer l.writeStatus(ctx)
 	res, err := l.d.Dispatch(ctx, l.pool)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -453,6 +494,9 @@ func (l *local) recoverOnce(ctx context.Context) {
 	l.recovering.Lock()
 	defer l.recovering.Unlock()
 	sum, err := l.recover.Run(ctx)
+	if ctx.Err() == nil {
+		l.passes.Pass(sum, err)
+	}
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("recover failed", slog.Any("error", err))
 	}
@@ -466,6 +510,7 @@ func (l *local) recoverOnce(ctx context.Context) {
 func (l *local) wait(ctx context.Context) {
 	<-ctx.Done()
 	l.loops.Wait()
+	removeStatus(l.cfg.StateDir)
 	l.shutdown()
 }
 
@@ -474,6 +519,9 @@ func (l *local) shutdown() {
 	defer cancel()
 	if l.hook != nil {
 		_ = l.hook.Shutdown(c)
+	}
+	if l.ops != nil {
+		_ = l.ops.Shutdown(c)
 	}
 	if l.gw != nil {
 		_ = l.gw.Shutdown(c)

@@ -7,6 +7,7 @@
 // backend) running this same binary as `local runner`.
 //
 //	go run ./functions/local --gitea-url http://127.0.0.1:3000/ --registration-token TOKEN
+//	go run ./functions/local status [--state-dir DIR] [-o json]
 //
 // Ctrl-C stops it; running jobs go on in their own processes and are picked
 // up again by the next start, which needs no registration token: the
@@ -15,6 +16,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 
@@ -23,16 +25,25 @@ import (
 )
 
 // program is local mode's command line: it logs for a person at a terminal.
-var program = function.Program{Name: "local", Synopsis: "--gitea-url URL [--registration-token-file FILE] [flags]", TextLog: true}
+var program = function.Program{Name: "local", Synopsis: "--gitea-url URL [--registration-token-file FILE] [flags] | status [--state-dir DIR] [-o table|json]", TextLog: true}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "runner" {
 		os.Exit(runner.Main(os.Args[:2], os.Args[2:]))
 	}
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code; `local
+// status` writes its report to os.Stdout.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(args[1:], os.Stdout, stderr)
+	}
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return run(ctx, cfg, log)
-	}))
+	})
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {

@@ -28,6 +28,7 @@ func TestLoadConfig(t *testing.T) {
 		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
 		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
 		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
+		"GDR_CA_DIR": filepath.Join(dir, "ca"),
 	}
 	for _, tc := range []struct {
 		name    string
@@ -43,6 +44,7 @@ func TestLoadConfig(t *testing.T) {
 		{"finish mode without a retry delay", map[string]string{"GDR_RECOVER_MODE": "finish", "GDR_RECOVER_RETRY": "0s"}, "GDR_RECOVER_RETRY"},
 		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY"},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY"},
+		{"process pool without a CA", map[string]string{"GDR_CA_DIR": ""}, "GDR_CA_DIR: the process backend needs a CA"},
 		{"no pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none")}, "runner pools"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,12 +15,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
@@ -28,6 +30,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -77,14 +81,27 @@ func (c *Config) Check() error {
 	td, _, _ := c.Parse()
 	pools, err := c.Source.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err)
+	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err}
+	checked := map[taskassignment.Backend]bool{}
+	for _, p := range pools {
+		if !checked[p.Backend] {
+			checked[p.Backend] = true
+			errs = append(errs, c.Setup.Check(p.Backend))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func main() {
+	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	var cfg Config
-	os.Exit(program.Main(&cfg, func(ctx context.Context, log *slog.Logger, _ []string) error {
+	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return run(ctx, cfg, log)
-	}))
+	})
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -95,16 +112,31 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer closeFn() // closing NATS flushes the notices' acks and naks
 	switch cfg.Mode {
 	case "http":
-		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, log)
+		reg := metrics.NewRegistry()
+		listers := map[taskassignment.Backend]metrics.ExecutorLister{}
+		for b, backend := range r.Backends {
+			listers[b] = backend
+		}
+		reg.MustRegister(metrics.NewExecutors(listers, log))
+		probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(js.Conn())}}, Log: log}
+		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, probes, reg, metrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
-	return pass(ctx, r, log)
+	return pass(ctx, r, nil, log)
 }
 
-// pass runs once and logs one summary line.
-func pass(ctx context.Context, r *recovery.Recovery, log *slog.Logger) error {
+// passObserver hears of every pass (metrics.Recover).
+type passObserver interface {
+	Pass(sum recovery.Summary, err error)
+}
+
+// pass runs once and logs one summary line; obs, when not nil, hears of it.
+func pass(ctx context.Context, r *recovery.Recovery, obs passObserver, log *slog.Logger) error {
 	sum, err := r.Run(ctx)
+	if obs != nil {
+		obs.Pass(sum, err)
+	}
 	if err != nil {
 		log.Error("recover pass incomplete", append(sum.Attrs(), slog.Any("error", err))...)
 		return err
@@ -170,17 +202,26 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, log *slog.Logger) error {
+func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
+	log.Info("serving ticks", slog.String("addr", addr))
+	return function.ListenAndServe(ctx, function.Server(handler(ticks, r, probes, g, obs, log), tickMaxBytes), addr)
+}
+
+// handler runs a pass per authorized POST / (a PingSource tick), answers
+// probes at GET /healthz (NATS connected) and GET /livez, and g's metrics
+// at GET /metrics.
+func handler(ticks function.Ticks, r *recovery.Recovery, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /{$}", ticks.Authorized(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if err := pass(req.Context(), r, log); err != nil {
+		if err := pass(req.Context(), r, obs, log); err != nil {
 			http.Error(w, "recover pass incomplete; see the log", http.StatusServiceUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusAccepted)
 	})))
-	log.Info("serving ticks", slog.String("addr", addr))
-	return function.ListenAndServe(ctx, function.Server(mux, tickMaxBytes), addr)
+	probes.Register(mux)
+	metrics.Register(mux, g)
+	return mux
 }
 
 // tickMaxBytes caps a tick's body: a PingSource CloudEvent is small, and

@@ -275,3 +275,39 @@ func (p PayloadStore) Check() error {
 	}
 	return nil
 }
+
+// Stored returns when each stored payload was written, by assignment ID,
+// like IDs (the same meta-only listing: no payload byte is read, so it
+// needs no more than IDs' grants). The marks are not listed.
+func (p *Payloads) Stored(ctx context.Context) (map[string]time.Time, error) {
+	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, err)
+	}
+	defer func() { _ = w.Stop() }()
+	stored := map[string]time.Time{}
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current value has been delivered
+				return stored, nil
+			}
+			stored[e.Key()] = e.Created()
+		case <-ctx.Done():
+			return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, ctx.Err())
+		}
+	}
+}
+
+// StoredAt returns when the payload of assignmentID was stored (the task's
+// claim), without opening it; it wraps ErrPayloadNotFound if there is none.
+func (p *Payloads) StoredAt(ctx context.Context, assignmentID string) (time.Time, error) {
+	e, err := p.kv.Get(ctx, assignmentID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, ErrPayloadNotFound)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	return e.Created(), nil
+}

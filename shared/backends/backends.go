@@ -47,6 +47,33 @@ type Setup struct {
 	ClusterName      string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
+// Check reports the settings backend kind needs and lacks, or holds in a
+// combination it refuses, as New would, but without connecting to anything:
+// a function checks them with the rest of its configuration, so that a
+// missing setting is a configuration error (exit 2), not a failure to start.
+func (c Setup) Check(kind taskassignment.Backend) error {
+	switch kind {
+	case taskassignment.BackendProcess:
+		if c.CADir == "" {
+			return errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
+		}
+	case taskassignment.BackendOpenSandbox:
+		var errs []error
+		if c.OpenSandboxURL == "" {
+			errs = append(errs, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend"))
+		}
+		if c.OpenSandboxSPIRE != "" && c.CADir != "" {
+			errs = append(errs, errors.New("GDR_OPENSANDBOX_SPIRE_SERVER and GDR_CA_DIR: set one, not both, for the opensandbox backend"))
+		}
+		return errors.Join(errs...)
+	case taskassignment.BackendPod:
+		if c.ClusterName == "" {
+			return errors.New("GDR_CLUSTER_NAME is required for the pod backend")
+		}
+	}
+	return nil
+}
+
 // Deps is what a backend is built from, besides its Setup.
 type Deps struct {
 	Keys        taskassignment.Keys

@@ -92,10 +92,24 @@ type Dispatcher struct {
 	// (default 10m) without one, so anything up to a few minutes is safe.
 	// Zero is DefaultKeepAlive.
 	KeepAlive time.Duration
+	// Observer, when set, hears of every round and every task queued.
+	Observer Observer
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 	beats map[int64]time.Time
+}
+
+// Observer hears what rounds do (metrics). Its methods are called from
+// concurrent rounds of different pools, must be safe for that and quick, and
+// never see a task's repository, token or payload.
+type Observer interface {
+	// Round is called once at the end of every Dispatch with its result and
+	// error.
+	Round(res Result, err error)
+	// Queued is called for every task queued, with the time from the start
+	// of the FetchTask that claimed it to its assignment published.
+	Queued(pool string, pickup time.Duration)
 }
 
 // Result is what one Dispatch did.
@@ -152,9 +166,12 @@ func (d *Dispatcher) lock(pool string) func() {
 // it are queued and in the Result. Nothing is claimed when Gitea or the
 // payload store is unreachable. Once ctx ends no further task is claimed,
 // and the claim in flight still runs to its end (ClaimTimeout).
-func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
+func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err error) {
 	defer d.lock(p.Name)()
-	res := Result{Pool: p.Name}
+	if d.Observer != nil {
+		defer func() { d.Observer.Round(res, err) }()
+	}
+	res = Result{Pool: p.Name}
 	ids, err := d.Payloads.IDs(ctx)
 	if err != nil {
 		return res, fmt.Errorf("pool %s: tasks in flight: %w", p.Name, err)
@@ -187,6 +204,7 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
 		}
+		claimed := time.Now()
 		task, err := d.fetch(ctx, p)
 		if err != nil {
 			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
@@ -203,6 +221,9 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (Result, error) {
 			return res, err
 		}
 		res.Claimed = append(res.Claimed, a)
+		if d.Observer != nil {
+			d.Observer.Queued(p.Name, time.Since(claimed))
+		}
 	}
 	return res, nil
 }

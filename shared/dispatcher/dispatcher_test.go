@@ -407,3 +407,47 @@ func TestPoolIDs(t *testing.T) {
 		t.Fatalf("poolIDs(a-1) = %v", got)
 	}
 }
+
+// observed records what an Observer hears.
+type observed struct {
+	mu     sync.Mutex
+	rounds []Result
+	errs   []error
+	queued []time.Duration
+}
+
+func (o *observed) Round(res Result, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.rounds, o.errs = append(o.rounds, res), append(o.errs, err)
+}
+
+func (o *observed) Queued(pool string, pickup time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.queued = append(o.queued, pickup)
+}
+
+// The Observer hears every round once, with its result or error, and every
+// task queued with its pickup time.
+func TestObserverHearsRoundsAndClaims(t *testing.T) {
+	f := newFixture(t)
+	obs := &observed{}
+	f.d.Observer = obs
+	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""))
+	if _, err := f.d.Dispatch(context.Background(), pool(g, 5)); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	g.down = true
+	g.mu.Unlock()
+	if _, err := f.d.Dispatch(context.Background(), pool(g, 5)); err == nil {
+		t.Fatal("a round with Gitea down succeeded")
+	}
+	if len(obs.rounds) != 2 || len(obs.rounds[0].Claimed) != 2 || obs.errs[0] != nil || obs.errs[1] == nil || obs.rounds[1].Pool != "linux" {
+		t.Fatalf("rounds %+v, errors %v", obs.rounds, obs.errs)
+	}
+	if len(obs.queued) != 2 || obs.queued[0] <= 0 {
+		t.Fatalf("queued pickups %v, want 2 positive", obs.queued)
+	}
+}

@@ -89,6 +89,11 @@ type Program struct {
 	// Stdout receives what the command prints for its user (--version);
 	// nil means os.Stdout.
 	Stdout io.Writer
+	// Commands are the command's subcommands, one of which must be the
+	// first argument after the flags; none: it takes no argument. Load
+	// refuses any other argument before it reads any configuration, so an
+	// unknown command is said to be one, not a configuration error.
+	Commands []string
 }
 
 // ErrVersion is returned by Load when --version was asked for: nothing was
@@ -99,7 +104,8 @@ var ErrVersion = errors.New("version requested")
 // environment, parses args as flags over it (when cfg is a Flagger), then
 // checks it (when cfg is a Checker). It returns the arguments left after the
 // flags; flag.ErrHelp when help was asked for (the usage is printed);
-// ErrVersion for --version.
+// ErrVersion for --version; a UsageError for an argument that is not one of
+// p.Commands, before any configuration error.
 func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error) {
 	envErr := envdoc.Process(EnvPrefix, cfg)
 	fs := p.flagSet(cfg, stderr)
@@ -110,6 +116,9 @@ func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error
 	if *version {
 		return nil, ErrVersion
 	}
+	if err := p.checkCommand(fs.Args()); err != nil {
+		return nil, Usage(err)
+	}
 	if envErr != nil {
 		return nil, envErr
 	}
@@ -119,6 +128,27 @@ func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error
 		}
 	}
 	return fs.Args(), nil
+}
+
+// checkCommand refuses args whose first word is not one of p.Commands (or,
+// when p has none, any argument at all). The arguments after a command are
+// the command's to check.
+func (p Program) checkCommand(args []string) error {
+	if len(p.Commands) == 0 {
+		if len(args) > 0 {
+			return fmt.Errorf("unknown command %q (%s takes none)", args[0], p.Name)
+		}
+		return nil
+	}
+	if len(args) == 0 {
+		return errors.New("no command")
+	}
+	for _, c := range p.Commands {
+		if args[0] == c {
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown command %q", args[0])
 }
 
 // flagSet is the command line of cfg: its flags, and its usage on stderr.
@@ -176,7 +206,12 @@ func (p Program) Main(cfg any, run Run) int {
 // line in process.
 func (p Program) Exec(ctx context.Context, cfg any, args []string, stderr io.Writer, run Run) int {
 	rest, err := p.Load(cfg, args, stderr)
+	var usage UsageError
 	switch {
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
+		p.flagSet(cfg, stderr).Usage()
+		return ExitConfig
 	case errors.Is(err, flag.ErrHelp):
 		return ExitOK
 	case errors.Is(err, ErrVersion):
@@ -199,7 +234,6 @@ func (p Program) Exec(ctx context.Context, cfg any, args []string, stderr io.Wri
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	err = run(ctx, log, rest)
-	var usage UsageError
 	switch {
 	case err == nil:
 		return ExitOK

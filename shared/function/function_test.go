@@ -38,7 +38,7 @@ func (c *testConfig) Flags(fs *flag.FlagSet) { fs.StringVar(&c.Name, "name", c.N
 func TestExec(t *testing.T) {
 	const secret = "s3cr3t-value-never-shown"
 	var stdout bytes.Buffer
-	p := Program{Name: "probe", Synopsis: "do | dont", Stdout: &stdout}
+	p := Program{Name: "probe", Synopsis: "do | dont", Commands: []string{"do", "dont", "maybe"}, Stdout: &stdout}
 	for _, tc := range []struct {
 		name     string
 		env      map[string]string
@@ -52,12 +52,12 @@ func TestExec(t *testing.T) {
 		{"help", nil, []string{"-h"}, nil, ExitOK, []string{"usage: probe do | dont", "-name", "-version", "GDR_TEST_KEY", "(required)"}, false},
 		// --version needs no configuration at all: GDR_TEST_KEY is unset.
 		{"version", nil, []string{"--version"}, nil, ExitOK, nil, false},
-		{"missing required", nil, nil, nil, ExitConfig, []string{"probe: configuration: required variables not set: GDR_TEST_KEY"}, false},
-		{"malformed value", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": secret}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT: not a valid int"}, false},
-		{"check fails", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": "0"}, nil, nil, ExitConfig, []string{"GDR_TEST_COUNT 0"}, false},
+		{"missing required", nil, []string{"do"}, nil, ExitConfig, []string{"probe: configuration: required variables not set: GDR_TEST_KEY"}, false},
+		{"malformed value", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": secret}, []string{"do"}, nil, ExitConfig, []string{"GDR_TEST_COUNT: not a valid int"}, false},
+		{"check fails", map[string]string{"GDR_TEST_KEY": secret, "GDR_TEST_COUNT": "0"}, []string{"do"}, nil, ExitConfig, []string{"GDR_TEST_COUNT 0"}, false},
 		{"unknown flag", map[string]string{"GDR_TEST_KEY": secret}, []string{"--nope"}, nil, ExitConfig, []string{"flag provided but not defined"}, false},
 		{"usage error", map[string]string{"GDR_TEST_KEY": secret}, []string{"maybe"}, Usage(errors.New(`unknown command "maybe"`)), ExitConfig, []string{`probe: unknown command "maybe"`, "usage: probe do | dont"}, true},
-		{"run fails", map[string]string{"GDR_TEST_KEY": secret}, nil, errors.New("NATS unreachable"), ExitFailed, []string{`"msg":"probe failed"`, "NATS unreachable", `"function":"probe"`}, true},
+		{"run fails", map[string]string{"GDR_TEST_KEY": secret}, []string{"do"}, errors.New("NATS unreachable"), ExitFailed, []string{`"msg":"probe failed"`, "NATS unreachable", `"function":"probe"`}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("GDR_TEST_KEY", "")
@@ -230,6 +230,55 @@ func TestTicksAuthorized(t *testing.T) {
 			Ticks{TickToken: tc.token}.Authorized(next).ServeHTTP(w, req)
 			if w.Code != tc.want || (ran > before) != (tc.want == http.StatusAccepted) {
 				t.Fatalf("status %d (ran %v), want %d", w.Code, ran > before, tc.want)
+			}
+		})
+	}
+}
+
+// A program with commands refuses any other first argument before it reads
+// its configuration: an unknown command is a usage error, never a
+// configuration error, even with the configuration missing.
+func TestExecCommands(t *testing.T) {
+	p := Program{Name: "probe", Synopsis: "do | dont", Commands: []string{"do", "dont"}, Stdout: io.Discard}
+	none := Program{Name: "plain", Stdout: io.Discard}
+	for _, tc := range []struct {
+		name     string
+		p        Program
+		args     []string
+		wantCode int
+		wantOut  string
+		wantRun  bool
+	}{
+		{"known command, configuration missing", p, []string{"do"}, ExitConfig, "probe: configuration: required variables not set", false},
+		{"unknown command", p, []string{"nope"}, ExitConfig, `probe: unknown command "nope"`, false},
+		{"no command", p, nil, ExitConfig, "probe: no command", false},
+		{"flags, then an unknown command", p, []string{"--name", "x", "nope"}, ExitConfig, `probe: unknown command "nope"`, false},
+		{"help wins", p, []string{"-h", "nope"}, ExitOK, "usage: probe do | dont", false},
+		{"version wins", p, []string{"--version", "nope"}, ExitOK, "", false},
+		{"no commands: an argument", none, []string{"nope"}, ExitConfig, `plain: unknown command "nope" (plain takes none)`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			unsetenv(t, "GDR_TEST_KEY")
+			var out bytes.Buffer
+			var cfg testConfig
+			ran := false
+			code := tc.p.Exec(context.Background(), &cfg, tc.args, &out, func(context.Context, *slog.Logger, []string) error {
+				ran = true
+				return nil
+			})
+			if code != tc.wantCode || ran != tc.wantRun {
+				t.Fatalf("Exec(%q) = %d (ran %v), want %d; stderr:\n%s", tc.args, code, ran, tc.wantCode, out.String())
+			}
+			if !strings.Contains(out.String(), tc.wantOut) {
+				t.Errorf("stderr lacks %q:\n%s", tc.wantOut, out.String())
+			}
+			if tc.wantCode == ExitConfig && !strings.Contains(tc.wantOut, "configuration") {
+				if strings.Contains(out.String(), "configuration:") {
+					t.Errorf("a usage error reads as a configuration error:\n%s", out.String())
+				}
+				if !strings.Contains(out.String(), "usage: "+tc.p.Name) {
+					t.Errorf("no usage after a usage error:\n%s", out.String())
+				}
 			}
 		})
 	}

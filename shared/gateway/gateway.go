@@ -58,6 +58,20 @@ type Payloads interface {
 	MarkStarted(ctx context.Context, assignmentID string) error
 }
 
+// Observer hears of every task handed to its executor (metrics): pool's
+// task waited that long from its claim (its payload stored) to its
+// executor's FetchTask. Called once per FetchTask answered: normally once a
+// task, again when a runner retries. Safe for concurrent use, quick.
+type Observer interface {
+	Started(pool string, waited time.Duration)
+}
+
+// storedAter is read of Payloads for an Observer, when it has it
+// (assignmentqueue.Payloads): when a payload was stored.
+type storedAter interface {
+	StoredAt(ctx context.Context, assignmentID string) (time.Time, error)
+}
+
 // Verifier checks capabilities (bootstrap.Bootstrap).
 type Verifier interface {
 	Verify(assignmentID string, taskID int64, spiffeID, capability string) error
@@ -82,6 +96,8 @@ type Gateway struct {
 	// recover's periodic pass finds every finished executor.
 	Finished Notifier
 	Backends map[string]taskassignment.Backend
+	// Observer, if set, hears of every task handed to its executor.
+	Observer Observer
 
 	// bindings saves the payload read behind every UpdateTask and UpdateLog
 	// once a caller is bound to its task (see bound).
@@ -308,6 +324,7 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: %w", c.taskID, err))
 	}
 	s.g.log().Info("task handed to its executor", slog.String("assignment", c.assignmentID), slog.Int64("task", c.taskID))
+	s.g.observeStarted(ctx, c)
 	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task}), nil
 }
 
@@ -377,4 +394,21 @@ func (s service) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 		return nil, fromGitea(err)
 	}
 	return connect.NewResponse(res), nil
+}
+
+// observeStarted tells the Observer how long c's task waited for its
+// executor; a payload whose store time cannot be read is not observed.
+func (g *Gateway) observeStarted(ctx context.Context, c caller) {
+	if g.Observer == nil {
+		return
+	}
+	sa, ok := g.Payloads.(storedAter)
+	if !ok {
+		return
+	}
+	at, err := sa.StoredAt(ctx, c.assignmentID)
+	if err != nil {
+		return
+	}
+	g.Observer.Started(c.pool, max(time.Since(at), 0))
 }

@@ -262,3 +262,36 @@ func TestFetchOfAFinishedTaskIsNotFound(t *testing.T) {
 		t.Fatalf("FetchTask = %v", err)
 	}
 }
+
+type startedRecorder struct {
+	mu     sync.Mutex
+	pools  []string
+	waited []time.Duration
+}
+
+func (r *startedRecorder) Started(pool string, waited time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pools, r.waited = append(r.pools, pool), append(r.waited, waited)
+}
+
+// The Observer hears how long a task waited from its claim (its payload
+// stored) to its executor's FetchTask, by pool; a refused fetch is not
+// observed.
+func TestFetchTaskIsObserved(t *testing.T) {
+	rec := &startedRecorder{}
+	f := startWith(t, func(g *Gateway) { g.Observer = rec })
+	time.Sleep(50 * time.Millisecond)
+	ctx := context.Background()
+	if _, err := f.own(t, 7).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.client(t, 8, "linux-8", "not-the-capability").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err == nil {
+		t.Fatal("a bad capability fetched its task")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.pools) != 1 || rec.pools[0] != "linux" || rec.waited[0] < 50*time.Millisecond || rec.waited[0] > time.Minute {
+		t.Fatalf("observed pools %v, waits %v; want one linux wait of at least 50ms", rec.pools, rec.waited)
+	}
+}

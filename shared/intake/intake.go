@@ -82,6 +82,16 @@ type Handler struct {
 	// Handler without Keys accepts nothing (and loses nothing: Failed).
 	Keys Opener
 	Log  *slog.Logger
+	// Observer, when set, hears the outcome of every Handle.
+	Observer Observer
+}
+
+// Observer hears the outcome of every message handled (metrics): once per
+// offer, so an assignment offered again while its identity target is
+// pending counts NotYet each time. backend is the decoded assignment's, or
+// empty when the message did not decode. Safe for concurrent use, quick.
+type Observer interface {
+	Handled(backend taskassignment.Backend, o Outcome)
 }
 
 // Handle authenticates and decodes one message body and offers it to the
@@ -92,6 +102,14 @@ type Handler struct {
 // there is one, says why the outcome is Failed, Poison or Rejected; it never
 // carries a credential (assignment messages hold none).
 func (h Handler) Handle(ctx context.Context, body []byte) (taskassignment.Assignment, Outcome, error) {
+	a, outcome, err := h.handle(ctx, body)
+	if h.Observer != nil {
+		h.Observer.Handled(a.Backend, outcome)
+	}
+	return a, outcome, err
+}
+
+func (h Handler) handle(ctx context.Context, body []byte) (taskassignment.Assignment, Outcome, error) {
 	a, outcome, err := h.decode(body)
 	if err != nil {
 		return a, outcome, err

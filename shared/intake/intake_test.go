@@ -120,6 +120,21 @@ func withImage(a taskassignment.Assignment, image string) taskassignment.Assignm
 	return a
 }
 
+// outcomes records what an Observer hears.
+type outcomes struct {
+	seen []struct {
+		b taskassignment.Backend
+		o Outcome
+	}
+}
+
+func (r *outcomes) Handled(b taskassignment.Backend, o Outcome) {
+	r.seen = append(r.seen, struct {
+		b taskassignment.Backend
+		o Outcome
+	}{b, o})
+}
+
 func TestHandlerOutcomes(t *testing.T) {
 	good := encode(t, assignment(t, 1))
 	stranger, err := assignmentsig.NewSigner(secretkey.Key(bytes.Repeat([]byte{1}, 32)))
@@ -150,9 +165,15 @@ func TestHandlerOutcomes(t *testing.T) {
 		{"pool changed", tamper(t, good, `"pool":"linux"`, `"pool":"gpu"`), never, Poison},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, got, err := Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}.Handle(context.Background(), tc.body)
+			obs := &outcomes{}
+			_, got, err := Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: obs}.Handle(context.Background(), tc.body)
 			if got != tc.want {
 				t.Fatalf("Handle() = %v (%v), want %v", got, err, tc.want)
+			}
+			// The Observer hears every outcome once, with the backend of
+			// what decoded (process) or none.
+			if len(obs.seen) != 1 || obs.seen[0].o != got || (got != Poison && obs.seen[0].b != taskassignment.BackendProcess) {
+				t.Fatalf("observed %+v, want one %v", obs.seen, got)
 			}
 			if (err != nil) != (tc.want == Failed || tc.want == Poison || tc.want == Rejected) {
 				t.Fatalf("Handle() error = %v for outcome %v", err, got)

@@ -116,3 +116,19 @@ func Close(nc *nats.Conn) error {
 	nc.Close()
 	return err
 }
+
+// Conn is what Connected reads of a connection (a *nats.Conn).
+type Conn interface {
+	Status() nats.Status
+}
+
+// Connected is the readiness check of conn: nil while it is connected;
+// an error naming its state while it reconnects, drains or is closed.
+func Connected(conn Conn) func(context.Context) error {
+	return func(context.Context) error {
+		if s := conn.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("NATS connection %s", strings.ToLower(s.String()))
+		}
+		return nil
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 )
@@ -38,5 +39,28 @@ func TestConnectErrorHidesCredentials(t *testing.T) {
 	_, _, err := Connect(context.Background(), Config{URL: "nats://s3cret@127.0.0.1:1"}, "natsconn-test")
 	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// Connected follows the connection: ready while connected, not while the
+// server is gone (reconnecting), nor once the connection is closed.
+func TestConnected(t *testing.T) {
+	s, url := jetstreamenv.Start(t)
+	nc, _ := jetstreamenv.Connect(t, url)
+	ready := Connected(nc)
+	if err := ready(t.Context()); err != nil {
+		t.Fatalf("connected: %v", err)
+	}
+	s.Shutdown()
+	deadline := time.Now().Add(5 * time.Second)
+	for ready(t.Context()) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("still ready 5s after the server stopped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	nc.Close()
+	if err := ready(t.Context()); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("closed connection: %v, want an error saying closed", err)
 	}
 }

@@ -21,7 +21,8 @@ func TestMainAnswersHelpAndVersionWithoutBootstrap(t *testing.T) {
 		{[]string{"--help"}, function.ExitOK},
 		{[]string{"--version"}, function.ExitOK},
 		{[]string{"--nope"}, function.ExitConfig},
-		{nil, function.ExitConfig}, // no CI_* bootstrap values
+		{[]string{"nope"}, function.ExitConfig}, // unknown command, said before the bootstrap is read
+		{nil, function.ExitConfig},              // no CI_* bootstrap values
 	} {
 		if got := Main([]string{"runner"}, tc.args); got != tc.want {
 			t.Errorf("Main(%q) = %d, want %d", tc.args, got, tc.want)

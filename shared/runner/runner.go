@@ -78,6 +78,10 @@ func Main(self []string, args []string) int {
 	case *version:
 		function.PrintVersion(os.Stdout, "runner")
 		return function.ExitOK
+	case fs.NArg() > 0:
+		fmt.Fprintf(fs.Output(), "runner: unknown command %q\n", fs.Arg(0))
+		fs.Usage()
+		return function.ExitConfig
 	}
 	if *fd < 0 {
 		return scrubAndReexec(self)

@@ -1,0 +1,121 @@
+package deploy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+)
+
+// dashboardFile is the Grafana dashboard shipped in deploy/.
+const dashboardFile = "grafana/gitea-dynamic-runner.json"
+
+// The dashboard parses, every panel queries the Prometheus datasource
+// variable, and every metric it queries is one the components export
+// (each collector driven once, so that every series exists).
+func TestDashboardQueriesExistingMetrics(t *testing.T) {
+	data, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Title      string `json:"title"`
+			Datasource struct {
+				UID string `json:"uid"`
+			} `json:"datasource"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	if dash.UID == "" || len(dash.Panels) == 0 {
+		t.Fatalf("%s: no uid or no panels", dashboardFile)
+	}
+	exported := exportedMetrics(t)
+	name := regexp.MustCompile(`\bgdr_[a-z0-9_]+`)
+	queried := 0
+	for _, p := range dash.Panels {
+		if p.Datasource.UID != "${datasource}" {
+			t.Errorf("panel %q: datasource %q, want ${datasource}", p.Title, p.Datasource.UID)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q queries nothing", p.Title)
+		}
+		for _, target := range p.Targets {
+			names := name.FindAllString(target.Expr, -1)
+			if len(names) == 0 {
+				t.Errorf("panel %q: %q queries no gdr_ metric", p.Title, target.Expr)
+			}
+			for _, n := range names {
+				queried++
+				if !exported[n] {
+					t.Errorf("panel %q queries %s, which no component exports", p.Title, n)
+				}
+			}
+		}
+	}
+	t.Logf("%d panels, %d metric references, all exported", len(dash.Panels), queried)
+}
+
+// exportedMetrics are the sample names the components export: each
+// family's name, and a histogram's _bucket, _sum and _count.
+func exportedMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	reg := metrics.NewRegistry()
+	d := metrics.NewDispatch(reg)
+	d.Round(dispatcher.Result{Pool: "linux"}, nil)
+	d.Round(dispatcher.Result{Pool: "linux"}, context.DeadlineExceeded)
+	d.Queued("linux", time.Second)
+	metrics.NewAssignments(reg).Handled("pod", intake.Accepted)
+	metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler()).
+		ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
+	metrics.NewStarted(reg).Started("linux", time.Second)
+	r := metrics.NewRecover(reg)
+	r.Pass(recovery.Summary{}, nil)
+	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
+		return &jetstream.ConsumerInfo{}, nil
+	}, "CI_RUNNER", []string{"pod"}, nil))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, f := range fams {
+		out[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				out[f.GetName()+s] = true
+			}
+		}
+	}
+	return out
+}
+
+// noExecutors is a backend that holds none.
+type noExecutors struct{}
+
+func (noExecutors) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	return nil, nil
+}
+
+func (noExecutors) Find(context.Context, string) (*taskworker.Executor, error) { return nil, nil }

@@ -1,0 +1,33 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// Assignments is intake.Observer: assignments handed to a backend, by
+// outcome.
+type Assignments struct {
+	total *prometheus.CounterVec
+}
+
+// NewAssignments registers the assignment counter with reg.
+func NewAssignments(reg prometheus.Registerer) *Assignments {
+	m := &Assignments{total: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "assignments_total",
+		Help: "Assignment messages handled, by backend and outcome (accepted, not_yet, failed, poison, rejected); an assignment offered again counts again."},
+		[]string{"backend", "outcome"})}
+	reg.MustRegister(m.total)
+	return m
+}
+
+// Handled counts one message. A backend that is not a known one (a message
+// that did not decode) counts as "unknown".
+func (m *Assignments) Handled(backend taskassignment.Backend, o intake.Outcome) {
+	label := "unknown"
+	if b, err := taskassignment.ParseBackend(string(backend)); err == nil {
+		label = string(b)
+	}
+	m.total.WithLabelValues(label, o.String()).Inc()
+}

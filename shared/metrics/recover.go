@@ -1,0 +1,43 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+)
+
+// Recover counts recover's passes and what they did.
+type Recover struct {
+	passes, executors, payloads, tasksFailed *prometheus.CounterVec
+}
+
+// NewRecover registers recover's metrics with reg.
+func NewRecover(reg prometheus.Registerer) *Recover {
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: "recover", Name: name, Help: help}, labels)
+	}
+	m := &Recover{
+		passes:      counter("passes_total", "Recover passes, by result (ok, error).", "result"),
+		executors:   counter("executors_total", "Executors a pass found, by what it made of them (done, pending, failed, unknown_pool).", "outcome"),
+		payloads:    counter("payloads_total", "Payloads a pass acted on (republished: neither message nor executor; deleted: task over).", "action"),
+		tasksFailed: counter("tasks_failed_total", "Tasks failed in Gitea from the rejection stream (rejected by handle, exhausted: out of deliveries).", "reason"),
+	}
+	reg.MustRegister(m.passes, m.executors, m.payloads, m.tasksFailed)
+	return m
+}
+
+// Pass counts one pass with its summary and error.
+func (m *Recover) Pass(sum recovery.Summary, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.passes.WithLabelValues(result).Inc()
+	for outcome, n := range map[string]int{"done": sum.Done, "pending": sum.Pending, "failed": sum.Failed, "unknown_pool": sum.UnknownPool} {
+		m.executors.WithLabelValues(outcome).Add(float64(n))
+	}
+	m.payloads.WithLabelValues("republished").Add(float64(sum.Republished))
+	m.payloads.WithLabelValues("deleted").Add(float64(sum.PayloadsDeleted))
+	m.tasksFailed.WithLabelValues("rejected").Add(float64(sum.Rejected))
+	m.tasksFailed.WithLabelValues("exhausted").Add(float64(sum.Exhausted))
+}
