@@ -150,15 +150,17 @@ func TestJobHoldGivesUpAtItsBound(t *testing.T) {
 	s := &script{answers: map[int64][]bool{4: {false}}}
 	j := job(c, s, nil)
 	// Offers at 0, 200 and 400 ms; the next, at 600 ms, would be past the
-	// bound.
+	// bound. Each offer is scheduled from the end of the one before, so on a
+	// loaded machine (a slow first Accept) the third may already fall past
+	// the bound: two or three offers, never more.
 	j.NakDelay, j.HoldFor = nakDelay, 500*time.Millisecond
 	start := time.Now()
 	sum, err := j.Run(context.Background())
 	if err != nil || sum != (Summary{Fetched: 1, NotYet: 1}) {
 		t.Fatalf("Run() = %+v, %v", sum, err)
 	}
-	if n, took := len(s.calls()), time.Since(start); n != 3 || took > 3*time.Second {
-		t.Fatalf("%d offers in %v, want 3 within the bound", n, took)
+	if n, took := len(s.calls()), time.Since(start); n < 2 || n > 3 || took > 3*time.Second {
+		t.Fatalf("%d offers in %v, want 2 or 3 within the bound", n, took)
 	}
 	if sum, delivered, err := takeBack(c, 5*time.Second); err != nil || sum.Accepted != 1 || delivered != 2 {
 		t.Fatalf("the given-up message did not come back: %+v, %v, delivery %d", sum, err, delivered)
