@@ -9,16 +9,21 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
-// TestE2EClusterPod starts the cluster and runs a Pod bound to the node
-// (nodeName, no scheduler involved) from a locally built image, to
-// Succeeded, then reads its log through the API server (which asks the
-// kubelet).
-func TestE2EClusterPod(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+// TestE2ECluster starts one cluster (a few tens of seconds) and runs, from a
+// locally built image (`hello --version`, exits 0):
+//   - Pod: a Pod bound to the node by nodeName (no scheduler), to Succeeded,
+//     its log read through the API server (which asks the kubelet);
+//   - Scheduled: a Pod without nodeName, bound by kube-scheduler;
+//   - Job: a Job, whose Pod kube-controller-manager's Job controller
+//     creates, to Complete.
+func TestE2ECluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	c := Start(ctx, t)
@@ -31,37 +36,94 @@ func TestE2EClusterPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := c.Client(t)
-	ns := c.Plane.Namespace(t)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "hello"},
-		Spec: corev1.PodSpec{
-			NodeName:      NodeName,
-			RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{
-				Name: "hello", Image: "gdr.local/hello:latest", ImagePullPolicy: corev1.PullNever,
-				Args: []string{"--version"},
-			}},
-		},
+	container := corev1.Container{
+		Name: "hello", Image: "gdr.local/hello:latest", ImagePullPolicy: corev1.PullNever,
+		Args: []string{"--version"},
 	}
+
+	t.Run("Pod", func(t *testing.T) {
+		ns := c.Plane.Namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec:       corev1.PodSpec{NodeName: NodeName, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
+		}
+		runPod(ctx, t, c, cs, ns, pod)
+	})
+	t.Run("Scheduled", func(t *testing.T) {
+		ns := c.Plane.Namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
+		}
+		runPod(ctx, t, c, cs, ns, pod)
+	})
+	t.Run("Job", func(t *testing.T) {
+		ns := c.Plane.Namespace(t)
+		job := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container},
+			}}},
+		}
+		t1 := time.Now()
+		if _, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			j, err := cs.BatchV1().Jobs(ns).Get(ctx, "hello", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := false
+			for _, cond := range j.Status.Conditions {
+				if cond.Status == corev1.ConditionTrue && cond.Type == batchv1.JobComplete {
+					done = true
+				}
+				if cond.Status == corev1.ConditionTrue && cond.Type == batchv1.JobFailed {
+					c.DumpLogs(t)
+					t.Fatalf("job failed: %+v", j.Status)
+				}
+			}
+			if done {
+				break
+			}
+			if ctx.Err() != nil {
+				c.DumpLogs(t)
+				t.Fatalf("job not complete: %+v", j.Status)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("job Complete %v after create", time.Since(t1).Round(time.Millisecond))
+	})
+}
+
+// runPod creates pod in ns, waits for Succeeded, and checks its log, read
+// through the API server.
+func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interface, ns string, pod *corev1.Pod) {
+	t.Helper()
+	t1 := time.Now()
 	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t1 := time.Now()
-	var phase corev1.PodPhase
-	for phase != corev1.PodSucceeded {
-		p, err := cs.CoreV1().Pods(ns).Get(ctx, "hello", metav1.GetOptions{})
+	for {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		phase = p.Status.Phase
-		if phase == corev1.PodFailed || ctx.Err() != nil {
+		if p.Status.Phase == corev1.PodSucceeded {
+			if p.Spec.NodeName != NodeName {
+				t.Fatalf("pod ran on %q, want %s", p.Spec.NodeName, NodeName)
+			}
+			break
+		}
+		if p.Status.Phase == corev1.PodFailed || ctx.Err() != nil {
 			c.DumpLogs(t)
-			t.Fatalf("pod %s: %+v", phase, p.Status)
+			t.Fatalf("pod %s: %+v", p.Status.Phase, p.Status)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("pod Succeeded %v after create", time.Since(t1).Round(time.Millisecond))
-	rc, err := cs.CoreV1().Pods(ns).GetLogs("hello", &corev1.PodLogOptions{Container: "hello"}).Stream(ctx)
+	rc, err := cs.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: pod.Spec.Containers[0].Name}).Stream(ctx)
 	if err != nil {
 		c.DumpLogs(t)
 		t.Fatalf("logs through the API server: %v", err)
