@@ -746,7 +746,7 @@ func (c *Cluster) Stop() error {
 			p.Stop(10 * time.Second)
 		}
 		if err := exec.Command("ip", "link", "del", c.hostIf).Run(); err == nil {
-			c.log("clusterenv: removed %s (it outlived the node's namespace)", c.hostIf)
+			c.log("clusterenv: removed %s (the kernel destroys it with the node's network namespace, asynchronously: it was not gone yet)", c.hostIf)
 		}
 		if c.cgroupDir != "" {
 			if err := c.removeCgroups(); err != nil {

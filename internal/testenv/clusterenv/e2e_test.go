@@ -4,7 +4,11 @@ package clusterenv
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +25,9 @@ import (
 //     its log read through the API server (which asks the kubelet);
 //   - Scheduled: a Pod without nodeName, bound by kube-scheduler;
 //   - Job: a Job, whose Pod kube-controller-manager's Job controller
-//     creates, to Complete.
+//     creates, to Complete;
+//   - Teardown: Stop leaves no process, veth or cgroup of the node behind,
+//     and restores the sysctls the kubelet changed.
 func TestE2ECluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -95,6 +101,44 @@ func TestE2ECluster(t *testing.T) {
 		}
 		t.Logf("job Complete %v after create", time.Since(t1).Round(time.Millisecond))
 	})
+	t.Run("Teardown", func(t *testing.T) {
+		changed := map[string]string{}
+		for s, before := range c.sysctls {
+			if now := readSysctl(t, s); now != before {
+				changed[s] = before + " -> " + now
+			}
+		}
+		t.Logf("sysctls the kubelet changed: %v", changed)
+		if err := c.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		for s, before := range c.sysctls {
+			if now := readSysctl(t, s); now != before {
+				t.Errorf("sysctl %s is %s after Stop, was %s", s, now, before)
+			}
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", c.nodePID)); err == nil {
+			t.Errorf("the node's init (pid %d) outlived Stop", c.nodePID)
+		}
+		if out, err := exec.Command("ip", "link", "show", c.hostIf).CombinedOutput(); err == nil {
+			t.Errorf("%s outlived Stop: %s", c.hostIf, out)
+		}
+		if m, _ := filepath.Glob("/sys/fs/cgroup/*" + c.cgroupDir); len(m) > 0 {
+			t.Errorf("cgroups outlived Stop: %v", m)
+		}
+		if _, err := os.Stat(c.Dir); err == nil && os.Getenv("GDR_KEEP_CLUSTER_DIR") == "" {
+			t.Errorf("%s outlived Stop", c.Dir)
+		}
+	})
+}
+
+func readSysctl(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // runPod creates pod in ns, waits for Succeeded, and checks its log, read
