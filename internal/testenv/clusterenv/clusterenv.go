@@ -178,11 +178,9 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		cgroupDir: "/gdr-node-" + id, sysctls: map[string]string{},
 		log: t.Logf,
 	}
-	// The /30 of the veth pair: 10.254.<b1>.<b2&0xfc>.
-	base := fmt.Sprintf("10.254.%d.%d", b[1], b[2]&0xfc)
+	// The /30 of the veth pair: 10.254.<b1>.<b2&0xfc>: .1 here, .2 the node.
 	hostIP := fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+1)
 	c.nodeIP = fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+2)
-	_ = base
 
 	for _, s := range kubeletSysctls {
 		v, err := os.ReadFile(filepath.Join("/proc/sys", s))
