@@ -38,8 +38,8 @@
 //     removes the veth, the cgroups and the data folder, and restores the
 //     sysctls. If the test binary dies first, the kernel kills unshare
 //     (parent-death signal), which kills the namespace's init, which ends the
-//     whole namespace; the veth goes with the namespace; the cgroups and
-//     sysctls are then left as they are.
+//     whole namespace; the veth goes with the namespace; a watchdog process
+//     then removes the cgroups and the folder and restores the sysctls.
 //
 // No registry is reachable: images are built locally (internal/imagebuild)
 // and imported into containerd (Cluster.ImportImage); Pods must use
@@ -129,6 +129,7 @@ type Cluster struct {
 	node      *testenv.Process // unshare
 	nodePID   int              // the namespace's init, as the machine sees it
 	proxy     net.Listener
+	watchdog  *watchdog
 	stopOnce  sync.Once
 	stopErr   error
 	log       func(format string, args ...any)
@@ -190,6 +191,11 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		c.sysctls[s] = strings.TrimSpace(string(v))
 	}
 
+	// From here on the machine holds state of the node's: the watchdog
+	// undoes it if the test binary dies without Stop.
+	if c.watchdog, err = startWatchdog(c); err != nil {
+		return c, err
+	}
 	c.Plane, err = kubeenv.StartWith(kubeDir, kubeenv.Options{APIServerArgs: map[string][]string{
 		"kubelet-preferred-address-types": {"InternalIP"},
 	}})
@@ -767,6 +773,9 @@ func (c *Cluster) Stop() error {
 			}
 		} else {
 			c.log("clusterenv: kept %s", c.Dir)
+		}
+		if c.watchdog != nil {
+			c.watchdog.release()
 		}
 		if len(errs) > 0 {
 			c.stopErr = fmt.Errorf("clusterenv: stop: %w", errors.Join(errs...))
