@@ -28,6 +28,8 @@
 //     10.244.0.0/24) inside the node's namespace.
 //   - The kubelet's cgroups live under a cgroupRoot of the node's own
 //     (/gdr-node-<hex> in every cgroup hierarchy), removed by Stop.
+//   - One cluster at a time per machine: Start waits for an flock on
+//     LockFile, held until Stop.
 //   - The kubelet changes kernel sysctls that are not namespaced
 //     (vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 //     kernel.panic_on_oops, kernel.keys.root_maxkeys,
@@ -130,6 +132,7 @@ type Cluster struct {
 	nodePID   int              // the namespace's init, as the machine sees it
 	proxy     net.Listener
 	watchdog  *watchdog
+	lock      *os.File // flock'd: one cluster per machine (sysctls are global)
 	stopOnce  sync.Once
 	stopErr   error
 	log       func(format string, args ...any)
@@ -183,6 +186,9 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 	hostIP := fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+1)
 	c.nodeIP = fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+2)
 
+	if c.lock, err = lockMachine(ctx); err != nil {
+		return c, err
+	}
 	for _, s := range kubeletSysctls {
 		v, err := os.ReadFile(filepath.Join("/proc/sys", s))
 		if err != nil {
@@ -294,6 +300,38 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		return c, err
 	}
 	return c, nil
+}
+
+// LockFile is the file that serializes clusters on one machine
+// ($TMPDIR/gdr-clusterenv.lock): the kubelet's sysctls are machine-wide, so
+// a second node would record the first one's values and restore them. Start
+// holds an exclusive flock on it until Stop (and, if the test binary dies,
+// until its watchdog has restored the sysctls).
+func LockFile() string { return filepath.Join(os.TempDir(), "gdr-clusterenv.lock") }
+
+// lockMachine waits for the exclusive lock on LockFile.
+func lockMachine(ctx context.Context) (*os.File, error) {
+	path := LockFile()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s (another cluster runs on this machine): %w", path, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // startControl starts a control-plane component on the machine.
@@ -776,6 +814,9 @@ func (c *Cluster) Stop() error {
 		}
 		if c.watchdog != nil {
 			c.watchdog.release()
+		}
+		if c.lock != nil {
+			_ = c.lock.Close()
 		}
 		if len(errs) > 0 {
 			c.stopErr = fmt.Errorf("clusterenv: stop: %w", errors.Join(errs...))

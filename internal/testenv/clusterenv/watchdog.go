@@ -61,6 +61,10 @@ func startWatchdog(c *Cluster) (*watchdog, error) {
 	cmd := exec.Command("/bin/sh", args...)
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The machine lock's file: the lock stays held until the watchdog too
+	// has closed it, so no next cluster records the sysctls before they are
+	// restored.
+	cmd.ExtraFiles = []*os.File{c.lock}
 	if err := cmd.Start(); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("start watchdog: %w", err)
