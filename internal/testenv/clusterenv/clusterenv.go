@@ -24,6 +24,10 @@
 //     10.254.0.0/16 on an interface named gdrh<hex>, removed by Stop); the
 //     kubelet reaches the API server through a proxy the harness listens
 //     with on 127.0.0.1:6443 inside the node's namespace.
+//   - ServiceAccount admission is on (kubeenv turns it off): every Pod gets
+//     a projected token, signed by the API server. A Pod created right after
+//     its namespace may be refused until the controller-manager has made the
+//     namespace's "default" ServiceAccount (WaitServiceAccount).
 //   - Pods get addresses from a CNI bridge (cni0, host-local IPAM,
 //     10.244.0.0/24) inside the node's namespace.
 //   - The kubelet's cgroups live under a cgroupRoot of the node's own
@@ -204,6 +208,10 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 	}
 	c.Plane, err = kubeenv.StartWith(kubeDir, kubeenv.Options{APIServerArgs: map[string][]string{
 		"kubelet-preferred-address-types": {"InternalIP"},
+		// envtest disables ServiceAccount admission (no controller makes
+		// the default ServiceAccount there); here the controller-manager
+		// does, and Pods get their projected token, as in a real cluster.
+		"disable-admission-plugins": {""},
 	}})
 	if err != nil {
 		return c, err
@@ -760,6 +768,24 @@ func tarDir(dir, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// WaitServiceAccount waits until the controller-manager has created the
+// "default" ServiceAccount of namespace ns (Pods are refused before).
+func (c *Cluster) WaitServiceAccount(ctx context.Context, t testing.TB, ns string) {
+	t.Helper()
+	cs := c.Client(t)
+	for {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("clusterenv: no default ServiceAccount in %s: %v", ns, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // Client returns a cluster-admin clientset.

@@ -26,6 +26,7 @@ import (
 //   - Scheduled: a Pod without nodeName, bound by kube-scheduler;
 //   - Job: a Job, whose Pod kube-controller-manager's Job controller
 //     creates, to Complete;
+//   - ServiceAccount: a Pod reads its projected ServiceAccount token;
 //   - Teardown: Stop leaves no process, veth or cgroup of the node behind,
 //     and restores the sysctls the kubelet changed.
 func TestE2ECluster(t *testing.T) {
@@ -47,24 +48,29 @@ func TestE2ECluster(t *testing.T) {
 		Args: []string{"--version"},
 	}
 
-	t.Run("Pod", func(t *testing.T) {
+	namespace := func(t *testing.T) string {
 		ns := c.Plane.Namespace(t)
+		c.WaitServiceAccount(ctx, t, ns)
+		return ns
+	}
+	t.Run("Pod", func(t *testing.T) {
+		ns := namespace(t)
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
 			Spec:       corev1.PodSpec{NodeName: NodeName, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
 		}
-		runPod(ctx, t, c, cs, ns, pod)
+		_ = runPod(ctx, t, c, cs, ns, pod)
 	})
 	t.Run("Scheduled", func(t *testing.T) {
-		ns := c.Plane.Namespace(t)
+		ns := namespace(t)
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
 			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
 		}
-		runPod(ctx, t, c, cs, ns, pod)
+		_ = runPod(ctx, t, c, cs, ns, pod)
 	})
 	t.Run("Job", func(t *testing.T) {
-		ns := c.Plane.Namespace(t)
+		ns := namespace(t)
 		job := &batchv1.Job{
 			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
 			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
@@ -100,6 +106,26 @@ func TestE2ECluster(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 		t.Logf("job Complete %v after create", time.Since(t1).Round(time.Millisecond))
+	})
+	t.Run("ServiceAccount", func(t *testing.T) {
+		probe, err := BuildImage(ctx, t, "probe", "./internal/testenv/clusterenv/testdata/probe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ImportImage(ctx, probe, "gdr.local/probe"); err != nil {
+			t.Fatal(err)
+		}
+		ns := namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "probe"},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullNever,
+			}}},
+		}
+		log := runPod(ctx, t, c, cs, ns, pod)
+		if !strings.Contains(log, "namespace="+ns+" ") || strings.Contains(log, "token=0 ") || strings.Contains(log, " ca=0 ") {
+			t.Fatalf("probe saw no token, CA or namespace: %q", log)
+		}
 	})
 	t.Run("Teardown", func(t *testing.T) {
 		changed := map[string]string{}
@@ -141,9 +167,9 @@ func readSysctl(t *testing.T, name string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// runPod creates pod in ns, waits for Succeeded, and checks its log, read
-// through the API server.
-func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interface, ns string, pod *corev1.Pod) {
+// runPod creates pod in ns, waits for Succeeded, and returns its log, read
+// through the API server (checked to be hello's when the image is hello).
+func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interface, ns string, pod *corev1.Pod) string {
 	t.Helper()
 	t1 := time.Now()
 	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -177,8 +203,9 @@ func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interfa
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(b), "hello go") {
+	if pod.Spec.Containers[0].Name == "hello" && !strings.HasPrefix(string(b), "hello go") {
 		t.Fatalf("log %q, want hello go...", b)
 	}
 	t.Logf("log through the API server: %q", strings.TrimSpace(string(b)))
+	return string(b)
 }
