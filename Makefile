@@ -6,7 +6,7 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 FUZZTIME ?= 5s
 BENCHTIME ?= 1s
 
-.PHONY: build test unit fuzz vet bench clean peers e2e run try-gitea chaos
+.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos
 
 ## build: compile every function into $(BIN)/
 build:
@@ -48,6 +48,15 @@ peers:
 e2e: peers images
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
+
+## e2e-cluster: the single-node cluster's tests (issue 16 groundwork; not part of e2e yet): builds
+##        the kube-node peer (scheduler, controller-manager, kubelet; Debian's containerd, runc,
+##        CNI plugins) once, then runs TestE2ECluster (build tag e2ecluster; needs root)
+e2e-cluster:
+	./scripts/peers/kube.sh build
+	./scripts/peers/kube-node.sh build
+	$(GO) vet -tags e2ecluster ./internal/testenv/clusterenv/
+	CI=$${CI:-} $(GO) test -tags e2ecluster -count=1 -timeout 20m -v -run '^TestE2ECluster' ./internal/testenv/clusterenv/
 
 ## chaos: the chaos run of issue 13 at full size (internal/chaos): 1,000 tasks, at least 200
 ##        SIGKILLs of dispatch, handle and recover, 2 NATS restarts; `make test` runs a short one

@@ -24,8 +24,9 @@ import (
 // $HOME/.cache/gitea-dynamic-runner. The script writes the stamp file
 // .complete last, so a folder with the stamp holds a complete build.
 //
-// $GDR_<NAME>_DIR (Name in upper case, e.g. GDR_GITEA_DIR), when set, names
-// the folder instead: a build made elsewhere, used as it is (no stamp needed).
+// $GDR_<NAME>_DIR (Name in upper case, "-" as "_": GDR_GITEA_DIR,
+// GDR_KUBE_NODE_DIR), when set, names the folder instead: a build made
+// elsewhere, used as it is (no stamp needed).
 type Peer struct {
 	// Name names the build script and prefixes the folder: "gitea" for
 	// scripts/peers/gitea.sh and <cache>/gitea-<Version>.
@@ -61,7 +62,7 @@ func RequirePeer(t testing.TB, p Peer) string {
 
 // findPeer returns p's folder, or an error naming what is missing.
 func findPeer(p Peer) (string, error) {
-	env := "GDR_" + strings.ToUpper(p.Name) + "_DIR"
+	env := "GDR_" + strings.ToUpper(strings.ReplaceAll(p.Name, "-", "_")) + "_DIR"
 	dir := os.Getenv(env)
 	if dir == "" {
 		root := os.Getenv("GDR_PEERS")

@@ -1,0 +1,211 @@
+//go:build e2ecluster
+
+package clusterenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// TestE2ECluster starts one cluster (a few tens of seconds) and runs, from a
+// locally built image (`hello --version`, exits 0):
+//   - Pod: a Pod bound to the node by nodeName (no scheduler), to Succeeded,
+//     its log read through the API server (which asks the kubelet);
+//   - Scheduled: a Pod without nodeName, bound by kube-scheduler;
+//   - Job: a Job, whose Pod kube-controller-manager's Job controller
+//     creates, to Complete;
+//   - ServiceAccount: a Pod reads its projected ServiceAccount token;
+//   - Teardown: Stop leaves no process, veth or cgroup of the node behind,
+//     and restores the sysctls the kubelet changed.
+func TestE2ECluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	c := Start(ctx, t)
+	t.Logf("cluster up, node Ready, in %v", time.Since(t0).Round(time.Millisecond))
+	hello, err := BuildImage(ctx, t, "hello", "./internal/imagebuild/testdata/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ImportImage(ctx, hello, "gdr.local/hello"); err != nil {
+		t.Fatal(err)
+	}
+	cs := c.Client(t)
+	container := corev1.Container{
+		Name: "hello", Image: "gdr.local/hello:latest", ImagePullPolicy: corev1.PullNever,
+		Args: []string{"--version"},
+	}
+
+	namespace := func(t *testing.T) string {
+		ns := c.Plane.Namespace(t)
+		c.WaitServiceAccount(ctx, t, ns)
+		return ns
+	}
+	t.Run("Pod", func(t *testing.T) {
+		ns := namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec:       corev1.PodSpec{NodeName: NodeName, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
+		}
+		_ = runPod(ctx, t, c, cs, ns, pod)
+	})
+	t.Run("Scheduled", func(t *testing.T) {
+		ns := namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container}},
+		}
+		_ = runPod(ctx, t, c, cs, ns, pod)
+	})
+	t.Run("Job", func(t *testing.T) {
+		ns := namespace(t)
+		job := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Name: "hello"},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{container},
+			}}},
+		}
+		t1 := time.Now()
+		if _, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			j, err := cs.BatchV1().Jobs(ns).Get(ctx, "hello", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := false
+			for _, cond := range j.Status.Conditions {
+				if cond.Status == corev1.ConditionTrue && cond.Type == batchv1.JobComplete {
+					done = true
+				}
+				if cond.Status == corev1.ConditionTrue && cond.Type == batchv1.JobFailed {
+					c.DumpLogs(t)
+					t.Fatalf("job failed: %+v", j.Status)
+				}
+			}
+			if done {
+				break
+			}
+			if ctx.Err() != nil {
+				c.DumpLogs(t)
+				t.Fatalf("job not complete: %+v", j.Status)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("job Complete %v after create", time.Since(t1).Round(time.Millisecond))
+	})
+	t.Run("ServiceAccount", func(t *testing.T) {
+		probe, err := BuildImage(ctx, t, "probe", "./internal/testenv/clusterenv/testdata/probe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ImportImage(ctx, probe, "gdr.local/probe"); err != nil {
+			t.Fatal(err)
+		}
+		ns := namespace(t)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "probe"},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullNever,
+			}}},
+		}
+		log := runPod(ctx, t, c, cs, ns, pod)
+		if !strings.Contains(log, "namespace="+ns+" ") || strings.Contains(log, "token=0 ") || strings.Contains(log, " ca=0 ") {
+			t.Fatalf("probe saw no token, CA or namespace: %q", log)
+		}
+	})
+	t.Run("Teardown", func(t *testing.T) {
+		changed := map[string]string{}
+		for s, before := range c.sysctls {
+			if now := readSysctl(t, s); now != before {
+				changed[s] = before + " -> " + now
+			}
+		}
+		t.Logf("sysctls the kubelet changed: %v", changed)
+		if err := c.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		for s, before := range c.sysctls {
+			if now := readSysctl(t, s); now != before {
+				t.Errorf("sysctl %s is %s after Stop, was %s", s, now, before)
+			}
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", c.nodePID)); err == nil {
+			t.Errorf("the node's init (pid %d) outlived Stop", c.nodePID)
+		}
+		if out, err := exec.Command("ip", "link", "show", c.hostIf).CombinedOutput(); err == nil {
+			t.Errorf("%s outlived Stop: %s", c.hostIf, out)
+		}
+		if m, _ := filepath.Glob("/sys/fs/cgroup/*" + c.cgroupDir); len(m) > 0 {
+			t.Errorf("cgroups outlived Stop: %v", m)
+		}
+		if _, err := os.Stat(c.Dir); err == nil && os.Getenv("GDR_KEEP_CLUSTER_DIR") == "" {
+			t.Errorf("%s outlived Stop", c.Dir)
+		}
+	})
+}
+
+func readSysctl(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// runPod creates pod in ns, waits for Succeeded, and returns its log, read
+// through the API server (checked to be hello's when the image is hello).
+func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interface, ns string, pod *corev1.Pod) string {
+	t.Helper()
+	t1 := time.Now()
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase == corev1.PodSucceeded {
+			if p.Spec.NodeName != NodeName {
+				t.Fatalf("pod ran on %q, want %s", p.Spec.NodeName, NodeName)
+			}
+			break
+		}
+		if p.Status.Phase == corev1.PodFailed || ctx.Err() != nil {
+			c.DumpLogs(t)
+			t.Fatalf("pod %s: %+v", p.Status.Phase, p.Status)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("pod Succeeded %v after create", time.Since(t1).Round(time.Millisecond))
+	rc, err := cs.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: pod.Spec.Containers[0].Name}).Stream(ctx)
+	if err != nil {
+		c.DumpLogs(t)
+		t.Fatalf("logs through the API server: %v", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.Containers[0].Name == "hello" && !strings.HasPrefix(string(b), "hello go") {
+		t.Fatalf("log %q, want hello go...", b)
+	}
+	t.Logf("log through the API server: %q", strings.TrimSpace(string(b)))
+	return string(b)
+}
