@@ -1,52 +1,19 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"strings"
 	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
-// The command line follows every function's conventions, run in process:
-// -h, --help and --version exit 0 without configuration; an unknown command
-// is said to be one (exit 2) before any configuration is read; bad
-// configuration exits 2 and says so.
+// The command line follows every function's conventions
+// (functiontest.Conventions), run in process; dispatch needs a command, and
+// each command its configuration.
 func TestCommandLine(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		env      map[string]string
-		args     []string
-		wantCode int
-		want     []string // substrings of stderr
-		notWant  []string
-	}{
-		{"help", nil, []string{"-h"}, 0, []string{"usage: dispatch"}, nil},
-		{"long help", nil, []string{"--help"}, 0, []string{"usage: dispatch"}, nil},
-		{"version", nil, []string{"--version"}, 0, nil, nil},
-		{"unknown command", nil, []string{"nope"}, 2, []string{`dispatch: unknown command "nope"`, "usage: dispatch"}, []string{"configuration"}},
-		{"unknown flag", nil, []string{"--nope"}, 2, []string{"flag provided but not defined: -nope"}, nil},
-		{"no configuration", nil, []string{"run"}, 2, []string{"dispatch: configuration: required variables not set"}, nil},
-		{"no command", nil, nil, 2, []string{"dispatch: no command", "usage: dispatch"}, []string{"configuration"}},
-		{"status needs the configuration", nil, []string{"status"}, 2, []string{"dispatch: configuration: required variables not set"}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			var stderr bytes.Buffer
-			if code := execute(context.Background(), tc.args, &stderr); code != tc.wantCode {
-				t.Fatalf("dispatch %q exited %d, want %d; stderr:\n%s", tc.args, code, tc.wantCode, stderr.String())
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
-				}
-			}
-			for _, w := range tc.notWant {
-				if strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr shows %q:\n%s", w, stderr.String())
-				}
-			}
-		})
-	}
+	const unset = "dispatch: configuration: required variables not set"
+	functiontest.Run(t, "dispatch", execute, append(functiontest.Conventions("dispatch", false),
+		functiontest.Case{Name: "no configuration", Args: []string{"run"}, Code: 2, Want: []string{unset}},
+		functiontest.Case{Name: "no command", Code: 2, Want: []string{"dispatch: no command", "usage: dispatch"}, NotWant: []string{"configuration"}},
+		functiontest.Case{Name: "status needs the configuration", Args: []string{"status"}, Code: 2, Want: []string{unset}},
+	))
 }

@@ -7,48 +7,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
-// The command line follows every function's conventions, run in process:
-// -h, --help and --version exit 0 without configuration; an unknown command
-// is said to be one (exit 2) before any configuration is read; bad
-// configuration exits 2 and says so.
+// The command line follows every function's conventions
+// (functiontest.Conventions), run in process; without configuration it
+// exits 2 and says so.
 func TestCommandLine(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		env      map[string]string
-		args     []string
-		wantCode int
-		want     []string // substrings of stderr
-		notWant  []string
-	}{
-		{"help", nil, []string{"-h"}, 0, []string{"usage: handle"}, nil},
-		{"long help", nil, []string{"--help"}, 0, []string{"usage: handle"}, nil},
-		{"version", nil, []string{"--version"}, 0, nil, nil},
-		{"unknown command", nil, []string{"nope"}, 2, []string{`handle: unknown command "nope" (handle takes none)`, "usage: handle"}, []string{"configuration"}},
-		{"unknown flag", nil, []string{"--nope"}, 2, []string{"flag provided but not defined: -nope"}, nil},
-		{"no configuration", nil, nil, 2, []string{"handle: configuration: required variables not set"}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			var stderr bytes.Buffer
-			if code := execute(context.Background(), tc.args, &stderr); code != tc.wantCode {
-				t.Fatalf("handle %q exited %d, want %d; stderr:\n%s", tc.args, code, tc.wantCode, stderr.String())
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
-				}
-			}
-			for _, w := range tc.notWant {
-				if strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr shows %q:\n%s", w, stderr.String())
-				}
-			}
-		})
-	}
+	functiontest.Run(t, "handle", execute, append(functiontest.Conventions("handle", true),
+		functiontest.Case{Name: "no configuration", Code: 2, Want: []string{"handle: configuration: required variables not set"}}))
 }
 
 // A backend setting that is missing is bad configuration (exit 2, named),

@@ -1,50 +1,15 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"strings"
 	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
-// The command line follows every function's conventions, run in process:
-// -h, --help and --version exit 0 without configuration; an unknown command
-// is said to be one (exit 2) before any configuration is read; bad
-// configuration exits 2 and says so.
+// The command line follows every function's conventions
+// (functiontest.Conventions), run in process; without configuration it
+// exits 2 and says so.
 func TestCommandLine(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		env      map[string]string
-		args     []string
-		wantCode int
-		want     []string // substrings of stderr
-		notWant  []string
-	}{
-		{"help", nil, []string{"-h"}, 0, []string{"usage: local"}, nil},
-		{"long help", nil, []string{"--help"}, 0, []string{"usage: local"}, nil},
-		{"version", nil, []string{"--version"}, 0, nil, nil},
-		{"unknown command", nil, []string{"nope"}, 2, []string{`local: unknown command "nope" (local takes none)`, "usage: local"}, []string{"configuration"}},
-		{"unknown flag", nil, []string{"--nope"}, 2, []string{"flag provided but not defined: -nope"}, nil},
-		{"no configuration", nil, nil, 2, []string{"local: configuration: --gitea-url (GDR_LOCAL_GITEA_URL) is required"}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			var stderr bytes.Buffer
-			if code := execute(context.Background(), tc.args, &stderr); code != tc.wantCode {
-				t.Fatalf("local %q exited %d, want %d; stderr:\n%s", tc.args, code, tc.wantCode, stderr.String())
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
-				}
-			}
-			for _, w := range tc.notWant {
-				if strings.Contains(stderr.String(), w) {
-					t.Errorf("stderr shows %q:\n%s", w, stderr.String())
-				}
-			}
-		})
-	}
+	functiontest.Run(t, "local", execute, append(functiontest.Conventions("local", true),
+		functiontest.Case{Name: "no configuration", Code: 2, Want: []string{"local: configuration: --gitea-url (GDR_LOCAL_GITEA_URL) is required"}}))
 }
