@@ -567,15 +567,22 @@ func differing(r TaskRecord) bool {
 	return slices.ContainsFunc(r.Finals, func(f Final) bool { return f.Result != r.Result && f.By != "reaper" })
 }
 
-// cutClaim reports whether the claim of r was cut: Gitea answered it while a
-// dispatch process lived that then ended by SIGKILL, and no payload of the
-// task was ever written (written is asked for each assignment ID the task
-// could have; a deleted or purged payload leaves a marker, so only a key
-// never written answers false). In that window the claimed task exists only
-// in the killed process's memory, and Gitea's runner protocol has no call to
-// list or fetch a task already claimed: no runner can win it back.
+// cutClaim reports whether the claim of r was cut: the request Gitea
+// answered with the task came from a dispatch process that then ended by
+// SIGKILL, and no payload of the task was ever written (written is asked for
+// each assignment ID the task could have; a deleted or purged payload leaves
+// a marker, so only a key never written answers false). In that window the
+// claimed task exists only in the killed process's memory, or in an answer
+// on its way to a process already gone, and Gitea's runner protocol has no
+// call to list or fetch a task already claimed: no runner can win it back.
+//
+// The sender is the last dispatch process started before the handler of the
+// request started (one runs at a time; a request can outlive its sender, as
+// real Gitea finishes a claim whose client has hung up). Misattributing a
+// request to the next process, which the harness never kills first, only
+// counts a cut claim as lost: the error goes the safe way.
 func cutClaim(r TaskRecord, dispatches []Life, written func(assignmentID string) bool) bool {
-	if r.ClaimedAt.IsZero() {
+	if r.RequestedAt.IsZero() {
 		return false
 	}
 	for _, pool := range poolsOf(r.Labels) {
@@ -583,12 +590,13 @@ func cutClaim(r TaskRecord, dispatches []Life, written func(assignmentID string)
 			return false
 		}
 	}
-	for _, l := range dispatches {
-		if !l.Started.After(r.ClaimedAt) && !l.Ended.Before(r.ClaimedAt) {
-			return l.Killed
+	var sender *Life
+	for i, l := range dispatches {
+		if !l.Started.After(r.RequestedAt) && (sender == nil || l.Started.After(sender.Started)) {
+			sender = &dispatches[i]
 		}
 	}
-	return false
+	return sender != nil && sender.Killed
 }
 
 // poolsOf names the pools (poolsYAML) that take a job with labels.

@@ -70,20 +70,21 @@ type runner struct {
 }
 
 type task struct {
-	id       int64
-	labels   []string
-	payload  *runnerv1.Task
-	runner   int64 // 0 while the job waits
-	claims   int
-	claimed  time.Time // the first claim's answer
-	queuedAt time.Time
-	updated  time.Time
-	result   runnerv1.Result
-	finals   []Final
-	reaped   bool
-	logRows  int64
-	lastLog  string // the last log row written over the protocol
-	archived bool
+	id        int64
+	labels    []string
+	payload   *runnerv1.Task
+	runner    int64 // 0 while the job waits
+	claims    int
+	claimed   time.Time // the first claim's answer
+	requested time.Time // when the handler of that claim's request started
+	queuedAt  time.Time
+	updated   time.Time
+	result    runnerv1.Result
+	finals    []Final
+	reaped    bool
+	logRows   int64
+	lastLog   string // the last log row written over the protocol
+	archived  bool
 }
 
 // Final is one final result sent for a task.
@@ -106,11 +107,12 @@ type TaskRecord struct {
 	ID     int64
 	Labels []string
 	Claims int
-	// ClaimedAt is when Gitea answered the first claim (zero if none).
-	ClaimedAt time.Time
-	Result    runnerv1.Result
-	Finals    []Final
-	Reaped    bool
+	// ClaimedAt is when Gitea answered the first claim (zero if none), and
+	// RequestedAt when the handler of that claim's request started.
+	ClaimedAt, RequestedAt time.Time
+	Result                 runnerv1.Result
+	Finals                 []Final
+	Reaped                 bool
 }
 
 // GiteaOptions configure StartGitea.
@@ -199,7 +201,7 @@ func (g *Gitea) Records() []TaskRecord {
 	defer g.mu.Unlock()
 	out := make([]TaskRecord, 0, len(g.tasks))
 	for _, t := range g.tasks {
-		out = append(out, TaskRecord{ID: t.id, Labels: slices.Clone(t.labels), Claims: t.claims, ClaimedAt: t.claimed,
+		out = append(out, TaskRecord{ID: t.id, Labels: slices.Clone(t.labels), Claims: t.claims, ClaimedAt: t.claimed, RequestedAt: t.requested,
 			Result: t.result, Finals: slices.Clone(t.finals), Reaped: t.reaped})
 	}
 	slices.SortFunc(out, func(a, b TaskRecord) int { return int(a.ID - b.ID) })
@@ -311,6 +313,7 @@ func (g *Gitea) Declare(_ context.Context, req *connect.Request[runnerv1.Declare
 
 // FetchTask implements runnerv1connect.RunnerServiceHandler.
 func (g *Gitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	received := time.Now() // before the lock: as close to the request's arrival as the handler gets
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, err := g.auth(req.Header())
@@ -328,7 +331,7 @@ func (g *Gitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.Fetch
 		g.waiting = slices.Delete(g.waiting, i, i+1)
 		t.runner, t.claims, t.updated = r.id, t.claims+1, time.Now()
 		if t.claimed.IsZero() {
-			t.claimed = t.updated
+			t.claimed, t.requested = t.updated, received
 		}
 		res.Task = t.payload
 		break

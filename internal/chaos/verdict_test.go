@@ -45,8 +45,8 @@ func TestCutClaim(t *testing.T) {
 		{Kind: "dispatch", Started: at(0), Ended: at(1000), Killed: true},
 		{Kind: "dispatch", Started: at(1200), Ended: at(5000), Killed: false},
 	}
-	record := func(claimed int) TaskRecord {
-		return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, ClaimedAt: at(claimed)}
+	record := func(requested int) TaskRecord {
+		return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, RequestedAt: at(requested), ClaimedAt: at(requested + 5)}
 	}
 	nothing := func(string) bool { return false }
 	for _, tc := range []struct {
@@ -58,7 +58,10 @@ func TestCutClaim(t *testing.T) {
 		{"claimed by the killed process, nothing written", record(900), nothing, true},
 		{"its payload was written", record(900), func(id string) bool { return id == "linux-9" }, false},
 		{"claimed by a process that was not killed", record(2000), nothing, false},
-		{"claimed between two processes", record(1100), nothing, false},
+		// The request's handler started after its sender was killed (real Gitea
+		// finishes a claim whose client hung up): still the killed process's.
+		{"request handled after its sender died", record(1100), nothing, true},
+		{"requested before any dispatch ran", record(-100), nothing, false},
 		{"never claimed", TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}}, nothing, false},
 	} {
 		if got := cutClaim(tc.r, lives, tc.written); got != tc.want {
