@@ -1,9 +1,12 @@
 package assignmentqueue_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 )
 
@@ -48,5 +51,46 @@ func TestEndings(t *testing.T) {
 	}
 	if _, err := assignmentqueue.OpenEndings(ctx, js, "NO_SUCH_BUCKET"); err == nil {
 		t.Error("OpenEndings of a missing bucket succeeded")
+	}
+}
+
+// A listing cut short (its connection closed under it) is an error, never a
+// short list: dispatch counts a pool's tasks in flight from it, and a short
+// count would let it claim past the pool's capacity.
+func TestPayloadIDsCutShortIsAnError(t *testing.T) {
+	ctx := testContext(t)
+	_, url := jetstreamenv.Start(t)
+	_, js := jetstreamenv.Connect(t, url)
+	p, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, time.Hour, testKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 3000
+	for i := range keys {
+		if _, err := js.PublishAsync(fmt.Sprintf("$KV.%s.pool-%d", testBucket, i), []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if (i+1)%500 == 0 {
+			<-js.PublishAsyncComplete()
+		}
+	}
+	<-js.PublishAsyncComplete()
+	for round := range 10 {
+		nc, js2 := jetstreamenv.Connect(t, url)
+		p2, err := assignmentqueue.OpenPayloads(ctx, js2, testBucket, testKey(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(time.Duration(round) * time.Millisecond)
+			nc.Close()
+		}()
+		ids, err := p2.IDs(ctx)
+		if err == nil && len(ids) != keys {
+			t.Fatalf("round %d: IDs listed %d of %d keys without an error", round, len(ids), keys)
+		}
+	}
+	if ids, err := p.IDs(ctx); err != nil || len(ids) != keys {
+		t.Fatalf("IDs on a healthy connection = %d keys, %v", len(ids), err)
 	}
 }

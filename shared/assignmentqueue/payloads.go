@@ -239,16 +239,32 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	// are two ("started.<id>", "ended.<id>"). Filtering on one token lists
 	// the payloads alone: a round's cost follows the tasks in flight, not
 	// the marks of every task the bucket's TTL still remembers.
-	lister, err := p.kv.ListKeysFiltered(ctx, "*")
+	//
+	// The watcher's channel is read directly, not through a KeyLister: a
+	// lister takes a channel closed under it (the connection closed or the
+	// ordered consumer failed mid-listing) for the end of the listing and
+	// returns a short list; here that is an error, never a short count that
+	// would let dispatch claim past a pool's capacity.
+	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 	if err != nil {
 		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
 	}
+	defer func() { _ = w.Stop() }()
 	ids := []string{}
-	for k := range lister.Keys() {
-		ids = append(ids, k)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
+	for done := false; !done; {
+		select {
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return nil, fmt.Errorf("payload store %q: list assignment IDs: the listing ended before its last key", p.bucket)
+			case e == nil: // every key present at the start has been seen
+				done = true
+			default:
+				ids = append(ids, e.Key())
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, ctx.Err())
+		}
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids), nil

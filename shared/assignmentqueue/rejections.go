@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,14 +79,22 @@ func (q *Queue) rejectionConfig() jetstream.StreamConfig {
 		Subjects:    q.rejectionSubjects(),
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		// No MaxAge, MaxMsgs or MaxBytes: an entry goes only when recover
-		// removes it.
+		// An entry goes when recover has acted on it, or after
+		// RejectionMaxAge: one recover cannot act on (a pool it does not
+		// know, a task Gitea keeps refusing) must not stay for ever, ahead
+		// of newer ones in every pass's read.
+		MaxAge: RejectionMaxAge,
 	}
 }
 
+// RejectionMaxAge is how long an entry stays in the capture stream when no
+// recover removes it: far longer than a payload lives (the bucket's TTL, the
+// longest job), after which nothing is left to act on.
+const RejectionMaxAge = 7 * 24 * time.Hour
+
 // EnsureRejections creates the queue's capture stream, or brings an existing
 // one back to its configuration (the advisory subjects of the queue's
-// stream, file storage, limits retention without limits); the replica count
+// stream, file storage, limits retention with RejectionMaxAge); the replica count
 // of an existing one is left as the operator set it. It is idempotent and
 // safe to run from several processes at once. A capture stream with another
 // storage type is an error: NATS cannot change it in place.

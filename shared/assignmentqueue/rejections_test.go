@@ -201,7 +201,7 @@ func TestRejectionStreamConfig(t *testing.T) {
 	}
 	cfg := s.CachedInfo().Config
 	if q.RejectionStream() != "CI_RUNNER_REJECTED" || cfg.Storage != jetstream.FileStorage || cfg.Retention != jetstream.LimitsPolicy ||
-		cfg.MaxAge != 0 || cfg.MaxMsgs != -1 || cfg.MaxBytes != -1 || len(cfg.Subjects) != 2 ||
+		cfg.MaxAge != assignmentqueue.RejectionMaxAge || cfg.MaxMsgs != -1 || cfg.MaxBytes != -1 || len(cfg.Subjects) != 2 ||
 		cfg.Subjects[0] != "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.CI_RUNNER.*" ||
 		cfg.Subjects[1] != "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.CI_RUNNER.*" {
 		t.Fatalf("config %+v", cfg)

@@ -600,6 +600,27 @@ func (b *Backend) Delete(ctx context.Context, e *taskworker.Executor) error {
 	return nil
 }
 
+// Discard deletes what Create may have left of assignmentID's executor
+// without Find returning it: a Pod whose Secret was never created (a handle
+// killed between the two), which would otherwise wait for its Secret, and
+// hold its node's requests, for ever once the task is over. taskworker calls
+// it (recover, with pods delete) when the task is over and Find found
+// nothing. Nothing there is success; a Pod of that name that carries another
+// assignment, or is not of this installation, is left alone.
+func (b *Backend) Discard(ctx context.Context, assignmentID string) error {
+	name := b.PodName(assignmentID)
+	pod, err := b.client.CoreV1().Pods(b.ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("podbackend: discard assignment %s: get Pod %s: %w", assignmentID, name, err)
+	case pod.Labels[b.keys.Runner] != "true" || pod.Labels[b.keys.AssignmentID] != assignmentID:
+		return nil
+	}
+	return b.Delete(ctx, &taskworker.Executor{Name: name})
+}
+
 // RecoverAssignments lists every Pod of this installation (the runner label)
 // in the namespace, PageSize at a time, and rebuilds each one's assignment
 // from its metadata alone. A Pod whose metadata does not rebuild, is not for

@@ -15,6 +15,7 @@ import (
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
 	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -414,4 +415,59 @@ func TestRecoverSkipsCorrupt(t *testing.T) {
 			t.Fatalf("event %+v", ev)
 		}
 	}
+}
+
+// Discard deletes a Pod Create left without its Secret (Find does not see
+// it), and nothing else: not a Pod of that name carrying another assignment,
+// not a missing one.
+func TestDiscardHalfMadePod(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	cfg.Client, cfg.Entries = client, unboundEntries{}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testAssignment(t, 7, "node:22")
+	client.PrependReactor("create", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInternalError(context.DeadlineExceeded) // killed before the Secret
+	})
+	if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err == nil {
+		t.Fatal("Create succeeded without its Secret")
+	}
+	if e, err := b.Find(ctx, a.ID); err != nil || e != nil {
+		t.Fatalf("Find = %+v, %v; want nothing", e, err)
+	}
+	if err := b.Discard(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Pods("ci").Get(ctx, b.PodName(a.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the half-made Pod is still there: %v", err)
+	}
+	if err := b.Discard(ctx, a.ID); err != nil { // nothing left: success
+		t.Fatal(err)
+	}
+	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: b.PodName("linux-8"), Namespace: "ci",
+		Labels: map[string]string{cfg.Keys.Runner: "true", cfg.Keys.AssignmentID: "linux-9"}}}
+	if _, err := client.CoreV1().Pods("ci").Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Discard(ctx, "linux-8"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Pods("ci").Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("Discard deleted a Pod of another assignment: %v", err)
+	}
+}
+
+// unboundEntries is an EntryClient with no entry: deleting one finds nothing.
+type unboundEntries struct{ nopEntries }
+
+func (unboundEntries) BatchDeleteEntry(_ context.Context, req *entryv1.BatchDeleteEntryRequest, _ ...grpc.CallOption) (*entryv1.BatchDeleteEntryResponse, error) {
+	var res []*entryv1.BatchDeleteEntryResponse_Result
+	for _, id := range req.GetIds() {
+		res = append(res, &entryv1.BatchDeleteEntryResponse_Result{Id: id, Status: &types.Status{Code: int32(codes.NotFound)}})
+	}
+	return &entryv1.BatchDeleteEntryResponse{Results: res}, nil
 }

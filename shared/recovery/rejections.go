@@ -219,6 +219,8 @@ func (r *Recovery) failTask(ctx context.Context, id, consumer, reason string) er
 			if err := backend.Delete(ctx, e); err != nil {
 				return fmt.Errorf("delete executor %s of assignment %s: %w", e.Name, id, err)
 			}
+		} else if err := taskworker.Discard(ctx, backend, id); err != nil {
+			return err
 		}
 	}
 	if err := r.Payloads.Delete(ctx, id); err != nil {

@@ -20,6 +20,12 @@ func (r *recorder) MarkEnded(_ context.Context, id string) error {
 	return nil
 }
 
+// The recorder discards too (a Discarder, as the pod backend is).
+func (r *recorder) Discard(_ context.Context, id string) error {
+	r.calls = append(r.calls, "discard:"+id)
+	return r.fail["discard"]
+}
+
 func (r *recorder) Ended(_ context.Context, id string) (bool, error) {
 	r.calls = append(r.calls, "ended?")
 	return r.ended[id], r.fail["ended?"]
@@ -86,12 +92,17 @@ func TestHandleMarksEndedBeforeDeleting(t *testing.T) {
 		{"reported", false, PhaseSucceeded, false, []string{"terminal:42", "find", "bind:node-1:" + spiffeID, "report:42:succeeded", "mark-ended", "delete:exec-linux-42"}, true},
 		{"over in Gitea", true, PhaseRunning, false, []string{"terminal:42", "find", "mark-ended", "delete:exec-linux-42"}, true},
 		{"mark fails", true, PhaseRunning, true, []string{"terminal:42", "find", "mark-ended"}, false},
+		// Find sees nothing (a Pod whose Secret was never created): what is
+		// left is discarded, since no Accept will complete it any more.
+		{"over in Gitea, nothing found", true, "", false, []string{"terminal:42", "find", "mark-ended", "discard:linux-42"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, rec, a, _ := fixture(t)
 			w.Endings = rec
 			rec.terminal = tc.terminal
-			rec.has(a, "node-1", tc.phase)
+			if tc.phase != "" {
+				rec.has(a, "node-1", tc.phase)
+			}
 			if tc.failMark {
 				rec.fail["mark-ended"] = errBoom
 			}

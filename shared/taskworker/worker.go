@@ -104,6 +104,16 @@ type Worker struct {
 	OnEvent func(Event)
 }
 
+// Discarder is implemented by a backend whose Create can leave part of an
+// executor that Find does not return (the pod backend: a Pod whose Secret was
+// never created, a handle killed between the two). Once the task is over,
+// Handle discards it when Find found nothing: no later Create will complete
+// it, since Accept creates nothing for an ended assignment. Discard of
+// nothing succeeds.
+type Discarder interface {
+	Discard(ctx context.Context, assignmentID string) error
+}
+
 // Endings remembers which assignments are over (assignmentqueue.Endings).
 // A mark, once written, must be seen by every later Ended.
 type Endings interface {
@@ -196,6 +206,10 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 			if err := w.delete(ctx, a, executor); err != nil {
 				return false, err
 			}
+			return true, nil
+		}
+		if err := Discard(ctx, w.Backend, a.ID); err != nil {
+			return false, err
 		}
 		return true, nil
 	}
@@ -221,6 +235,19 @@ func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done b
 		return false, err
 	}
 	return true, nil
+}
+
+// Discard discards what b may hold of assignmentID's executor when b is a
+// Discarder (see Discarder); otherwise it does nothing.
+func Discard(ctx context.Context, b Backend, assignmentID string) error {
+	d, ok := b.(Discarder)
+	if !ok {
+		return nil
+	}
+	if err := d.Discard(ctx, assignmentID); err != nil {
+		return fmt.Errorf("discard what is left of the executor of assignment %s: %w", assignmentID, err)
+	}
+	return nil
 }
 
 // markEnded records that a's task is over, before its executor is deleted

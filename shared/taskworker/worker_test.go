@@ -137,7 +137,7 @@ func TestHandle(t *testing.T) {
 			true, false, []string{"terminal:42", "find", "delete:exec-linux-42"}, true},
 		{"terminal without executor is done",
 			func(r *recorder, a taskassignment.Assignment) { r.terminal = true },
-			true, false, []string{"terminal:42", "find"}, true},
+			true, false, []string{"terminal:42", "find", "discard:linux-42"}, true},
 		// Only Accept creates: an absent executor of a task that is not over
 		// is left absent (its payload is an orphan for recover).
 		{"absent is not created",
