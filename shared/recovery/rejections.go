@@ -147,6 +147,29 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 		return
 	}
 	log = log.With(slog.String("assignment", id))
+	if exhausted {
+		// An assignment whose executor exists is in the backend's hands
+		// (accepted, its ack lost on the last delivery; a handle killed after
+		// Create): the pass's Worker.Handle owns its end. Failing the task
+		// would end a job that runs.
+		held, err := r.heldByBackend(ctx, id)
+		if err != nil {
+			log.Warn("find the executor of an exhausted assignment; left for the next pass", slog.Any("error", err))
+			sum.RejectionsLeft++
+			return id
+		}
+		if held {
+			if e.Kind == assignmentqueue.MaxDeliveries {
+				if err := r.Rejections.DeleteMessage(ctx, e.QueueSeq); err != nil {
+					log.Warn("delete a message past its last delivery; left for the next pass", slog.Any("error", err))
+					sum.RejectionsLeft++
+					return id
+				}
+			}
+			drop("assignment ran out of deliveries but its executor exists: left to the pass, not failed")
+			return ""
+		}
+	}
 	if err := r.failTask(ctx, id, e.Consumer, reason); err != nil {
 		switch {
 		case errors.Is(err, errLeft):
@@ -180,6 +203,29 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 		sum.Rejected++
 	}
 	return ""
+}
+
+// heldByBackend reports whether the backend of assignment id's pool holds an
+// executor for it; false for an ID that does not parse or a pool or backend
+// not configured here (failTask then says why).
+func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
+	poolName, _, err := taskassignment.ParseID(id)
+	if err != nil {
+		return false, nil
+	}
+	pool, ok := r.Pools[poolName]
+	if !ok {
+		return false, nil
+	}
+	backend, ok := r.Backends[pool.Backend]
+	if !ok {
+		return false, nil
+	}
+	e, err := backend.Find(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("find executor of assignment %s: %w", id, err)
+	}
+	return e != nil, nil
 }
 
 // errForeign: a termination names an assignment of a pool that another

@@ -274,6 +274,43 @@ func TestExhaustedDeliveriesFailTheTask(t *testing.T) {
 	}
 }
 
+// An assignment that ran out of deliveries while its executor exists (its
+// ack lost on the last delivery, a handle killed after Create) is the
+// backend's: its task is not failed, the entry and the message go, and the
+// pass keeps handling the executor.
+func TestExhaustedWithAnExecutorIsNotFailed(t *testing.T) {
+	f, g := withRejections(t)
+	ctx := context.Background()
+	a := f.claimed(t, 1, true) // the executor exists
+	f.publish(t, a)
+	c := f.consumer(t, 1, 100*time.Millisecond)
+	if _, err := c.Next(); err != nil { // taken on its last delivery, never settled
+		t.Fatal(err)
+	}
+	f.captured(t, 1)
+
+	sum, err := f.r.Run(ctx)
+	if err != nil || sum.Exhausted != 0 || sum.RejectionsDropped != 1 || sum.RejectionsLeft != 0 || sum.Executors != 1 {
+		t.Fatalf("Run = %+v, %v", sum, err)
+	}
+	if _, reported := g.reported[1]; reported {
+		t.Fatalf("a running task was reported %q (%q)", g.reported[1], g.reasons[1])
+	}
+	if e, _ := f.backend.Find(ctx, a.ID); e == nil {
+		t.Fatal("the executor was deleted")
+	}
+	if !f.hasPayload(t, a.ID) {
+		t.Fatal("the payload of a running task was deleted")
+	}
+	if left, err := f.queue.Rejections(ctx, 0); err != nil || len(left) != 0 {
+		t.Fatalf("rejections left: %+v, %v", left, err)
+	}
+	s, err := f.js.Stream(ctx, f.queue.Stream())
+	if err != nil || s.CachedInfo().State.Msgs != 0 {
+		t.Fatalf("the message past its last delivery is still queued: %+v, %v", s.CachedInfo().State, err)
+	}
+}
+
 // TestDrainEntriesThatNameNoTask: entries recover cannot act on are removed
 // (and their payloads left to the orphan pass), except those of a pool not
 // configured here, which are left alone.
