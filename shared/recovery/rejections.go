@@ -209,12 +209,8 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 // executor for it; false for an ID that does not parse or a pool or backend
 // not configured here (failTask then says why).
 func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
-	poolName, _, err := taskassignment.ParseID(id)
+	pool, _, err := r.poolOf(id)
 	if err != nil {
-		return false, nil
-	}
-	pool, ok := r.Pools[poolName]
-	if !ok {
 		return false, nil
 	}
 	backend, ok := r.Backends[pool.Backend]
@@ -228,6 +224,20 @@ func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
 	return e != nil, nil
 }
 
+// poolOf returns the configured pool of assignment id and its task ID: an ID
+// that does not parse is errForeign, a pool not configured here errLeft.
+func (r *Recovery) poolOf(id string) (Pool, int64, error) {
+	poolName, taskID, err := taskassignment.ParseID(id)
+	if err != nil {
+		return Pool{}, 0, fmt.Errorf("%w: %w", errForeign, err)
+	}
+	pool, ok := r.Pools[poolName]
+	if !ok {
+		return Pool{}, 0, fmt.Errorf("pool %q: %w", poolName, errLeft)
+	}
+	return pool, taskID, nil
+}
+
 // errForeign: a termination names an assignment of a pool that another
 // backend serves than the consumer that terminated it.
 var errForeign = errors.New("terminated by another backend's consumer")
@@ -236,16 +246,12 @@ var errForeign = errors.New("terminated by another backend's consumer")
 // ended (see Recovery.Endings), then deletes its executor, if any, and its
 // payload (steps 1-3 of Drain).
 func (r *Recovery) failTask(ctx context.Context, id, consumer, reason string) error {
-	poolName, taskID, err := taskassignment.ParseID(id)
+	pool, taskID, err := r.poolOf(id)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errForeign, err)
-	}
-	pool, ok := r.Pools[poolName]
-	if !ok {
-		return fmt.Errorf("pool %q: %w", poolName, errLeft)
+		return err
 	}
 	if string(pool.Backend) != consumer {
-		return fmt.Errorf("assignment %s of pool %s (backend %s): %w %q", id, poolName, pool.Backend, errForeign, consumer)
+		return fmt.Errorf("assignment %s of pool %s (backend %s): %w %q", id, pool.Name, pool.Backend, errForeign, consumer)
 	}
 	failed := taskworker.Executor{Phase: taskworker.PhaseFailed, Reason: reason}
 	if err := pool.Tasks.Report(ctx, taskID, failed); err != nil {
