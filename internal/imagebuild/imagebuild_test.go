@@ -13,6 +13,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
 // testCA stands in for the ca-certificates bundle in the small image.
@@ -190,7 +192,7 @@ func fakeDeb(t *testing.T, dir, file, pkg string, files map[string]string) strin
 // bits, shared directories once.
 func TestDebs(t *testing.T) {
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		t.Skip("dpkg-deb not found: the Debian packages are read with it")
+		testenv.Unavailable(t, "dpkg-deb not found: the Debian packages are read with it")
 	}
 	dir := t.TempDir()
 	ca := fakeDeb(t, dir, "ca-certificates_1_all.deb", "ca-certificates", map[string]string{

@@ -51,13 +51,21 @@ func RequirePeer(t testing.TB, p Peer) string {
 	t.Helper()
 	dir, err := findPeer(p)
 	if err != nil {
-		msg := fmt.Sprintf("testenv: %v: run `make peers` (scripts/peers/%s.sh build)", err, p.Name)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + " (CI=true: a missing peer is a failure)")
-		}
-		t.Skip(msg)
+		Unavailable(t, fmt.Sprintf("testenv: %v: run `make peers` (scripts/peers/%s.sh build)", err, p.Name))
 	}
 	return dir
+}
+
+// Unavailable ends a test that needs what this machine lacks (a peer, an
+// image, root, a tool): t.Skip on a developer machine, t.Fatal when the
+// environment variable CI is "true", where a missing part is a failure,
+// never a silent skip. msg says what is missing and how to get it.
+func Unavailable(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg + " (CI=true: a missing part is a failure)")
+	}
+	t.Skip(msg)
 }
 
 // findPeer returns p's folder, or an error naming what is missing.
