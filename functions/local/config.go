@@ -28,6 +28,7 @@ type Config struct {
 	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
 	MetricsAddr       string        `envconfig:"LOCAL_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
+	LogFormatName     string        `envconfig:"LOCAL_LOG_FORMAT" default:"text" desc:"local: text (for a person) or json (one JSON object a line, for machines) (flag --log-format)"`
 
 	// tokenFile is --registration-token-file: a token is never given on the
 	// command line, where every user's ps shows it.
@@ -44,6 +45,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "the gateway's address")
 	fs.StringVar(&c.WebhookAddr, "webhook-addr", c.WebhookAddr, "serve the workflow_job webhook here")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve /metrics, /healthz and /livez here")
+	fs.StringVar(&c.LogFormatName, "log-format", c.LogFormatName, "log format: text or json")
 }
 
 // Check checks the configuration once flags are applied.
@@ -76,11 +78,18 @@ func (c *Config) Check() error {
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty"))
 	}
+	if c.LogFormatName != "text" && c.LogFormatName != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormatName))
+	}
 	if c.PollInterval <= 0 || c.RecoverInterval <= 0 {
 		errs = append(errs, errors.New("GDR_LOCAL_POLL_INTERVAL and GDR_LOCAL_RECOVER_INTERVAL must be positive"))
 	}
 	return errors.Join(errs...)
 }
+
+// LogFormat is the log format of every line local mode writes: "text" or
+// "json" (function.LogFormatter).
+func (c *Config) LogFormat() string { return c.LogFormatName }
 
 func (c Config) labels() []string {
 	var out []string

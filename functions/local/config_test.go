@@ -43,6 +43,7 @@ func TestLoadConfig(t *testing.T) {
 		{"zero capacity", []string{"--gitea-url", "http://x", "--capacity", "0"}, "--capacity 0"},
 		{"token file missing", []string{"--gitea-url", "http://x", "--registration-token-file", "/nonexistent/token"}, "--registration-token-file"},
 		{"token file empty", []string{"--gitea-url", "http://x", "--registration-token-file", empty}, "is empty"},
+		{"bad log format", []string{"--gitea-url", "http://x", "--log-format", "yaml"}, `--log-format "yaml"`},
 		{"no token flag", []string{"--gitea-url", "http://x", "--registration-token", "secret"}, "flag provided but not defined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,11 +4,13 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -251,17 +253,96 @@ jobs:
 	}
 	// Each executor is cleaned up as it ends (recover would too).
 	s.waitNoExecutors(t, 20*time.Second, &out)
+	// One line per job event, as act_runner users are used to.
+	for _, j := range []giteaenv.Job{ok, broken, slow} {
+		s.checkJobEvents(t, out.String(), "text", j.Name, j.Conclusion)
+	}
+}
+
+// checkJobEvents checks that local mode's output says, in format, that job
+// was picked up, ran in an executor and finished with result, with the
+// job's run URL; it logs the lines when the test is verbose.
+func (s setup) checkJobEvents(t *testing.T, output, format, job, result string) {
+	t.Helper()
+	type event struct {
+		Msg, Job, Repository, URL, Executor, Result, Duration string
+	}
+	var events []event
+	for _, line := range strings.Split(output, "\n") {
+		var e event
+		switch format {
+		case "json":
+			if strings.TrimSpace(line) == "" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("with --log-format json, a line is not JSON: %q: %v", line, err)
+			}
+			str := func(k string) string { v, _ := m[k].(string); return v }
+			e = event{Msg: str("msg"), Job: str("job"), Repository: str("repository"), URL: str("url"), Executor: str("executor"), Result: str("result"), Duration: str("duration")}
+		default:
+			if !strings.Contains(line, "msg=\"job ") {
+				continue
+			}
+			r := slogText(line)
+			e = event{Msg: r["msg"], Job: r["job"], Repository: r["repository"], URL: r["url"], Executor: r["executor"], Result: r["result"], Duration: r["duration"]}
+		}
+		if e.Job == job && strings.HasPrefix(e.Msg, "job ") {
+			events = append(events, e)
+			if testing.Verbose() {
+				t.Logf("%s", line)
+			}
+		}
+	}
+	runs := strings.TrimSuffix(s.gitea.URL, "/") + "/" + s.repo + "/actions/runs/"
+	if len(events) != 3 {
+		t.Fatalf("job %s: want 3 event lines (picked up, running, finished), got %+v\n%s", job, events, output)
+	}
+	if e := events[0]; e.Msg != msgPickedUp || e.Repository != s.repo || !strings.HasPrefix(e.URL, runs) {
+		t.Errorf("job %s picked up: %+v, want repository %s and URL under %s", job, e, s.repo, runs)
+	}
+	if e := events[1]; e.Msg != msgRunning || e.Executor == "" {
+		t.Errorf("job %s running: %+v", job, e)
+	}
+	if e := events[2]; e.Msg != msgFinished || e.Result != result || e.URL != events[0].URL || e.Duration == "" {
+		t.Errorf("job %s finished: %+v, want result %s and URL %s", job, e, result, events[0].URL)
+	}
+}
+
+// slogText reads the key=value pairs of one line of slog's TextHandler.
+func slogText(line string) map[string]string {
+	out := map[string]string{}
+	for rest := strings.TrimSpace(line); rest != ""; {
+		key, after, ok := strings.Cut(rest, "=")
+		if !ok {
+			break
+		}
+		var val string
+		if strings.HasPrefix(after, `"`) {
+			if v, err := strconv.QuotedPrefix(after); err == nil {
+				val, _ = strconv.Unquote(v)
+				after = after[len(v):]
+			}
+		} else {
+			val, after, _ = strings.Cut(after, " ")
+		}
+		out[key] = val
+		rest = strings.TrimSpace(after)
+	}
+	return out
 }
 
 // TestE2ELocalFreesAFinishedJobsSlotAtOnce runs two jobs at capacity 1 with
 // recover's periodic pass out of the way (10m): the second job gets the
 // first one's slot only because the first is finished as its executor
-// process ends, not on recover's next tick.
+// process ends, not on recover's next tick. It logs in JSON: each job's
+// event lines parse.
 func TestE2ELocalFreesAFinishedJobsSlotAtOnce(t *testing.T) {
 	t.Setenv("GDR_LOCAL_RECOVER_INTERVAL", "10m")
 	s := newSetup(t)
 	var out syncBuffer
-	startLocal(t, &out, append(s.args(true), "--capacity", "1")...)
+	startLocal(t, &out, append(s.args(true), "--capacity", "1", "--log-format", "json")...)
 	started := time.Now()
 	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", `name: ci
 on: [push]
@@ -282,6 +363,11 @@ jobs:
 	}
 	t.Logf("both jobs done %v after the push", time.Since(started).Round(time.Millisecond))
 	s.waitNoExecutors(t, 10*time.Second, &out)
+	// --log-format json: every line local mode writes is one JSON object,
+	// the job event lines among them.
+	for _, name := range []string{"first", "second"} {
+		s.checkJobEvents(t, out.String(), "json", name, "success")
+	}
 }
 
 func TestE2ELocalSurvivesSIGKILL(t *testing.T) {

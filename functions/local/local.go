@@ -87,10 +87,12 @@ type local struct {
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg := metrics.NewRegistry()
 	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1), reg: reg, passes: metrics.NewRecover(reg)}
-	client, err := l.registration(ctx)
+	giteaClient, err := l.registration(ctx)
 	if err != nil {
 		return nil, err
 	}
+	events := newJobEvents(log)
+	client := watched{registration: giteaClient, events: events}
 	keys, err := l.keys()
 	if err != nil {
 		return nil, err
@@ -163,6 +165,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
 		OnEvent: func(e taskworker.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
+			if e.Name == taskworker.EventExecutorCreated {
+				events.running(e.TaskID, e.Executor)
+			}
 		}}
 	l.job = intake.Job{
 		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
@@ -329,7 +334,7 @@ func (l *local) startNATS() (jetstream.JetStream, error) {
 	return js, nil
 }
 
-func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *assignmentqueue.Payloads, boot *bootstrap.Bootstrap, client *gitea.Client) error {
+func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *assignmentqueue.Payloads, boot *bootstrap.Bootstrap, client gateway.Forwarder) error {
 	svid, err := ca.Mint(spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath), 30*24*time.Hour)
 	if err != nil {
 		return err

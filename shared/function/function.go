@@ -67,6 +67,14 @@ type Flagger interface {
 	Flags(fs *flag.FlagSet)
 }
 
+// LogFormatter is implemented by a configuration (its pointer) whose log
+// format is a setting (local mode's --log-format): LogFormat returns "text"
+// or "json", once the configuration is checked, and overrides
+// Program.TextLog.
+type LogFormatter interface {
+	LogFormat() string
+}
+
 // UsageError is returned by a run for bad usage (an unknown command, a bad
 // argument): Main prints it with the usage text and exits ExitConfig.
 type UsageError struct{ Err error }
@@ -229,6 +237,9 @@ func (p Program) Exec(ctx context.Context, cfg any, args []string, stderr io.Wri
 	level := slog.LevelInfo
 	if l, ok := cfg.(interface{ Level() slog.Level }); ok {
 		level = l.Level()
+	}
+	if f, ok := cfg.(LogFormatter); ok {
+		p.TextLog = f.LogFormat() == "text"
 	}
 	log := p.Logger(stderr, level)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)

@@ -3,6 +3,7 @@ package function
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -278,6 +279,46 @@ func TestExecCommands(t *testing.T) {
 				}
 				if !strings.Contains(out.String(), "usage: "+tc.p.Name) {
 					t.Errorf("no usage after a usage error:\n%s", out.String())
+				}
+			}
+		})
+	}
+}
+
+// formatConfig chooses its log format, as local mode's --log-format does.
+type formatConfig struct{ format string }
+
+func (c *formatConfig) LogFormat() string { return c.format }
+
+func TestExecLogsInTheConfiguredFormat(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		textLog bool
+		format  string
+		isJSON  bool
+	}{
+		{"json over a text program", true, "json", true},
+		{"text over a json program", false, "text", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Program{Name: "probe", TextLog: tc.textLog}
+			var out bytes.Buffer
+			cfg := formatConfig{format: tc.format}
+			code := p.Exec(context.Background(), &cfg, nil, &out, func(_ context.Context, log *slog.Logger, _ []string) error {
+				log.Info("hello", slog.Int("n", 1))
+				return errors.New("boom")
+			})
+			if code != ExitFailed {
+				t.Fatalf("Exec() = %d", code)
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("want the run's line and the failure's:\n%s", out.String())
+			}
+			for _, line := range lines {
+				var obj map[string]any
+				if err := json.Unmarshal([]byte(line), &obj); (err == nil) != tc.isJSON {
+					t.Errorf("line %q parses as JSON: %v, want %v", line, err == nil, tc.isJSON)
 				}
 			}
 		})

@@ -13,12 +13,19 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
+// Reporter is what TaskState calls of a registration (*Client, or a
+// wrapper of it that watches what Gitea answers).
+type Reporter interface {
+	UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error)
+	UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error)
+}
+
 // TaskState asks Gitea about the tasks one registration claimed, and ends
 // those whose executor cannot. It implements taskworker.TaskState. Every
 // method is idempotent: Gitea never changes a finished task, which keeps
 // answering its first final result.
 type TaskState struct {
-	Client *Client
+	Client Reporter
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }

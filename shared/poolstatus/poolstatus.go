@@ -178,7 +178,7 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 			}
 			if src.Tasks != nil {
 				if task, err := src.Tasks.Get(ctx, id); err == nil {
-					t.URL = runURL(task)
+					t.URL = RunURL(task)
 				}
 			}
 			if ex := src.Executors[p.Backend]; ex != nil {
@@ -205,9 +205,9 @@ func taskOf(id, pool string) (int64, bool) {
 	return n, err == nil
 }
 
-// runURL is the Gitea page of task's workflow run, or "" when its context
+// RunURL is the Gitea page of task's workflow run, or "" when its context
 // lacks what it takes.
-func runURL(task *runnerv1.Task) string {
+func RunURL(task *runnerv1.Task) string {
 	f := task.GetContext().GetFields()
 	server, repo, run := f["server_url"].GetStringValue(), f["repository"].GetStringValue(), f["run_id"].GetStringValue()
 	if server == "" || repo == "" || run == "" {
