@@ -200,9 +200,23 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		Observer: metrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
-	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}}, Log: log}
+	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg
 	return svc, closeFn, nil
+}
+
+// giteaReadyTTL is how long readiness trusts its last look at Gitea: a
+// storm of probes costs Gitea one Declare per giteaReadyTTL.
+const giteaReadyTTL = 10 * time.Second
+
+// giteaCheck is readiness's look at Gitea: p's registration declares its
+// labels, as every dispatch round does (Gitea reachable, the registration
+// accepted), at most once per giteaReadyTTL. One pool is enough: every pool
+// speaks to the same Gitea.
+func giteaCheck(p dispatcher.Pool) health.Check {
+	return health.Check{Name: "gitea", Ready: health.Cached(giteaReadyTTL, func(ctx context.Context) error {
+		return p.Runner.Declare(ctx, p.Labels)
+	})}
 }
 
 // consumersOf names the durable consumers that feed pools' backends: one

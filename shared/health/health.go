@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -66,4 +67,62 @@ func answer(w http.ResponseWriter, code int, word string) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_, _ = w.Write([]byte(word + "\n"))
+}
+
+// Cached returns ready with its result remembered for ttl: a storm of
+// probes (several kubelets, a load balancer, a person's curl loop) costs
+// the dependency one call per ttl. Concurrent probes that find no fresh
+// result wait for one call instead of each making their own; a probe whose
+// context ends first gets its context's error, and the call goes on for the
+// next probe's benefit, bounded by Timeout.
+func Cached(ttl time.Duration, ready func(ctx context.Context) error) func(ctx context.Context) error {
+	c := &cached{ttl: ttl, ready: ready, now: time.Now}
+	return c.check
+}
+
+type cached struct {
+	ttl   time.Duration
+	ready func(ctx context.Context) error
+	now   func() time.Time
+
+	mu       sync.Mutex
+	at       time.Time     // when err was learned; zero: never
+	err      error         // the last call's result
+	inflight chan struct{} // closed when the call in flight ends; nil: none
+}
+
+func (c *cached) check(ctx context.Context) error {
+	c.mu.Lock()
+	if !c.at.IsZero() && c.now().Sub(c.at) < c.ttl {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	done := c.inflight
+	if done == nil {
+		done = make(chan struct{})
+		c.inflight = done
+		go c.call(done)
+	}
+	c.mu.Unlock()
+	select {
+	case <-done:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// call asks the dependency once, on a context of its own (a probe that
+// gives up does not cut the call short for the others).
+func (c *cached) call(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	err := c.ready(ctx)
+	c.mu.Lock()
+	c.err, c.at, c.inflight = err, c.now(), nil
+	c.mu.Unlock()
+	close(done)
 }
