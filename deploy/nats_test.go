@@ -25,6 +25,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -546,6 +548,14 @@ func TestNATSAuthorization(t *testing.T) {
 		}
 		if err := q.DeleteMessage(ctx, ack.Sequence); err != nil {
 			t.Fatal(err)
+		}
+		// `recover status` (functions/recover status): the payloads, their started marks and
+		// run URLs (Get), and the pod consumer's state.
+		r, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: p, Tasks: p,
+			Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(recoverC.js)), Stream: assignmentqueue.DefaultStream},
+			runnerpool.Pools{{Name: a2.Task.Pool, Backend: taskassignment.BackendPod, Capacity: 5}}, time.Now())
+		if err != nil || len(r.Pools) != 1 || r.Pools[0].InFlight != 2 || r.Pools[0].Queued < 0 {
+			t.Fatalf("recover status = %+v, %v; want a2 and a3 in flight and the pod consumer read", r, err)
 		}
 		recoverC.clean(t)
 		recoverC.denied(t, "consume the queue", "$JS.API.CONSUMER.CREATE.CI_RUNNER.pod.ci.assignment.pod", func(ctx context.Context) error {

@@ -427,6 +427,10 @@ func TestE2ERBAC(t *testing.T) {
 	setStatus(running[0], corev1.PodSucceeded, "")
 	setStatus(running[1], corev1.PodFailed, "")
 	setStatus(running[2], corev1.PodPending, "ImagePullBackOff")
+	// `recover status`: why a pending Pod waits (a Pod get).
+	if why, err := recoverBackend.WaitReason(ctx, running[2].ID); err != nil || !strings.Contains(why, "ImagePullBackOff") {
+		t.Fatalf("recover: WaitReason = %q, %v; want kubelet's ImagePullBackOff", why, err)
+	}
 	found, err := recoverBackend.RecoverAssignments(ctx)
 	if err != nil {
 		t.Fatalf("recover: RecoverAssignments: %v", err)

@@ -8,7 +8,7 @@
 //	                           and the oldest wait, queued messages (read only)
 //	dispatch serve             HTTP: Gitea's workflow_job webhook at /webhook, a schedule
 //	                           tick (Knative PingSource, any POST) at /, readiness at /healthz
-//	                           (NATS connected), liveness at /livez, metrics at /metrics
+//	                           (NATS connected, Gitea reachable), liveness at /livez, metrics at /metrics
 //
 // Exit status: 0 when everything asked for was done, 1 when something could
 // not be (the log says what), 2 for bad configuration or usage.
@@ -235,7 +235,8 @@ func consumersOf(pools runnerpool.Pools) []string {
 
 // status writes the pools' status to w. It only reads: no stream, bucket or
 // consumer is created, and no payload is opened (dispatch's NATS user may
-// not read one back), so the report carries no run URLs.
+// not read one back), so the report carries no run URLs: `recover status` has
+// them, and executors.
 func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format string, w io.Writer) error {
 	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
 	if err != nil {

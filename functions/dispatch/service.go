@@ -31,7 +31,7 @@ type service struct {
 	ticks    function.Ticks
 	rounds   *rounds
 	log      *slog.Logger
-	// probes answer /healthz (NATS connected) and /livez; without checks
+	// probes answer /healthz (NATS connected, Gitea reachable) and /livez; without checks
 	// (a test) the service is always ready.
 	probes health.Probes
 	// metrics answers /metrics; nil (a test) serves none.

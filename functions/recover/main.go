@@ -6,6 +6,12 @@
 // Gitea), finishes each executor at once and exits (a KEDA ScaledJob); the
 // periodic pass stays the safety net.
 //
+// `recover status [-o table|json]` reports what `dispatch status` does (per
+// pool: capacity, tasks in flight, started, waiting, the oldest wait, queued
+// messages) and, per task, its Gitea run URL, its executor and phase, and
+// why it waits: recover's NATS user may read the payloads and recover has
+// the backends. It reads only.
+//
 // Exit status: 0 when the pass ran (single assignments that failed are
 // logged and retried by the next pass), 1 when it could not run at all, 2 for
 // bad configuration.
@@ -39,7 +45,7 @@ import (
 )
 
 // program is recover's command line.
-var program = function.Program{Name: "recover"}
+var program = function.Program{Name: "recover", Synopsis: "| status [-o table|json]"}
 
 // Config is the configuration of recover, read from GDR_* variables.
 type Config struct {
@@ -96,8 +102,17 @@ func main() {
 	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
 }
 
-// execute runs the command line args and returns the exit code.
+// execute runs the command line args and returns the exit code; `recover
+// status` writes its report to os.Stdout.
 func execute(ctx context.Context, args []string, stderr io.Writer) int {
+	return executeTo(ctx, args, os.Stdout, stderr)
+}
+
+// executeTo is execute with the report's writer given.
+func executeTo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return executeStatus(ctx, args[1:], stdout, stderr)
+	}
 	var cfg Config
 	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return run(ctx, cfg, log)

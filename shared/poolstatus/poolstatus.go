@@ -47,6 +47,14 @@ type Executors interface {
 	Find(ctx context.Context, assignmentID string) (*taskworker.Executor, error)
 }
 
+// Waits says why an executor that has not started its job waits
+// (podbackend.Backend.WaitReason: the scheduler's or kubelet's reason;
+// opensandboxbackend.Backend.WaitReason: the sandbox's state). Optional: an
+// Executors that implements it gives each pending executor its reason.
+type Waits interface {
+	WaitReason(ctx context.Context, assignmentID string) (string, error)
+}
+
 // ConsumerInfo reads a durable consumer's state (metrics.ConsumerInfo).
 type ConsumerInfo func(ctx context.Context, stream, consumer string) (*jetstream.ConsumerInfo, error)
 
@@ -110,7 +118,9 @@ type Task struct {
 	// Executor names the task's executor and ExecutorPhase its phase, when
 	// the report could look (Source.Executors); empty executor: none yet
 	// (its assignment is still queued, or being created). Reason says why a
-	// failed executor failed, when its backend can tell.
+	// failed executor failed, when its backend can tell, why a pending one
+	// waits (Waits), or, for a waiting task without an executor, how many
+	// messages its backend's queue holds.
 	Executor      string `json:"executor,omitempty"`
 	ExecutorPhase string `json:"executor_phase,omitempty"`
 	Reason        string `json:"reason,omitempty"`
@@ -182,8 +192,12 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 				}
 			}
 			if ex := src.Executors[p.Backend]; ex != nil {
-				if e, err := ex.Find(ctx, id); err == nil && e != nil {
-					t.Executor, t.ExecutorPhase, t.Reason = e.Name, string(e.Phase), e.Reason
+				t.Executor, t.ExecutorPhase, t.Reason = executorOf(ctx, ex, id)
+				if t.Executor == "" && !started {
+					t.Reason = "no executor yet"
+					if pool.Queued >= 0 {
+						t.Reason += fmt.Sprintf(": the %s queue holds %d undelivered, %d delivered and unsettled", pool.Backend, pool.Queued, pool.AckPending)
+					}
 				}
 			}
 			pool.Tasks = append(pool.Tasks, t)
@@ -192,6 +206,23 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 		r.Pools = append(r.Pools, pool)
 	}
 	return r, nil
+}
+
+// executorOf returns the name, phase and reason of assignment id's executor
+// in ex, all empty when it has none or ex cannot tell; a pending executor's
+// reason is why it waits, when ex says (Waits).
+func executorOf(ctx context.Context, ex Executors, id string) (name, phase, reason string) {
+	e, err := ex.Find(ctx, id)
+	if err != nil || e == nil {
+		return "", "", ""
+	}
+	reason = e.Reason
+	if w, ok := ex.(Waits); ok && e.Phase == taskworker.PhasePending && reason == "" {
+		if why, err := w.WaitReason(ctx, id); err == nil {
+			reason = why
+		}
+	}
+	return e.Name, string(e.Phase), reason
 }
 
 // taskOf returns the task ID of assignment id when it is one of pool's
@@ -216,7 +247,8 @@ func RunURL(task *runnerv1.Task) string {
 	return strings.TrimSuffix(server, "/") + "/" + repo + "/actions/runs/" + run
 }
 
-// WriteTable writes r for a person: one line per pool, then one per task.
+// WriteTable writes r for a person: one line per pool, then one per task,
+// its executor last (with the reason it waits or failed, the longest cell).
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tBACKEND\tCAPACITY\tIN FLIGHT\tSTARTED\tWAITING\tOLDEST WAITING\tQUEUED\tDELIVERED")
@@ -229,16 +261,23 @@ func (r Report) WriteTable(w io.Writer) error {
 		tasks = append(tasks, p.Tasks...)
 	}
 	if len(tasks) > 0 {
-		fmt.Fprintln(tw, "\nASSIGNMENT\tTASK\tPHASE\tAGE\tEXECUTOR\tURL")
+		fmt.Fprintln(tw, "\nASSIGNMENT\tTASK\tPHASE\tAGE\tURL\tEXECUTOR")
 		for _, t := range tasks {
 			executor := "-"
+			if t.Executor == "" && t.Reason != "" {
+				executor = "- (" + t.Reason + ")"
+			}
 			if t.Executor != "" {
 				executor = t.Executor + " (" + t.ExecutorPhase + ")"
 				if t.Reason != "" {
 					executor += ": " + t.Reason
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.Assignment, t.Task, t.Phase, age(t.Age, true), executor, t.URL)
+			url := t.URL
+			if url == "" {
+				url = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.Assignment, t.Task, t.Phase, age(t.Age, true), url, executor)
 		}
 	}
 	return tw.Flush()

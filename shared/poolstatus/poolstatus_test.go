@@ -116,3 +116,64 @@ type findExecutors map[string]*taskworker.Executor
 func (f findExecutors) Find(_ context.Context, id string) (*taskworker.Executor, error) {
 	return f[id], nil
 }
+
+// waitingExecutors are fixed executors whose backend says why the pending
+// ones wait.
+type waitingExecutors struct {
+	findExecutors
+	why map[string]string
+}
+
+func (w waitingExecutors) WaitReason(_ context.Context, id string) (string, error) {
+	return w.why[id], nil
+}
+
+// A waiting task says why: its pending executor's reason from the backend
+// (Waits), or, with no executor yet, what its backend's queue holds.
+func TestReadSaysWhyATaskWaits(t *testing.T) {
+	env := jetstreamenv.NewQueue(t)
+	env.OpenConsumer(t, taskassignment.BackendPod, 3)
+	ctx := t.Context()
+	for _, id := range []string{"linux-1", "linux-2", "linux-3"} {
+		if err := env.Payloads.Put(ctx, id, &runnerv1.Task{Id: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const unschedulable = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
+	ex := waitingExecutors{
+		findExecutors: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: taskworker.PhasePending},
+			"linux-3": {Name: "gdr-linux-3", Phase: taskworker.PhaseFailed, Reason: "container runner: ErrImagePull"}},
+		why: map[string]string{"linux-2": unschedulable, "linux-3": "must not be asked: it failed"},
+	}
+	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.Backend]Executors{taskassignment.BackendPod: ex},
+		Consumers: func(ctx context.Context, stream, name string) (*jetstream.ConsumerInfo, error) {
+			c, err := env.JetStream.Consumer(ctx, stream, name)
+			if err != nil {
+				return nil, err
+			}
+			return c.CachedInfo(), nil
+		}, Stream: env.Queue.Stream()}
+	r, err := Read(ctx, src, runnerpool.Pools{{Name: "linux", Backend: taskassignment.BackendPod, Capacity: 3}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"linux-1": "no executor yet: the pod queue holds 0 undelivered, 0 delivered and unsettled",
+		"linux-2": unschedulable,
+		"linux-3": "container runner: ErrImagePull",
+	}
+	for _, task := range r.Pools[0].Tasks {
+		if task.Reason != want[task.Assignment] {
+			t.Errorf("task %s reason = %q, want %q", task.Assignment, task.Reason, want[task.Assignment])
+		}
+	}
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"gdr-linux-2 (pending): " + unschedulable, "- (no executor yet: the pod queue holds 0"} {
+		if !strings.Contains(table.String(), line) {
+			t.Errorf("table lacks %q:\n%s", line, table.String())
+		}
+	}
+}
