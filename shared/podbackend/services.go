@@ -97,14 +97,14 @@ func sidecar(s jobservice.Service) (corev1.Container, error) {
 	case jobservice.HasExpression(s.Image):
 		return corev1.Container{}, exprError("image")
 	}
-	ports, err := jobservice.ParsePorts(s.Ports)
-	if err != nil {
-		return corev1.Container{}, err
-	}
 	for _, p := range s.Ports {
 		if jobservice.HasExpression(p) {
 			return corev1.Container{}, exprError("ports")
 		}
+	}
+	ports, err := jobservice.ParsePorts(s.Ports)
+	if err != nil {
+		return corev1.Container{}, err
 	}
 	opt, err := parseOptions(s.Options)
 	if err != nil {

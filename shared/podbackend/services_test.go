@@ -191,7 +191,7 @@ func TestServicesRefused(t *testing.T) {
 		{"expression in options", opt("--cpus ${{ matrix.cpus }}"), "options holds a ${{ }} expression"},
 		{"secret in env", svc(func(s *jobservice.Service) { s.Env = map[string]string{"POSTGRES_PASSWORD": "${{ secrets.DB }}"} }), "env POSTGRES_PASSWORD holds a ${{ }} expression"},
 		{"expression in image", svc(func(s *jobservice.Service) { s.Image = "postgres:${{ matrix.pg }}" }), "image holds"},
-		{"expression in ports", svc(func(s *jobservice.Service) { s.Ports = []string{"${{ matrix.port }}"} }), "port"},
+		{"expression in ports", svc(func(s *jobservice.Service) { s.Ports = []string{"${{ matrix.port }}"} }), "ports holds a ${{ }} expression"},
 		{"expression in cmd", svc(func(s *jobservice.Service) { s.Cmd = []string{"${{ vars.X }}"} }), "cmd holds"},
 		{"volumes", svc(func(s *jobservice.Service) { s.Volumes = []string{"/data:/data"} }), "volumes are not supported"},
 		{"credentials", svc(func(s *jobservice.Service) { s.Credentials = true }), "imagePullSecrets"},
