@@ -16,6 +16,10 @@
 //     runs RunnerPath from it, with the SPIRE agent's Workload API (the
 //     SPIFFE CSI driver's volume, or a hostPath) read-only at WorkloadAPIDir
 //     and SPIFFE_ENDPOINT_SOCKET naming its socket (see ParseProfile);
+//   - the job's `services:` (from the signed assignment) are native sidecars
+//     after the install init container, their keys resolve to 127.0.0.1
+//     (hostAliases), and the runner learns of them through the Secret (see
+//     sidecars); what cannot map is a permanent error;
 //   - the executor environment (credentials) is in the Secret
 //     <NamePrefix><id>-env, never in the Pod spec: the runner container reads
 //     it with envFrom, and the Secret's owner reference names the Pod, so the
