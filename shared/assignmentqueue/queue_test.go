@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -368,7 +369,7 @@ func TestPublishSubjectPerBackend(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: decode: %v", b, err)
 		}
-		if got != a {
+		if !reflect.DeepEqual(got, a) {
 			t.Errorf("%s: message = %+v, want %+v", b, got, a)
 		}
 	}

@@ -58,6 +58,12 @@ const (
 	// EnvJobImage is set by a backend that runs the executor in the image
 	// of the job's `container:`: the job may then run on the host.
 	EnvJobImage = "CI_JOB_IMAGE"
+	// EnvJobServices is set by a backend that runs the job's `services:`
+	// beside the runner, in its network namespace: their keys, comma
+	// separated. EnvServiceTimeout is how long the runner waits for their
+	// ports (a Go duration).
+	EnvJobServices    = "CI_JOB_SERVICES"
+	EnvServiceTimeout = "CI_JOB_SERVICES_TIMEOUT"
 )
 
 // Variables lists every variable Environment sets.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -193,7 +194,7 @@ func TestCreate(t *testing.T) {
 			}
 			// The assignment rebuilds from the sandbox alone.
 			got, err := h.backend.RecoverAssignments(context.Background())
-			if err != nil || len(got) != 1 || got[0] != a {
+			if err != nil || len(got) != 1 || !reflect.DeepEqual(got[0], a) {
 				t.Fatalf("recovered %+v, %v; want %+v", got, err, a)
 			}
 			h.noRejections(t)
@@ -526,7 +527,7 @@ func TestRecoverySkipsAndReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0] != good {
+	if len(got) != 1 || !reflect.DeepEqual(got[0], good) {
 		t.Fatalf("recovered %+v, want only %+v", got, good)
 	}
 	h.mu.Lock()
@@ -605,7 +606,7 @@ func TestRecoverThousandSandboxes(t *testing.T) {
 		t.Fatalf("recovered %d, want 999", len(got))
 	}
 	for _, a := range got {
-		if want[a.ID] != a || a.ID == tamperedAssignment {
+		if !reflect.DeepEqual(want[a.ID], a) || a.ID == tamperedAssignment {
 			t.Fatalf("recovered %+v, want %+v", a, want[a.ID])
 		}
 		delete(want, a.ID)

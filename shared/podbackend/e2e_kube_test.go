@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -436,7 +437,7 @@ func TestE2ERecoverPagination(t *testing.T) {
 					t.Fatalf("assignment %s listed twice", a.ID)
 				}
 				seen[a.ID] = true
-				if want := testAssignment(t, a.Task.ID, ""); a != want {
+				if want := testAssignment(t, a.Task.ID, ""); !reflect.DeepEqual(a, want) {
 					t.Fatalf("recovered %+v, want %+v", a, want)
 				}
 			}

@@ -145,6 +145,11 @@ func checkReserved(spec corev1.PodSpec) error {
 		if slices.ContainsFunc(list, func(c corev1.Container) bool { return c.Name == InstallContainer }) {
 			return fmt.Errorf("spec: container name %q is reserved for the backend's init container", InstallContainer)
 		}
+		for _, c := range list {
+			if strings.HasPrefix(c.Name, ServiceContainerPrefix) {
+				return fmt.Errorf("spec: container name %q: the prefix %q is reserved for the job's services", c.Name, ServiceContainerPrefix)
+			}
+		}
 	}
 	c := spec.Containers[runnerIndex(spec.Containers)]
 	at := "spec.containers[" + RunnerContainer + "]"

@@ -43,6 +43,9 @@ const StuckAfter = 2 * time.Minute
 var stuckReasons = map[string]bool{
 	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true,
 	"CreateContainerConfigError": true, "CreateContainerError": true,
+	// A service's sidecar that keeps exiting, or failing its startup probe,
+	// before the runner container starts (the Pod stays Pending).
+	"CrashLoopBackOff": true,
 }
 
 // Stuck returns why a pending Pod will never run its job (a container

@@ -16,6 +16,10 @@
 //     runs RunnerPath from it, with the SPIRE agent's Workload API (the
 //     SPIFFE CSI driver's volume, or a hostPath) read-only at WorkloadAPIDir
 //     and SPIFFE_ENDPOINT_SOCKET naming its socket (see ParseProfile);
+//   - the job's `services:` (from the signed assignment) are native sidecars
+//     after the install init container, their keys resolve to 127.0.0.1
+//     (hostAliases), and the runner learns of them through the Secret (see
+//     sidecars); what cannot map is a permanent error;
 //   - the executor environment (credentials) is in the Secret
 //     <NamePrefix><id>-env, never in the Pod spec: the runner container reads
 //     it with envFrom, and the Secret's owner reference names the Pod, so the
@@ -57,6 +61,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -143,6 +148,8 @@ type Backend struct {
 type poolTemplate struct {
 	template corev1.PodTemplateSpec
 	timeout  time.Duration
+	// serviceTimeout bounds the runner's wait for the job's services.
+	serviceTimeout time.Duration
 }
 
 var (
@@ -210,7 +217,11 @@ func New(cfg Config) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("podbackend: pool %q: %w", p.Name, err)
 		}
-		b.pools[p.Name] = poolTemplate{template: t, timeout: p.Timeout()}
+		st, err := serviceTimeout(p.Profile)
+		if err != nil {
+			return nil, fmt.Errorf("podbackend: pool %q: %w", p.Name, err)
+		}
+		b.pools[p.Name] = poolTemplate{template: t, timeout: p.Timeout(), serviceTimeout: st}
 	}
 	if len(b.pools) == 0 {
 		return nil, errors.New("podbackend: no runner pool uses the pod backend")
@@ -311,14 +322,20 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	if spec.Metadata.Labels[b.keys.AssignmentID] != a.ID || spec.Metadata.Labels[b.keys.Runner] != "true" {
 		return nil, taskworker.Permanent(fmt.Errorf("podbackend: assignment %s: launch metadata lacks the runner and assignment-id labels", a.ID))
 	}
-	if a.Task.Image != "" {
-		// The runner container runs the job's own image: tell the runner, so
-		// that it runs the job's `container:` on its host.
-		env := make(map[string]string, len(spec.Environment)+1)
-		for k, v := range spec.Environment {
-			env[k] = v
+	if a.Task.Image != "" || len(a.Task.Services) > 0 {
+		env := make(map[string]string, len(spec.Environment)+3)
+		maps.Copy(env, spec.Environment)
+		if a.Task.Image != "" {
+			// The runner container runs the job's own image: tell the
+			// runner, so that it runs the job's `container:` on its host.
+			env[bootstrap.EnvJobImage] = a.Task.Image
 		}
-		env[bootstrap.EnvJobImage] = a.Task.Image
+		if len(a.Task.Services) > 0 {
+			// The services run as sidecars: tell the runner which, and how
+			// long to wait for their ports.
+			env[bootstrap.EnvJobServices] = strings.Join(jobservice.IDs(a.Task.Services), ",")
+			env[bootstrap.EnvServiceTimeout] = pt.serviceTimeout.String()
+		}
 		spec.Environment = env
 	}
 	pod, err := b.newPod(a, spec, pt)
@@ -364,6 +381,14 @@ func (b *Backend) newPod(a taskassignment.Assignment, spec taskworker.LaunchSpec
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	deadline := int64(math.Ceil(pt.timeout.Seconds()))
 	pod.Spec.ActiveDeadlineSeconds = &deadline
+	services, alias, err := sidecars(a.Task.Services)
+	if err != nil {
+		return nil, fmt.Errorf("podbackend: assignment %s: %w", a.ID, err)
+	}
+	pod.Spec.InitContainers = append(pod.Spec.InitContainers, services...)
+	if alias != nil {
+		pod.Spec.HostAliases = append(pod.Spec.HostAliases, *alias)
+	}
 	c := &pod.Spec.Containers[runnerIndex(pod.Spec.Containers)]
 	if a.Task.Image != "" {
 		c.Image = a.Task.Image

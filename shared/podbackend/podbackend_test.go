@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -142,6 +143,9 @@ func TestStuck(t *testing.T) {
 		{"still creating", corev1.PodPending, []corev1.ContainerStatus{waiting("ContainerCreating")}, time.Hour, ""},
 		{"not scheduled", corev1.PodPending, nil, time.Hour, ""},
 		{"running", corev1.PodRunning, []corev1.ContainerStatus{waiting("ImagePullBackOff")}, time.Hour, ""},
+		// A service's sidecar keeps exiting (or failing its startup probe)
+		// before the runner starts.
+		{"service crashing", corev1.PodPending, []corev1.ContainerStatus{waiting("CrashLoopBackOff")}, 3 * time.Minute, "container runner: CrashLoopBackOff: msg"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(created)},
@@ -400,7 +404,7 @@ func TestRecoverSkipsCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0] != good {
+	if len(got) != 1 || !reflect.DeepEqual(got[0], good) {
 		t.Fatalf("recovered %+v", got)
 	}
 	if len(corrupt) != 3 {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -53,6 +55,26 @@ type Profile struct {
 	// WorkloadAPI is how the runner reaches the SPIRE agent. Default: the
 	// SPIFFE CSI driver csi.spiffe.io.
 	WorkloadAPI *WorkloadAPI `json:"workloadAPI,omitempty"`
+	// ServiceTimeout is how long the runner waits for the ports of a job's
+	// `services:` to accept connections before it fails the job. Default
+	// DefaultServiceTimeout.
+	ServiceTimeout *metav1.Duration `json:"serviceTimeout,omitempty"`
+}
+
+// serviceTimeout returns the profile's ServiceTimeout, or the default. The
+// profile is one ParseProfile accepted.
+func serviceTimeout(raw json.RawMessage) (time.Duration, error) {
+	var p Profile
+	if err := yaml.Unmarshal(raw, &p); err != nil {
+		return 0, fmt.Errorf("profile: %w", err)
+	}
+	if p.ServiceTimeout == nil {
+		return DefaultServiceTimeout, nil
+	}
+	if p.ServiceTimeout.Duration <= 0 {
+		return 0, fmt.Errorf("profile serviceTimeout: %s is not positive", p.ServiceTimeout.Duration)
+	}
+	return p.ServiceTimeout.Duration, nil
 }
 
 // ParseProfile reads a pool's profile (JSON, as runnerpool keeps it) and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -185,7 +186,7 @@ func TestRecoverAssignments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0] != a || len(corrupt) != 1 || corrupt[0] != "local-10" {
+	if len(got) != 1 || !reflect.DeepEqual(got[0], a) || len(corrupt) != 1 || corrupt[0] != "local-10" {
 		t.Fatalf("recovered %+v, corrupt %v", got, corrupt)
 	}
 	for _, tc := range []struct {
@@ -196,7 +197,7 @@ func TestRecoverAssignments(t *testing.T) {
 		{a.ID, true, false}, {"local-10", false, true}, {"local-11", false, false},
 	} {
 		one, found, err := b.RecoverAssignment(context.Background(), tc.id)
-		if found != tc.found || (err != nil) != tc.wantErr || (found && one != a) {
+		if found != tc.found || (err != nil) != tc.wantErr || (found && !reflect.DeepEqual(one, a)) {
 			t.Errorf("RecoverAssignment(%s) = %+v, %v, %v", tc.id, one, found, err)
 		}
 	}

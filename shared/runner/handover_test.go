@@ -42,7 +42,9 @@ func handoverChild() int {
 					leaked = append(leaked, name)
 				}
 			}
-			fmt.Printf("task=%d gateway=%s bundle=%s socket=%s leaked=%s\n", v.TaskID, v.GatewayID, hex.EncodeToString(sum[:]), v.Socket, strings.Join(leaked, ","))
+			h := v.host()
+			fmt.Printf("task=%d gateway=%s bundle=%s socket=%s services=%s timeout=%s leaked=%s\n", v.TaskID, v.GatewayID, hex.EncodeToString(sum[:]), v.Socket,
+				strings.Join(h.Services, ","), h.ServiceTimeout, strings.Join(leaked, ","))
 			return 0
 		}
 	}
@@ -81,7 +83,7 @@ func TestHandoverOfLargeValues(t *testing.T) {
 				t.Fatal("the hand-over hung")
 			}
 			sum := sha256.Sum256([]byte(bundle))
-			want := fmt.Sprintf("task=7 gateway=spiffe://ci.example.org/gateway bundle=%s socket= leaked=\n", hex.EncodeToString(sum[:]))
+			want := fmt.Sprintf("task=7 gateway=spiffe://ci.example.org/gateway bundle=%s socket= services= timeout=0s leaked=\n", hex.EncodeToString(sum[:]))
 			if out.String() != want {
 				t.Fatalf("re-executed runner printed %q, want %q", out.String(), want)
 			}
@@ -110,5 +112,32 @@ func TestWorkloadAPISocketHandedOverNotLeaked(t *testing.T) {
 	}
 	if !strings.Contains(string(out), " socket="+socket+" ") || !strings.HasSuffix(string(out), " leaked=\n") {
 		t.Fatalf("re-executed runner printed %q: want the socket handed over and nothing leaked", out)
+	}
+}
+
+// The pod backend tells the runner which services run beside it, and how
+// long to wait for them: the re-executed runner gets both, the steps see
+// neither. A timeout that does not parse leaves the default (0).
+func TestServicesHandedOverNotLeaked(t *testing.T) {
+	for _, tc := range []struct{ timeout, want string }{
+		{"45s", " services=postgres,redis timeout=45s leaked=\n"},
+		{"soon", " services=postgres,redis timeout=0s leaked=\n"},
+	} {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), envHandoverChild+"=1",
+			bootstrap.EnvAssignmentID+"=linux-7", bootstrap.EnvTaskID+"=7",
+			bootstrap.EnvSPIFFEID+"=spiffe://ci.example.org/repo/alice/repo/task/7",
+			bootstrap.EnvCapability+"=cap", bootstrap.EnvGatewayURL+"=https://gateway.example.org",
+			bootstrap.EnvGatewayID+"=spiffe://ci.example.org/gateway",
+			bootstrap.EnvJobServices+"=postgres,redis", bootstrap.EnvServiceTimeout+"="+tc.timeout)
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("runner: %v\n%s", err, errOut.String())
+		}
+		if !strings.HasSuffix(string(out), tc.want) {
+			t.Fatalf("re-executed runner printed %q, want it to end in %q", out, tc.want)
+		}
 	}
 }

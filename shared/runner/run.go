@@ -53,7 +53,7 @@ func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
 // execute runs the task and reports it; the exit status says whether the
 // result reached Gitea.
 func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task *runnerv1.Task, log *slog.Logger) int {
-	job, prepErr := taskrun.Prepare(task, v.JobImage)
+	job, prepErr := taskrun.Prepare(task, v.host())
 	steps := 0
 	if prepErr == nil {
 		steps = job.Steps()

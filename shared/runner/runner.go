@@ -30,6 +30,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
 )
 
 // Config is the configuration of runner that the executor image sets (not
@@ -52,7 +53,23 @@ type values struct {
 	bootstrap.Values
 	SVIDCert, SVIDKey, SVIDBundle string
 	JobImage                      string
-	Socket                        string
+	// JobServices and ServiceTimeout are the backend's CI_JOB_SERVICES and
+	// CI_JOB_SERVICES_TIMEOUT, as set.
+	JobServices, ServiceTimeout string
+	Socket                      string
+}
+
+// host is what the backend told the runner about its executor. A service
+// timeout that does not parse is left to the default.
+func (v values) host() taskrun.Host {
+	h := taskrun.Host{Image: v.JobImage}
+	if v.JobServices != "" {
+		h.Services = strings.Split(v.JobServices, ",")
+	}
+	if d, err := time.ParseDuration(v.ServiceTimeout); err == nil && d > 0 {
+		h.ServiceTimeout = d
+	}
+	return h
 }
 
 // Main runs the runner with the command line args (without the program
@@ -120,7 +137,8 @@ func writeStatus(path string, code int) error {
 
 // secretVars are removed from the environment before any step can see it.
 func secretVars() []string {
-	return append(bootstrap.Variables(), bootstrap.EnvSVIDCert, bootstrap.EnvSVIDKey, bootstrap.EnvSVIDBundle, bootstrap.EnvJobImage, envSocket)
+	return append(bootstrap.Variables(), bootstrap.EnvSVIDCert, bootstrap.EnvSVIDKey, bootstrap.EnvSVIDBundle, bootstrap.EnvJobImage,
+		bootstrap.EnvJobServices, bootstrap.EnvServiceTimeout, envSocket)
 }
 
 // scrubAndReexec reads the bootstrap values, and executes this program again
@@ -133,7 +151,8 @@ func scrubAndReexec(self []string) int {
 		return 2
 	}
 	v := values{Values: b, SVIDCert: os.Getenv(bootstrap.EnvSVIDCert), SVIDKey: os.Getenv(bootstrap.EnvSVIDKey),
-		SVIDBundle: os.Getenv(bootstrap.EnvSVIDBundle), JobImage: os.Getenv(bootstrap.EnvJobImage), Socket: os.Getenv(envSocket)}
+		SVIDBundle: os.Getenv(bootstrap.EnvSVIDBundle), JobImage: os.Getenv(bootstrap.EnvJobImage),
+		JobServices: os.Getenv(bootstrap.EnvJobServices), ServiceTimeout: os.Getenv(bootstrap.EnvServiceTimeout), Socket: os.Getenv(envSocket)}
 	data, err := json.Marshal(v)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -111,6 +112,10 @@ type Task struct {
 	// Image is the image of the job's `container:`, empty when the job runs
 	// on the executor's own image.
 	Image string
+	// Services are the job's `services:`, sorted by ID, as the workflow
+	// writes them (no expression evaluated, no credentials): a backend that
+	// runs services builds them from here, never from an unsigned source.
+	Services []jobservice.Service
 }
 
 // Assignment is one claimed task bound to one backend.

@@ -3,12 +3,16 @@ package taskassignment
 import (
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -116,8 +120,72 @@ func TestWireRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Decode(Encode(a)) = %+v, want %+v", got, want)
+	}
+}
+
+// TestWireServices: a job's services travel in the signed message and come
+// back as they went; a job without them encodes exactly as before services
+// existed (no "services" member), so its bytes and signature are unchanged.
+func TestWireServices(t *testing.T) {
+	plain, err := Encode(sample(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain), "services") {
+		t.Fatalf("a job without services encodes %s", plain)
+	}
+	want := sample(t)
+	want.Task.Services = []jobservice.Service{
+		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}, Ports: []string{"5432"},
+			Cmd: []string{"-c", "fsync=off"}, Options: "--health-cmd pg_isready", Credentials: true},
+		{ID: "redis", Image: "redis:7"},
+	}
+	data, err := Encode(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(data, td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Decode(Encode(a)) = %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct{ services, wantErr string }{
+		{`[{"image":"redis:7"}]`, `missing field "task.services[0].id"`},
+		{`[{"id":"redis"}]`, `missing field "task.services[0].image"`},
+		{`[{"id":"redis","image":"r"},{"id":"postgres","image":"p"}]`, "want distinct IDs in order"},
+		{`[{"id":"redis","image":"r"},{"id":"redis","image":"r"}]`, "want distinct IDs in order"},
+		{`[{"id":"redis","image":"r","password":"x"}]`, `unknown field "password"`},
+	} {
+		msg := strings.Replace(string(plain), `"pool":"linux"`, `"pool":"linux","services":`+tc.services, 1)
+		if _, err := Decode([]byte(msg), td); err == nil || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("Decode(services %s) = %v, want %q", tc.services, err, tc.wantErr)
+		}
+	}
+}
+
+func TestFromTaskCarriesServices(t *testing.T) {
+	task := &runnerv1.Task{Id: 42, WorkflowPayload: []byte("on: push\njobs:\n  build:\n    runs-on: x\n    container: golang:1.26\n" +
+		"    services:\n      redis:\n        image: redis:7\n        ports: ['6379']\n      db:\n        image: postgres:17\n" +
+		"        env: {POSTGRES_PASSWORD: postgres}\n    steps:\n      - run: true\n")}
+	task.Context, _ = structpb.NewStruct(map[string]any{"repository": "alice/repo", "job": "build"})
+	a, err := FromTask(td, BackendPod, "linux", task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []jobservice.Service{
+		{ID: "db", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}},
+		{ID: "redis", Image: "redis:7", Ports: []string{"6379"}},
+	}
+	if a.Task.Image != "golang:1.26" || !reflect.DeepEqual(a.Task.Services, want) {
+		t.Fatalf("FromTask: image %q, services %+v", a.Task.Image, a.Task.Services)
+	}
+	task.WorkflowPayload = []byte("on: push\njobs:\n  build:\n    runs-on: x\n    services:\n      db:\n        ports: ['1']\n")
+	if _, err := FromTask(td, BackendPod, "linux", task); err == nil || !strings.Contains(err.Error(), `service "db": no image`) {
+		t.Fatalf("a service without an image: %v", err)
 	}
 }
 
@@ -187,7 +255,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal(err)
 		}
 		b, err := Decode(again, td)
-		if err != nil || b != a {
+		if err != nil || !reflect.DeepEqual(b, a) {
 			t.Fatalf("round trip of %+v gave %+v, %v", a, b, err)
 		}
 	})

@@ -7,12 +7,13 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
 // FromTask builds the assignment of a task Gitea handed out to pool (run by
 // backend): its identity from the task's context in trust domain td, and the
-// image of its job's `container:`. dispatch builds it when it claims the
+// image of its job's `container:` and its `services:`. dispatch builds it when it claims the
 // task and recover when it re-publishes it, and both get the same one.
 func FromTask(td spiffeid.TrustDomain, backend Backend, pool string, task *runnerv1.Task) (Assignment, error) {
 	identity, err := taskidentity.FromTask(td, task)
@@ -23,7 +24,11 @@ func FromTask(td spiffeid.TrustDomain, backend Backend, pool string, task *runne
 	if err != nil {
 		return Assignment{}, fmt.Errorf("task %d: %w", task.GetId(), err)
 	}
-	return New(backend, Task{ID: task.GetId(), Pool: pool, Image: image}, identity)
+	services, err := jobservice.FromWorkflow(task.GetWorkflowPayload())
+	if err != nil {
+		return Assignment{}, fmt.Errorf("task %d: %w", task.GetId(), err)
+	}
+	return New(backend, Task{ID: task.GetId(), Pool: pool, Image: image, Services: services}, identity)
 }
 
 // JobImage returns the image of the job's `container:` in a task's workflow

@@ -2,6 +2,7 @@ package taskassignment
 
 import (
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -62,7 +63,7 @@ func TestFromMetadataRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != want {
+		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("FromMetadata(Metadata(a)) = %+v, want %+v", got, want)
 		}
 	}
@@ -141,7 +142,7 @@ func FuzzFromMetadata(f *testing.F) {
 			}
 		}
 		back, err := k.FromMetadata(again.Labels, again.Annotations, td)
-		if err != nil || back != got {
+		if err != nil || !reflect.DeepEqual(back, got) {
 			t.Fatalf("round trip of %+v gave %+v, %v", got, back, err)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -40,6 +41,57 @@ type wireTaskV1 struct {
 	ID    int64  `json:"id"`
 	Pool  string `json:"pool"`
 	Image string `json:"image,omitempty"`
+	// Services is absent for a job without services, so such a message is
+	// byte for byte what a build without services wrote.
+	Services []wireServiceV1 `json:"services,omitempty"`
+}
+
+type wireServiceV1 struct {
+	ID          string            `json:"id"`
+	Image       string            `json:"image"`
+	Env         map[string]string `json:"env,omitempty"`
+	Ports       []string          `json:"ports,omitempty"`
+	Volumes     []string          `json:"volumes,omitempty"`
+	Cmd         []string          `json:"cmd,omitempty"`
+	Options     string            `json:"options,omitempty"`
+	Credentials bool              `json:"credentials,omitempty"`
+}
+
+func wireServices(services []jobservice.Service) []wireServiceV1 {
+	var out []wireServiceV1
+	for _, s := range services {
+		out = append(out, wireServiceV1{ID: s.ID, Image: s.Image, Env: s.Env, Ports: s.Ports, Volumes: s.Volumes,
+			Cmd: s.Cmd, Options: s.Options, Credentials: s.Credentials})
+	}
+	return out
+}
+
+func fromWireServices(ws []wireServiceV1) ([]jobservice.Service, error) {
+	var out []jobservice.Service
+	for i, w := range ws {
+		switch {
+		case w.ID == "":
+			return nil, fmt.Errorf("missing field \"task.services[%d].id\"", i)
+		case w.Image == "":
+			return nil, fmt.Errorf("missing field \"task.services[%d].image\"", i)
+		case i > 0 && ws[i-1].ID >= w.ID:
+			return nil, fmt.Errorf("task.services: %q after %q: want distinct IDs in order", w.ID, ws[i-1].ID)
+		}
+		s := jobservice.Service{ID: w.ID, Image: w.Image, Env: w.Env, Ports: w.Ports, Volumes: w.Volumes,
+			Cmd: w.Cmd, Options: w.Options, Credentials: w.Credentials}
+		// Empty is absent, as Encode writes it: a decoded assignment
+		// encodes to the same bytes.
+		if len(s.Env) == 0 {
+			s.Env = nil
+		}
+		for _, l := range []*[]string{&s.Ports, &s.Volumes, &s.Cmd} {
+			if len(*l) == 0 {
+				*l = nil
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 type wireIdentityV1 struct {
@@ -54,7 +106,7 @@ func Encode(a Assignment) ([]byte, error) {
 		Version: WireVersion,
 		ID:      a.ID,
 		Backend: string(a.Backend),
-		Task:    wireTaskV1{ID: a.Task.ID, Pool: a.Task.Pool, Image: a.Task.Image},
+		Task:    wireTaskV1{ID: a.Task.ID, Pool: a.Task.Pool, Image: a.Task.Image, Services: wireServices(a.Task.Services)},
 		Identity: wireIdentityV1{
 			Repository: a.Identity.Repository,
 			Job:        a.Identity.Task,
@@ -108,10 +160,14 @@ func decode(data []byte, td spiffeid.TrustDomain) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("missing field %q", f.name)
 		}
 	}
+	services, err := fromWireServices(w.Task.Services)
+	if err != nil {
+		return Assignment{}, err
+	}
 	a := Assignment{
 		ID:      w.ID,
 		Backend: Backend(w.Backend),
-		Task:    Task{ID: w.Task.ID, Pool: w.Task.Pool, Image: w.Task.Image},
+		Task:    Task{ID: w.Task.ID, Pool: w.Task.Pool, Image: w.Task.Image, Services: services},
 		Identity: taskidentity.Identity{
 			Repository: w.Identity.Repository,
 			Task:       w.Identity.Job,

@@ -25,6 +25,8 @@ import (
 	"github.com/nektos/act/pkg/runner"
 	"github.com/sirupsen/logrus"
 	"go.yaml.in/yaml/v4"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
 )
 
 // Version is what the runner tells steps it is (GITEA_ACTIONS_RUNNER_VERSION).
@@ -53,6 +55,9 @@ type Job struct {
 	job      *model.Job
 	plan     *model.Plan
 	env      map[string]string
+	// services run beside the runner; Run waits for their ports.
+	services       []jobservice.Service
+	serviceTimeout time.Duration
 }
 
 // Steps is the number of steps, the reporter's step count.
@@ -64,13 +69,28 @@ type UnsupportedError struct{ Reason string }
 
 func (e *UnsupportedError) Error() string { return e.Reason }
 
-// Prepare reads the task's single-job workflow and plans it. hostImage is
-// the image the executor itself runs (empty when unknown): a job whose
-// `container:` names that image runs on the host, as the backend already
-// placed it there; any other `container:`, `services:` and container options
-// are refused with an *UnsupportedError.
-func Prepare(task *runnerv1.Task, hostImage string) (*Job, error) {
-	wf, err := model.ReadWorkflow(bytes.NewReader(task.GetWorkflowPayload()))
+// Host describes the executor a job runs in, as its backend told the runner.
+type Host struct {
+	// Image is the image the executor itself runs (empty when unknown).
+	Image string
+	// Services are the keys of the job's `services:` the backend runs beside
+	// the runner, in its network namespace (the Pod backend's sidecars);
+	// none where the backend runs no services.
+	Services []string
+	// ServiceTimeout bounds the wait for the services' ports (zero:
+	// jobservice.DefaultReadyTimeout).
+	ServiceTimeout time.Duration
+}
+
+// Prepare reads the task's single-job workflow and plans it. A job whose
+// `container:` names host.Image runs on the host, as the backend already
+// placed it there; a job whose `services:` are exactly host.Services runs
+// once their ports accept connections (see Run), with
+// `job.services.<id>.ports[<port>]` reading <port>. Any other `container:`,
+// `services:` and container options are refused with an *UnsupportedError.
+func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
+	payload := task.GetWorkflowPayload()
+	wf, err := model.ReadWorkflow(bytes.NewReader(payload))
 	if err != nil {
 		return nil, fmt.Errorf("read the workflow of task %d: %w", task.GetId(), err)
 	}
@@ -79,6 +99,20 @@ func Prepare(task *runnerv1.Task, hostImage string) (*Job, error) {
 		return nil, fmt.Errorf("the workflow of task %d has %d jobs, want exactly 1", task.GetId(), len(ids))
 	}
 	id := ids[0]
+	services, err := host.services(wf.GetJob(id))
+	if err != nil {
+		return nil, err
+	}
+	if len(services) > 0 {
+		if expanded := jobservice.ExpandPortExpressions(payload, services); !bytes.Equal(expanded, payload) {
+			if wf, err = model.ReadWorkflow(bytes.NewReader(expanded)); err != nil {
+				return nil, fmt.Errorf("read the workflow of task %d: %w", task.GetId(), err)
+			}
+		}
+		// The backend runs them: act, which would start them with Docker,
+		// must not see them.
+		wf.GetJob(id).Services = nil
+	}
 	// Needs become stub jobs without steps: they feed needs.*, success()
 	// and failure() without running.
 	var needs []string
@@ -98,13 +132,10 @@ func Prepare(task *runnerv1.Task, hostImage string) (*Job, error) {
 		job.RawNeeds.Content = append(job.RawNeeds.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: n})
 	}
 	env := map[string]string{}
-	if len(job.Services) > 0 {
-		return nil, &UnsupportedError{Reason: "this job uses `services:`, which gitea-dynamic-runner executors do not run (no Docker daemon); run the services elsewhere or drop them"}
-	}
 	if c := job.Container(); c != nil && c.Image != "" {
 		switch {
-		case hostImage == "" || c.Image != hostImage:
-			return nil, &UnsupportedError{Reason: fmt.Sprintf("this job asks for `container: %s`, but this executor runs %q and has no Docker daemon; use a pool whose backend runs job containers (pod)", c.Image, hostImage)}
+		case host.Image == "" || c.Image != host.Image:
+			return nil, &UnsupportedError{Reason: fmt.Sprintf("this job asks for `container: %s`, but this executor runs %q and has no Docker daemon; use a pool whose backend runs job containers (pod)", c.Image, host.Image)}
 		case len(c.Ports) > 0 || len(c.Volumes) > 0 || c.Options != "":
 			return nil, &UnsupportedError{Reason: "`container:` ports, volumes and options are not supported: the job already runs in its image"}
 		}
@@ -117,7 +148,32 @@ func Prepare(task *runnerv1.Task, hostImage string) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plan job %s of task %d: %w", id, task.GetId(), err)
 	}
-	return &Job{Task: task, ID: id, workflow: wf, job: job, plan: plan, env: env}, nil
+	return &Job{Task: task, ID: id, workflow: wf, job: job, plan: plan, env: env,
+		services: services, serviceTimeout: host.ServiceTimeout}, nil
+}
+
+// services returns the job's services when the host runs exactly those,
+// and refuses them otherwise.
+func (h Host) services(job *model.Job) ([]jobservice.Service, error) {
+	if len(job.Services) == 0 {
+		return nil, nil
+	}
+	if len(h.Services) == 0 {
+		return nil, &UnsupportedError{Reason: "this job uses `services:`, which this executor does not run (no Docker daemon; only the pod backend runs services, as sidecars); use a pod pool, or run the services elsewhere"}
+	}
+	services, err := jobservice.FromJob(job)
+	if err != nil {
+		return nil, &UnsupportedError{Reason: "`services:`: " + err.Error()}
+	}
+	if got := jobservice.IDs(services); !slices.Equal(got, h.Services) {
+		return nil, &UnsupportedError{Reason: fmt.Sprintf("this job's services are %v, but its executor runs %v", got, h.Services)}
+	}
+	for _, s := range services {
+		if _, err := jobservice.ParsePorts(s.Ports); err != nil {
+			return nil, &UnsupportedError{Reason: fmt.Sprintf("service %s: %v", s.ID, err)}
+		}
+	}
+	return services, nil
 }
 
 // Options place a run.
@@ -276,6 +332,15 @@ func (j *Job) Run(ctx context.Context, r Reporter, opt Options) (err error) {
 	jobCtx = runner.WithJobLoggerFactory(jobCtx, discardFactory{})
 	r.Logf("received task %d of job %s, triggered by event: %s", j.Task.GetId(), j.ID, j.str("event_name"))
 	r.Logf("workflow prepared")
+	if len(j.services) > 0 {
+		err := jobservice.WaitReady(jobCtx, j.services, j.serviceTimeout, func(service string, port jobservice.Port) {
+			r.Logf("waiting for service %s on 127.0.0.1:%d", service, port)
+		})
+		if err != nil {
+			return fmt.Errorf("the job's services are not ready: %w", err)
+		}
+		r.Logf("services ready: %s", strings.Join(jobservice.IDs(j.services), ", "))
+	}
 	execErr := act.NewPlanExecutor(j.plan)(jobCtx)
 	r.SetOutputs(j.job.Outputs)
 	if errors.Is(jobCtx.Err(), context.DeadlineExceeded) && r.JobContext().Err() == nil {

@@ -78,7 +78,7 @@ func task(t *testing.T, workflow string, needs map[string]*runnerv1.TaskNeed) *r
 
 func run(t *testing.T, tk *runnerv1.Task, ctx context.Context) (*recorder, error) {
 	t.Helper()
-	job, err := Prepare(tk, "")
+	job, err := Prepare(tk, Host{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,17 +154,17 @@ func TestPrepareRefuses(t *testing.T) {
 		{"foreign container", "jobs:\n  b:\n    runs-on: x\n    container: golang:1.26\n    steps:\n      - run: true\n", "alpine", "container: golang:1.26"},
 		{"container options", "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      options: --cpus 1\n    steps:\n      - run: true\n", "golang:1.26", "options"},
 	} {
-		_, err := Prepare(task(t, tc.wf, nil), tc.hostImage)
+		_, err := Prepare(task(t, tc.wf, nil), Host{Image: tc.hostImage})
 		var ue *UnsupportedError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Prepare() = %v, want an UnsupportedError mentioning %q", tc.name, err, tc.want)
 		}
 	}
-	job, err := Prepare(task(t, "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      env:\n        GOFLAGS: -mod=mod\n    steps:\n      - run: true\n", nil), "golang:1.26")
+	job, err := Prepare(task(t, "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      env:\n        GOFLAGS: -mod=mod\n    steps:\n      - run: true\n", nil), Host{Image: "golang:1.26"})
 	if err != nil || job.env["GOFLAGS"] != "-mod=mod" {
 		t.Fatalf("the host's own image: %v, env %v", err, job)
 	}
-	if _, err := Prepare(task(t, "jobs:\n  a:\n    runs-on: x\n  b:\n    runs-on: x\n", nil), ""); err == nil {
+	if _, err := Prepare(task(t, "jobs:\n  a:\n    runs-on: x\n  b:\n    runs-on: x\n", nil), Host{}); err == nil {
 		t.Fatal("two jobs prepared")
 	}
 }
