@@ -38,10 +38,13 @@ try-gitea:
 	./scripts/try-gitea.sh up
 
 ## peers: build the real peers the end-to-end tests start (once; cached outside the checkout):
-##        Gitea v1.27.3, kube-apiserver v1.37.2 + etcd v3.7.0, spire-server v1.13.3
+##        Gitea v1.27.3; Kubernetes v1.37.2 (kube-apiserver, kube-scheduler,
+##        kube-controller-manager, kubelet, kube-proxy) + etcd v3.7.0; spire-server and spire-agent
+##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft)
 peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
+	./scripts/peers/kube-node.sh build
 	./scripts/peers/spire.sh build
 
 ## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test
@@ -49,14 +52,12 @@ e2e: peers images
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
 
-## e2e-cluster: the single-node cluster's tests (issue 16 groundwork; not part of e2e yet): builds
-##        the kube-node peer (scheduler, controller-manager, kubelet; Debian's containerd, runc,
-##        CNI plugins) once, then runs TestE2ECluster (build tag e2ecluster; needs root)
+## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
+##        e2e too; needs root)
 e2e-cluster:
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
-	$(GO) vet -tags e2ecluster ./internal/testenv/clusterenv/
-	CI=$${CI:-} $(GO) test -tags e2ecluster -count=1 -timeout 20m -v -run '^TestE2ECluster' ./internal/testenv/clusterenv/
+	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 20m -v -run '^TestE2ECluster' ./internal/testenv/clusterenv/
 
 ## chaos: the chaos run of issue 13 at full size (internal/chaos): 1,000 tasks, at least 200
 ##        SIGKILLs of dispatch, handle and recover, 2 NATS restarts; `make test` runs a short one

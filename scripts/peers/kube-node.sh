@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
-# scripts/peers/kube-node.sh: the rest of a real single-node Kubernetes cluster, beside the
-# control plane kube.sh builds (kube-apiserver + etcd): the scheduler, the controller-manager,
-# the kubelet, and a container runtime (containerd, runc, the CNI plugins).
+# scripts/peers/kube-node.sh: the container runtime and packet filter of the single-node cluster
+# (internal/testenv/clusterenv), beside the Kubernetes commands kube.sh builds (kube-apiserver,
+# kube-scheduler, kube-controller-manager, kubelet, kube-proxy, all in its one `go build`).
 #
-#   kube-node.sh build   build/download once into
+#   kube-node.sh build   download once into
 #                        ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/kube-node-v1.37.2/
-#                          bin/{kube-scheduler,kube-controller-manager,kubelet}   (Go module proxy)
-#                          bin/{containerd,containerd-shim-runc-v2,ctr,runc}       (Debian .debs)
-#                          cni/{bridge,host-local,loopback,portmap,...}            (Debian .debs)
+#                          bin/{containerd,containerd-shim-runc-v2,ctr,runc}   containerd 1.6.20, runc 1.1.5
+#                          cni/{bridge,host-local,loopback,portmap,...}        CNI plugins 1.1.1
+#                          bin/nft (+ lib/)                                    nftables 1.0.6, for kube-proxy
 #                        and print that folder (fast no-op when already built)
 #   kube-node.sh path    print the folder if built, else exit 1
 #
-# Kubernetes: the same throwaway module as kube.sh (k8s.io/kubernetes with its staging repos
-# replaced by their published v0.<minor>.<patch>), the three commands compiled in ONE `go build`
-# invocation so that their shared packages compile once. CGO_ENABLED=0, -trimpath, a private
-# build cache deleted afterwards.
-# Runtime: containerd, runc and containernetworking-plugins are Debian's (bookworm: 1.6.20,
-# 1.1.5, 1.1.1), downloaded with a private apt state (the machine's apt is untouched, nothing
-# is installed) and extracted with dpkg-deb -x; only their binaries are kept (static Go
-# binaries, but runc, which links libseccomp: the machine's libseccomp2 is used).
+# Everything is Debian's (bookworm), downloaded with a private apt state (the machine's apt is
+# untouched, nothing is installed) and extracted with dpkg-deb -x; only the binaries are kept.
+# containerd and the CNI plugins are static Go binaries; runc links libseccomp (the machine's
+# libseccomp2 is used); nft links libnftables1 and libnftnl11, which the machine lacks: they are
+# kept in lib/ and bin/nft is a wrapper that points the loader there (kube-proxy's nftables mode
+# runs `nft` from PATH; the machine has no nft and no iptables of its own).
 # The folder is complete exactly when its stamp exists (temporary sibling, renamed into place,
 # stamp written last); concurrent builds are serialized by a lock file.
 set -euo pipefail
@@ -27,7 +25,7 @@ K8S_VERSION=v1.37.2
 ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
 DEST=$ROOT/kube-node-$K8S_VERSION
 STAMP=$DEST/.complete
-DEBS=(containerd runc containernetworking-plugins)
+DEBS=(containerd runc containernetworking-plugins nftables libnftables1 libnftnl11)
 
 say() { echo "kube-node.sh: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -35,7 +33,7 @@ die() { say "ERROR: $*"; exit 1; }
 built() {
   [ -f "$STAMP" ] || return 1
   local b
-  for b in kube-scheduler kube-controller-manager kubelet containerd containerd-shim-runc-v2 ctr runc; do
+  for b in containerd containerd-shim-runc-v2 ctr runc nft nft.real; do
     [ -x "$DEST/bin/$b" ] || return 1
   done
   [ -x "$DEST/cni/bridge" ] && [ -x "$DEST/cni/host-local" ] && [ -x "$DEST/cni/loopback" ]
@@ -79,19 +77,24 @@ runtime() {
   cp "$tmp/x/usr/bin/containerd" "$tmp/x/usr/bin/containerd-shim-runc-v2" "$tmp/x/usr/bin/ctr" "$tmp/bin/"
   cp "$tmp/x/usr/sbin/runc" "$tmp/bin/" 2>/dev/null || cp "$tmp/x/usr/bin/runc" "$tmp/bin/"
   cp "$tmp/x/usr/lib/cni/"* "$tmp/cni/"
+  mkdir -p "$tmp/lib"
+  cp "$tmp/x/usr/sbin/nft" "$tmp/bin/nft.real"
+  cp -P "$tmp/x/usr/lib/x86_64-linux-gnu/"libnft* "$tmp/lib/"
+  # The wrapper finds its libraries beside itself, wherever the folder is.
+  printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/..\nLD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/nft.real" "$@"\n' >"$tmp/bin/nft"
+  chmod 755 "$tmp/bin/nft"
   rm -rf "$tmp/x" "$state"
 }
 
 build() {
   if built; then echo "$DEST"; return 0; fi
-  command -v go >/dev/null || die "go not found in PATH"
   command -v apt-get >/dev/null || die "apt-get not found: the runtime comes from Debian's packages"
   mkdir -p "$ROOT"
   exec 9>"$ROOT/.kube-node-$K8S_VERSION.lock"
   flock 9
   if built; then echo "$DEST"; return 0; fi
 
-  local t0 tmp kmod staging gover minor patch sv ldflags vpkg s
+  local t0 tmp s
   t0=$(date +%s)
   rm -rf "$ROOT/.kube-node-$K8S_VERSION.tmp."*
   tmp=$(mktemp -d "$ROOT/.kube-node-$K8S_VERSION.tmp.XXXXXX")
@@ -103,49 +106,11 @@ build() {
   runtime "$tmp"
   say "runtime downloaded in $(($(date +%s) - s))s"
 
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  patch=${K8S_VERSION##*.}
-  sv=v0.$minor.$patch
-  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
-  unset GOOS GOARCH || true
-  mkdir "$tmp/mod"
-  kmod=$(cd "$tmp/mod" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-  [ -f "$kmod" ] || die "go mod download k8s.io/kubernetes@$K8S_VERSION failed"
-  staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$kmod" | sort -u)
-  gover=$(awk '$1 == "go" {print $2; exit}' "$kmod")
+  "$tmp/bin/nft" --version >/dev/null || die "bin/nft does not run"
   {
-    echo "module gdr.local/kubenodepeer"
-    echo
-    echo "go $gover"
-    echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    echo
-    echo "replace ("
-    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$sv"; done
-    echo ")"
-  } >"$tmp/mod/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n)\n' >"$tmp/mod/tools.go"
-  ldflags="-s -w"
-  for vpkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-  done
-  s=$(date +%s)
-  say "compiling kube-scheduler, kube-controller-manager, kubelet $K8S_VERSION (one go build)"
-  (cd "$tmp/mod" && go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/" \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubelet)
-  local kseconds=$(($(date +%s) - s))
-  say "kubernetes built in ${kseconds}s"
-  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
-  for b in kube-scheduler kube-controller-manager kubelet; do
-    "$tmp/bin/$b" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION" || die "built $b does not report $K8S_VERSION"
-  done
-  {
-    echo "kubernetes=$K8S_VERSION"
+    echo "for=kubernetes $K8S_VERSION"
     cat "$tmp/packages.txt"
-    echo "go=$(go env GOVERSION)"
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "kubernetes_seconds=$kseconds"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -rf "$DEST"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# scripts/peers/spire.sh: the real SPIRE server our end-to-end tests run against.
+# scripts/peers/spire.sh: the real SPIRE server (and agent) our end-to-end tests run against.
 #
-#   spire.sh build   build github.com/spiffe/spire/cmd/spire-server v1.13.3 once into
-#                    ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/spire-v1.13.3/spire-server
+#   spire.sh build   build github.com/spiffe/spire/cmd/spire-server and cmd/spire-agent v1.13.3
+#                    once into ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/spire-v1.13.3/
 #                    and print that folder (fast no-op when already built)
-#   spire.sh path    print the binary path if built, else exit 1
+#   spire.sh path    print the server's path if built, else exit 1
+#
+# spire-agent runs in a Pod of the single-node cluster (internal/testenv/clusterenv), from an
+# image with nothing but the binary: it is static (CGO_ENABLED=0; the agent needs no cgo).
 #
 # The folder is complete exactly when it exists: it is assembled in a temporary sibling and
 # renamed into place, with a stamp file written last. Concurrent builds are serialized by a
@@ -23,7 +26,7 @@ STAMP=$DEST/.complete
 say() { echo "spire.sh: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 
-built() { [ -f "$STAMP" ] && [ -x "$DEST/spire-server" ]; }
+built() { [ -f "$STAMP" ] && [ -x "$DEST/spire-server" ] && [ -x "$DEST/spire-agent" ]; }
 
 build() {
   if built; then echo "$DEST"; return 0; fi
@@ -52,12 +55,18 @@ build() {
     go get -tool "github.com/spiffe/spire/cmd/spire-server@$VERSION"
     say "compiling spire-server $VERSION"
     go build -trimpath -ldflags "-s -w" -o "$tmp/spire-server" github.com/spiffe/spire/cmd/spire-server
+    say "compiling spire-agent $VERSION (static)"
+    go get -tool "github.com/spiffe/spire/cmd/spire-agent@$VERSION"
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/spire-agent" github.com/spiffe/spire/cmd/spire-agent
   )
   chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
-  "$tmp/spire-server" --version 2>&1 | grep -q "${VERSION#v}" ||
-    die "built spire-server does not report ${VERSION#v}"
+  local b
+  for b in spire-server spire-agent; do
+    "$tmp/$b" --version 2>&1 | grep -q "${VERSION#v}" || die "built $b does not report ${VERSION#v}"
+  done
   {
     echo "spire-server=$VERSION"
+    echo "spire-agent=$VERSION (static)"
     echo "go=$(go env GOVERSION)"
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"

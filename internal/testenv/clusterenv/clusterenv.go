@@ -107,14 +107,23 @@ var kubeletSysctls = []string{
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
 }
 
-// NodeAssets returns the folder of scripts/peers/kube-node.sh's build
-// (skipping or failing the test as testenv.RequirePeer does).
+// NodeAssets returns the folder of scripts/peers/kube-node.sh's build, the
+// node's runtime (skipping or failing the test as testenv.RequirePeer does).
 func NodeAssets(t testing.TB) string {
 	t.Helper()
 	return testenv.RequirePeer(t, testenv.Peer{Name: "kube-node", Version: Version, Executables: []string{
-		"bin/kube-scheduler", "bin/kube-controller-manager", "bin/kubelet",
-		"bin/containerd", "bin/containerd-shim-runc-v2", "bin/ctr", "bin/runc",
+		"bin/containerd", "bin/containerd-shim-runc-v2", "bin/ctr", "bin/runc", "bin/nft",
 		"cni/bridge", "cni/host-local", "cni/loopback",
+	}})
+}
+
+// KubeAssets returns the folder of scripts/peers/kube.sh's build with the
+// node's Kubernetes commands checked too (kubeenv.Assets checks the control
+// plane's only).
+func KubeAssets(t testing.TB) string {
+	t.Helper()
+	return testenv.RequirePeer(t, testenv.Peer{Name: "kube", Version: Version, Executables: []string{
+		"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kubelet", "kube-proxy",
 	}})
 }
 
@@ -125,7 +134,8 @@ type Cluster struct {
 	// Dir holds every file of the cluster's own: configs, logs, data.
 	Dir string
 
-	nodeBin   string // kube-node peer folder
+	nodeBin   string // kube-node peer folder: the runtime
+	kubeBin   string // kube peer folder: the Kubernetes commands
 	id        string // hex, names the cgroupRoot and the host veth
 	hostIf    string
 	nodeIP    string
@@ -134,7 +144,8 @@ type Cluster struct {
 	procs     []*testenv.Process
 	node      *testenv.Process // unshare
 	nodePID   int              // the namespace's init, as the machine sees it
-	proxy     net.Listener
+	proxyMu   sync.Mutex
+	proxies   []net.Listener // in the node's namespace: the API server's, Forward's
 	watchdog  *watchdog
 	lock      *os.File // flock'd: one cluster per machine (sysctls are global)
 	stopOnce  sync.Once
@@ -146,7 +157,7 @@ type Cluster struct {
 // registers Stop with t.Cleanup. Needs root (namespaces, cgroups, sysctls).
 func Start(ctx context.Context, t testing.TB) *Cluster {
 	t.Helper()
-	kubeDir := kubeenv.Assets(t)
+	kubeDir := KubeAssets(t)
 	nodeDir := NodeAssets(t)
 	if os.Geteuid() != 0 {
 		testenv.Unavailable(t, "clusterenv: the node needs root (namespaces, cgroups, sysctls)")
@@ -178,7 +189,7 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		return nil, err
 	}
 	c := &Cluster{
-		Dir: dir, nodeBin: nodeDir, id: id, hostIf: "gdrh" + id,
+		Dir: dir, nodeBin: nodeDir, kubeBin: kubeDir, id: id, hostIf: "gdrh" + id,
 		cgroupDir: "/gdr-node-" + id, sysctls: map[string]string{},
 		log: t.Logf,
 	}
@@ -202,13 +213,20 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 	if c.watchdog, err = startWatchdog(c); err != nil {
 		return c, err
 	}
-	c.Plane, err = kubeenv.StartWith(kubeDir, kubeenv.Options{APIServerArgs: map[string][]string{
-		"kubelet-preferred-address-types": {"InternalIP"},
-		// envtest disables ServiceAccount admission (no controller makes
-		// the default ServiceAccount there); here the controller-manager
-		// does, and Pods get their projected token, as in a real cluster.
-		"disable-admission-plugins": {""},
-	}})
+	c.Plane, err = kubeenv.StartWith(kubeDir, kubeenv.Options{
+		APIServerArgs: map[string][]string{
+			"kubelet-preferred-address-types": {"InternalIP"},
+			// envtest disables ServiceAccount admission (no controller makes
+			// the default ServiceAccount there); here the controller-manager
+			// does, and Pods get their projected token, as in a real cluster.
+			"disable-admission-plugins": {""},
+			// The "kubernetes" Service's endpoint: the node's address, where
+			// the harness forwards to the API server (Pods reach it through
+			// kube-proxy, as in-cluster clients do).
+			"advertise-address": {c.nodeIP},
+		},
+		ServingIPs: []net.IP{net.ParseIP(c.nodeIP)},
+	})
 	if err != nil {
 		return c, err
 	}
@@ -222,13 +240,13 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 	}
 
 	// Scheduler and controller-manager, on the machine's 127.0.0.1.
-	if err := c.startControl(t, "kube-scheduler", filepath.Join(nodeDir, "bin", "kube-scheduler"),
+	if err := c.startControl(t, "kube-scheduler", filepath.Join(kubeDir, "kube-scheduler"),
 		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
 		"--leader-elect=false", "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", testenv.FreePort(t)),
 		"--cert-dir="+filepath.Join(dir, "scheduler-certs")); err != nil {
 		return c, err
 	}
-	if err := c.startControl(t, "kube-controller-manager", filepath.Join(nodeDir, "bin", "kube-controller-manager"),
+	if err := c.startControl(t, "kube-controller-manager", filepath.Join(kubeDir, "kube-controller-manager"),
 		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
 		"--leader-elect=false", "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", testenv.FreePort(t)),
 		"--cert-dir="+filepath.Join(dir, "controller-manager-certs"),
@@ -274,15 +292,19 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 			return c, fmt.Errorf("nsenter %s: %w: %s", strings.Join(full, " "), err, out)
 		}
 	}
-	// The kubelet's way to the API server: 127.0.0.1:6443 in its namespace.
+	// The kubelet's (and kube-proxy's) way to the API server:
+	// 127.0.0.1:6443 in its namespace; the Pods': the "kubernetes"
+	// Service's endpoint, the node's address and the API server's port.
 	u, err := url.Parse(c.Plane.Config.Host)
 	if err != nil {
 		return c, err
 	}
-	if c.proxy, err = listenInNetns(fmt.Sprintf("/proc/%d/ns/net", c.nodePID), fmt.Sprintf("127.0.0.1:%d", apiPortInNode)); err != nil {
+	if err := c.forward(fmt.Sprintf("127.0.0.1:%d", apiPortInNode), u.Host); err != nil {
 		return c, err
 	}
-	go proxy(c.proxy, u.Host)
+	if _, err := c.Forward(u.Host); err != nil {
+		return c, err
+	}
 	if err := os.WriteFile(filepath.Join(dir, "net-ready"), nil, 0o644); err != nil {
 		return c, err
 	}
@@ -493,24 +515,54 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 `, c.nodeIP, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"))
+	// kube-proxy, nftables mode (nft from the kube-node peer, on PATH): it
+	// programs the node's own network namespace only. Every conntrack
+	// setting 0: leave the kernel's (machine-wide ones among them) alone.
+	kubeProxy := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clusterCIDR: 10.244.0.0/24
+hostnameOverride: %s
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+clientConnection:
+  kubeconfig: %s
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+`, NodeName, filepath.Join(d, "node.kubeconfig"))
 	bin := filepath.Join(c.nodeBin, "bin")
+	// In the node's namespaces: /proc is its own (--mount-proc), so the
+	// net.* sysctls below are the node's network namespace's. Forwarding:
+	// a Service's traffic between two Pods is routed through the node;
+	// bridge-nf-call-iptables: that traffic, bridged on cni0, passes
+	// kube-proxy's rules (hairpin and Pod-to-Pod through a ClusterIP).
 	script := fmt.Sprintf(`set -eu
 D=%q
 B=%q
+K=%q
 export PATH="$B:$PATH"
 mount -t tmpfs -o mode=0755 gdr-node-run /run
 mount -t tmpfs -o mode=0755 gdr-node-varlib /var/lib
 ip link set lo up
+echo 1 >/proc/sys/net/ipv4/ip_forward
+echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 : >"$D/ns-ready"
 while [ ! -e "$D/net-ready" ]; do sleep 0.1; done
 "$B/containerd" --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
 while [ ! -e "$D/kubelet-go" ]; do sleep 0.1; done
-"$B/kubelet" --config "$D/kubelet.yaml" --kubeconfig "$D/node.kubeconfig" --root-dir "$D/kubelet" \
+"$K/kubelet" --config "$D/kubelet.yaml" --kubeconfig "$D/node.kubeconfig" --root-dir "$D/kubelet" \
   --hostname-override %s --node-ip %s >"$D/kubelet.log" 2>&1 &
+"$K/kube-proxy" --config "$D/kube-proxy.yaml" >"$D/kube-proxy.log" 2>&1 &
 wait
-`, d, bin, NodeName, c.nodeIP)
+`, d, bin, c.kubeBin, NodeName, c.nodeIP)
 	for name, data := range map[string]string{
 		"containerd.toml": containerd, "cni/net.d/10-gdr.conflist": cni, "kubelet.yaml": kubelet, "node.sh": script,
+		"kube-proxy.yaml": kubeProxy,
 	} {
 		if err := os.WriteFile(filepath.Join(d, name), []byte(data), 0o644); err != nil {
 			return err
@@ -589,6 +641,43 @@ func listenInNetns(nsPath, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s in %s: %w", addr, nsPath, r.err)
 	}
 	return r.l, nil
+}
+
+// Forward makes a server of the machine's, listening at hostAddr
+// (127.0.0.1:<port>), reachable from the node and its Pods at the returned
+// address: the node's address and the same port, in the node's network
+// namespace (nothing listens beyond 127.0.0.1 on the machine). The harness
+// forwards each connection until Stop. Pods reach it directly, or through a
+// Service without a selector whose EndpointSlice names that address
+// (kube-proxy translates the ClusterIP), as they would reach a server
+// outside the cluster.
+func (c *Cluster) Forward(hostAddr string) (string, error) {
+	_, port, err := net.SplitHostPort(hostAddr)
+	if err != nil {
+		return "", fmt.Errorf("clusterenv: forward %s: %w", hostAddr, err)
+	}
+	inNode := net.JoinHostPort(c.nodeIP, port)
+	if err := c.forward(inNode, hostAddr); err != nil {
+		return "", err
+	}
+	return inNode, nil
+}
+
+// NodeIP is the node's address (its InternalIP), where Forward listens.
+func (c *Cluster) NodeIP() string { return c.nodeIP }
+
+// forward listens on addr in the node's network namespace and forwards
+// every connection to target on the machine.
+func (c *Cluster) forward(addr, target string) error {
+	l, err := listenInNetns(fmt.Sprintf("/proc/%d/ns/net", c.nodePID), addr)
+	if err != nil {
+		return err
+	}
+	c.proxyMu.Lock()
+	c.proxies = append(c.proxies, l)
+	c.proxyMu.Unlock()
+	go proxy(l, target)
+	return nil
 }
 
 // proxy forwards every connection accepted on l to target, until l closes.
@@ -803,9 +892,12 @@ func (c *Cluster) Stop() error {
 				}
 			}
 		}
-		if c.proxy != nil {
-			_ = c.proxy.Close()
+		c.proxyMu.Lock()
+		for _, l := range c.proxies {
+			_ = l.Close()
 		}
+		c.proxies = nil
+		c.proxyMu.Unlock()
 		for _, p := range c.procs {
 			p.Stop(10 * time.Second)
 		}
@@ -850,7 +942,7 @@ func (c *Cluster) Stop() error {
 // dumpLogs logs the tail of every component's log.
 func (c *Cluster) dumpLogs(t testing.TB) {
 	t.Helper()
-	for _, name := range []string{"node", "containerd", "kubelet", "kube-scheduler", "kube-controller-manager"} {
+	for _, name := range []string{"node", "containerd", "kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"} {
 		t.Logf("--- %s.log (tail)\n%s", name, testenv.LogTail(filepath.Join(c.Dir, name+".log"), 40))
 	}
 }

@@ -1,23 +1,32 @@
-//go:build e2ecluster
+//go:build e2e
 
 package clusterenv
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 )
+
+func ptr[T any](v T) *T { return &v }
 
 // TestE2ECluster starts one cluster (a few tens of seconds) and runs, from a
 // locally built image (`hello --version`, exits 0):
@@ -27,6 +36,12 @@ import (
 //   - Job: a Job, whose Pod kube-controller-manager's Job controller
 //     creates, to Complete;
 //   - ServiceAccount: a Pod reads its projected ServiceAccount token;
+//   - InCluster: a Pod reaches the API server through the "kubernetes"
+//     Service (kube-proxy), verifies its certificate with the projected CA
+//     and is authorized by RBAC as its ServiceAccount: listing pods is
+//     allowed (a Role), listing secrets forbidden;
+//   - Forward: a server on the machine's 127.0.0.1 is reached from a Pod at
+//     Forward's address and through a Service without a selector;
 //   - Teardown: Stop leaves no process, veth or cgroup of the node behind,
 //     and restores the sysctls the kubelet changed.
 func TestE2ECluster(t *testing.T) {
@@ -125,6 +140,96 @@ func TestE2ECluster(t *testing.T) {
 		log := runPod(ctx, t, c, cs, ns, pod)
 		if !strings.Contains(log, "namespace="+ns+" ") || strings.Contains(log, "token=0 ") || strings.Contains(log, " ca=0 ") {
 			t.Fatalf("probe saw no token, CA or namespace: %q", log)
+		}
+	})
+	probeImage := sync.OnceValue(func() error {
+		probe, err := BuildImage(ctx, t, "probe", "./internal/testenv/clusterenv/testdata/probe")
+		if err == nil {
+			err = c.ImportImage(ctx, probe, "gdr.local/probe")
+		}
+		return err
+	})
+	probePod := func(args ...string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "probe"},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullNever, Args: args,
+			}}},
+		}
+	}
+	t.Run("InCluster", func(t *testing.T) {
+		if err := probeImage(); err != nil {
+			t.Fatal(err)
+		}
+		ns := namespace(t)
+		if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "pod-reader"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "pod-reader"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "pod-reader"},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "default", Namespace: ns}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		log := runPod(ctx, t, c, cs, ns, probePod("sa", "api"))
+		if !strings.Contains(log, "host=10.0.0.1") || !strings.Contains(log, "pods=200 secrets=403") {
+			t.Fatalf("probe through the kubernetes Service: %q, want host=10.0.0.1 and pods=200 secrets=403", log)
+		}
+	})
+	t.Run("Forward", func(t *testing.T) {
+		if err := probeImage(); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer conn.Close()
+					line, _ := bufio.NewReader(conn).ReadString('\n')
+					fmt.Fprintf(conn, "echo: %s", line)
+				}()
+			}
+		}()
+		addr, err := c.Forward(l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, portText, _ := net.SplitHostPort(addr)
+		port, _ := strconv.Atoi(portText)
+		ns := namespace(t)
+		svc, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "echo", Port: 7000, TargetPort: intstr.FromInt32(int32(port))}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: "echo", Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{host}}},
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("echo"), Port: ptr(int32(port)), Protocol: ptr(corev1.ProtocolTCP)}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		viaService := net.JoinHostPort(svc.Spec.ClusterIP, "7000")
+		log := runPod(ctx, t, c, cs, ns, probePod("dial="+addr, "dial="+viaService))
+		for _, want := range []string{"dial " + addr + ": echo: ping from probe", "dial " + viaService + ": echo: ping from probe"} {
+			if !strings.Contains(log, want) {
+				t.Fatalf("probe log %q lacks %q", log, want)
+			}
 		}
 	})
 	t.Run("Teardown", func(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -83,6 +84,12 @@ type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, without the leading
 	// dashes ("feature-gates": "X=true"). They override the harness's own.
 	APIServerArgs map[string][]string
+	// ServingIPs, if set, makes the API server serve a certificate of a CA
+	// of the plane's own (Config.CAData) that also names these addresses,
+	// the "kubernetes" Service's first ClusterIP (10.0.0.1) and its DNS
+	// names, so that Pods of a cluster built on the plane (clusterenv) verify
+	// it through the Service as client-go's in-cluster configuration does.
+	ServingIPs []net.IP
 }
 
 // AuditPolicy is the audit policy of a plane started with Options.Audit:
@@ -143,6 +150,15 @@ func StartWith(dir string, opts Options) (*Plane, error) {
 			Set("audit-log-path", auditLog).
 			Set("audit-log-format", "json").
 			Set("audit-log-mode", "blocking")
+	}
+	var servingCA []byte
+	if len(opts.ServingIPs) > 0 {
+		servingCA, err = servingCert(api.CertDir, append([]net.IP{net.IPv4(10, 0, 0, 1)}, opts.ServingIPs...))
+		if err != nil {
+			os.RemoveAll(data)
+			return nil, err
+		}
+		api.SecureServing.CA = servingCA
 	}
 	for flag, values := range opts.APIServerArgs {
 		api.Configure().Set(flag, values...)

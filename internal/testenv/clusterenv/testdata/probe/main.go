@@ -1,21 +1,123 @@
-// Command probe prints what a Pod sees of its ServiceAccount: the size of
-// the projected token and CA bundle, the namespace file, and the API
-// server's address from the environment. It exits 1 without a token.
+// Command probe prints what a Pod sees of the cluster, one check per
+// argument (none: "sa"), one line each, and exits 1 if a check could not
+// run:
+//   - sa: the size of the projected ServiceAccount token and CA bundle, the
+//     namespace file, and the API server's address from the environment;
+//   - api: the HTTP status of listing the Pod's namespace's pods and secrets
+//     through the "kubernetes" Service (KUBERNETES_SERVICE_HOST/PORT, the
+//     token, the CA bundle: what client-go's in-cluster configuration does);
+//   - dial=<host:port>: a line sent over TCP and the line that comes back.
+//
+// Only the standard library: the image stays small and builds fast.
 package main
 
 import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"strings"
+	"time"
 )
 
+const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
 func main() {
-	const dir = "/var/run/secrets/kubernetes.io/serviceaccount"
-	tok, err := os.ReadFile(dir + "/token")
-	ns, _ := os.ReadFile(dir + "/namespace")
-	ca, _ := os.ReadFile(dir + "/ca.crt")
-	fmt.Printf("token=%d namespace=%s ca=%d host=%s\n", len(tok), ns, len(ca), os.Getenv("KUBERNETES_SERVICE_HOST"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	checks := os.Args[1:]
+	if len(checks) == 0 {
+		checks = []string{"sa"}
+	}
+	failed := false
+	for _, c := range checks {
+		if err := run(c); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", c, err)
+			failed = true
+		}
+	}
+	if failed {
 		os.Exit(1)
 	}
+}
+
+func run(check string) error {
+	switch {
+	case check == "sa":
+		tok, err := os.ReadFile(saDir + "/token")
+		ns, _ := os.ReadFile(saDir + "/namespace")
+		ca, _ := os.ReadFile(saDir + "/ca.crt")
+		fmt.Printf("token=%d namespace=%s ca=%d host=%s\n", len(tok), ns, len(ca), os.Getenv("KUBERNETES_SERVICE_HOST"))
+		return err
+	case check == "api":
+		return api()
+	case strings.HasPrefix(check, "dial="):
+		return dial(strings.TrimPrefix(check, "dial="))
+	}
+	return fmt.Errorf("unknown check")
+}
+
+func api() error {
+	tok, err := os.ReadFile(saDir + "/token")
+	if err != nil {
+		return err
+	}
+	ns, err := os.ReadFile(saDir + "/namespace")
+	if err != nil {
+		return err
+	}
+	caPEM, err := os.ReadFile(saDir + "/ca.crt")
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("no certificate in ca.crt")
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	host := net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT"))
+	var out []string
+	for _, resource := range []string{"pods", "secrets"} {
+		req, err := http.NewRequest(http.MethodGet, "https://"+host+"/api/v1/namespaces/"+string(ns)+"/"+resource, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		out = append(out, fmt.Sprintf("%s=%d", resource, resp.StatusCode))
+	}
+	fmt.Println(strings.Join(out, " "))
+	return nil
+}
+
+// dial retries for 20 s: kube-proxy programs a new Service's rules within
+// a second or so of its EndpointSlice.
+func dial(addr string) error {
+	var conn net.Conn
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if conn, err = net.DialTimeout("tcp", addr, 5*time.Second); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintln(conn, "ping from probe"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	fmt.Printf("dial %s: %s\n", addr, strings.TrimSpace(line))
+	return nil
 }
