@@ -484,9 +484,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   }]
 }
 `, filepath.Join(d, "cni", "ipam"))
+	// The kubelet listens on every address of the node's own network
+	// namespace: the node's (the API server, through the veth) and
+	// 127.0.0.1 (the SPIRE agent's k8s workload attestor, host network).
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: %s
+address: 0.0.0.0
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -514,7 +517,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`, c.nodeIP, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"))
+`, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"))
 	// kube-proxy, nftables mode (nft from the kube-node peer, on PATH): it
 	// programs the node's own network namespace only. Every conntrack
 	// setting 0: leave the kernel's (machine-wide ones among them) alone.

@@ -24,6 +24,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -42,6 +48,10 @@ func ptr[T any](v T) *T { return &v }
 //     allowed (a Role), listing secrets forbidden;
 //   - Forward: a server on the machine's 127.0.0.1 is reached from a Pod at
 //     Forward's address and through a Service without a selector;
+//   - SPIRE: a SPIRE agent runs as a Pod (k8s_psat node attestation against
+//     a real spire-server), and a workload Pod gets the X.509-SVID of an
+//     entry selecting its namespace (the k8s workload attestor asks this
+//     kubelet), through the agent's socket by hostPath;
 //   - Teardown: Stop leaves no process, veth or cgroup of the node behind,
 //     and restores the sysctls the kubelet changed.
 func TestE2ECluster(t *testing.T) {
@@ -230,6 +240,41 @@ func TestE2ECluster(t *testing.T) {
 			if !strings.Contains(log, want) {
 				t.Fatalf("probe log %q lacks %q", log, want)
 			}
+		}
+	})
+	t.Run("SPIRE", func(t *testing.T) {
+		server := spireenv.Start(t, spireenv.WithK8sPSAT(SPIRECluster, c.AdminKubeconfig()))
+		t1 := time.Now()
+		agentID := c.StartSPIREAgent(ctx, t, server)
+		t.Logf("SPIRE agent %s attested %v after create", agentID, time.Since(t1).Round(time.Millisecond))
+		ns := namespace(t)
+		id := spiffeid.RequireFromPath(server.TrustDomain, "/ci/probe")
+		resp, err := server.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{{
+			SpiffeId:  &types.SPIFFEID{TrustDomain: id.TrustDomain().Name(), Path: id.Path()},
+			ParentId:  &types.SPIFFEID{TrustDomain: agentID.TrustDomain().Name(), Path: agentID.Path()},
+			Selectors: []*types.Selector{{Type: "k8s", Value: "ns:" + ns}},
+		}}})
+		if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
+			t.Fatalf("create entry: %v %v", err, resp)
+		}
+		dir := corev1.HostPathDirectory
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "workload"},
+			Spec: corev1.PodSpec{
+				// The entry reaches the agent within its sync interval: a
+				// fetch before that finds no identity and is retried.
+				RestartPolicy: corev1.RestartPolicyOnFailure,
+				Containers: []corev1.Container{{
+					Name: "workload", Image: "gdr.local/spire-agent:latest", ImagePullPolicy: corev1.PullNever,
+					Args:         []string{"api", "fetch", "x509", "-socketPath", SPIREAgentSocketDir + "/spire-agent.sock"},
+					VolumeMounts: []corev1.VolumeMount{{Name: "spire", MountPath: SPIREAgentSocketDir, ReadOnly: true}},
+				}},
+				Volumes: []corev1.Volume{{Name: "spire", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: SPIREAgentSocketDir, Type: &dir}}}},
+			},
+		}
+		log := runPod(ctx, t, c, cs, ns, pod)
+		if !strings.Contains(log, id.String()) {
+			t.Fatalf("workload's X.509-SVID fetch: %q, want %s", log, id)
 		}
 	})
 	t.Run("Teardown", func(t *testing.T) {

@@ -89,7 +89,7 @@ plugins {
     NodeAttestor "join_token" {
         plugin_data {}
     }
-}
+%s}
 `
 
 // Option changes the server's configuration.
@@ -98,6 +98,24 @@ type Option func(*options)
 type options struct {
 	adminIDs           []spiffeid.ID
 	regoPath, dataPath string
+	psatCluster        string
+	psatKubeconfig     string
+}
+
+// WithK8sPSAT adds the k8s_psat NodeAttestor for one cluster: agents that
+// present a projected token of the ServiceAccount spire/spire-agent (audience
+// spire-server), which the server reviews with the API server kubeconfig
+// names, get the ID spiffe://<td>/spire/agent/k8s_psat/<cluster>/<node UID>.
+func WithK8sPSAT(cluster, kubeconfig string) Option {
+	return func(o *options) { o.psatCluster, o.psatKubeconfig = cluster, kubeconfig }
+}
+
+// AgentBinary returns the static spire-agent `make peers` builds beside the
+// server (testenv.RequirePeer, as Binary).
+func AgentBinary(t testing.TB) string {
+	t.Helper()
+	dir := testenv.RequirePeer(t, testenv.Peer{Name: "spire", Version: Version, Executables: []string{"spire-server", "spire-agent"}})
+	return filepath.Join(dir, "spire-agent")
 }
 
 // WithAuthorizationPolicy replaces the default authorization policy with
@@ -136,6 +154,12 @@ func Start(t testing.TB, opts ...Option) *Server {
 		extra += fmt.Sprintf("    experimental {\n        auth_opa_policy_engine {\n            local {\n"+
 			"                rego_path = %q\n                policy_data_path = %q\n            }\n        }\n    }\n", o.regoPath, o.dataPath)
 	}
+	var plugins string
+	if o.psatCluster != "" {
+		plugins = fmt.Sprintf("    NodeAttestor \"k8s_psat\" {\n        plugin_data {\n            clusters = {\n"+
+			"                %q = {\n                    service_account_allow_list = [\"spire:spire-agent\"]\n"+
+			"                    kube_config_file = %q\n                }\n            }\n        }\n    }\n", o.psatCluster, o.psatKubeconfig)
+	}
 	bin := Binary(t)
 	dir := t.TempDir()
 	// A unix socket path must fit in 108 bytes: t.TempDir() (named after the
@@ -156,7 +180,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		conf := filepath.Join(dir, "server.conf")
 		data := fmt.Sprintf(configTemplate, port, s.Socket, TrustDomain, filepath.Join(dir, "data"), extra,
-			filepath.Join(dir, "data", "datastore.sqlite3"))
+			filepath.Join(dir, "data", "datastore.sqlite3"), plugins)
 		if err := os.WriteFile(conf, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -213,6 +237,17 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 		}
 	})
 	return nil
+}
+
+// Bundle returns the trust domain's X.509 bundle in PEM (what an agent
+// bootstraps with), from `spire-server bundle show`.
+func (s *Server) Bundle(t testing.TB) []byte {
+	t.Helper()
+	out, err := exec.Command(Binary(t), "bundle", "show", "-socketPath", s.Socket).Output()
+	if err != nil {
+		t.Fatalf("spireenv: bundle show: %v", err)
+	}
+	return out
 }
 
 // Conn is the admin API connection (unix socket, a local caller).
