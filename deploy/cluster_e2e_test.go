@@ -1,0 +1,370 @@
+//go:build e2e
+
+package deploy
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+)
+
+// TestE2EClusterInstall installs deploy/keda into a real single-node cluster
+// (internal/testenv/clusterenv) the way deploy/README.md says, from an empty
+// cluster: the keys and Secrets, the runner registration, the NATS users of
+// nats/authorization.conf (a real nats-server), a SPIRE server with an agent
+// on the node, and `kubectl apply -k keda` with the images of `make images`.
+// Then the control plane must come up as shipped: the handle-setup Job
+// completes (it creates the streams and consumers as NATS user
+// handle-setup), dispatch serve is Ready (NATS and Gitea reached from its
+// Pod, as NATS user dispatch, with the registered credentials) and the
+// gateway is Ready (NATS as user gateway, its own X.509-SVID from the SPIRE
+// agent, attested by the k8s workload attestor).
+//
+// What differs from a production install, because this machine has no
+// registry, no DNS and no SPIFFE CSI driver (all said in docs/CLUSTER.md):
+// images are imported into the node's containerd and every container's
+// imagePullPolicy is set to IfNotPresent; servers outside the cluster (NATS,
+// Gitea, the SPIRE server) are named by the address the harness forwards
+// them at; the gateway's Workload API volume is the agent's socket folder by
+// hostPath (the documented alternative); KEDA's ScaledJobs and the CronJobs
+// are not applied (no KEDA operator here yet: issue 16).
+func TestE2EClusterInstall(t *testing.T) {
+	images := imagesFolder(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	c := clusterenv.Start(ctx, t)
+	cs := c.Client(t)
+
+	// The peers outside the cluster, each forwarded to the node.
+	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()))
+	agentID := c.StartSPIREAgent(ctx, t, spire)
+	natsConf, err := os.ReadFile(authorizationFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nats := startAuthorizedNATS(t, string(natsConf))
+	natsURL, err := url.Parse(nats.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsAddr, err := c.Forward(natsURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := giteaenv.Start(t, giteaenv.Options{})
+	giteaURL, err := url.Parse(g.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	giteaAddr, err := c.Forward(giteaURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// kustomize build keda, with the placeholders of gdr-config set.
+	root := copyDeploy(t)
+	override(t, filepath.Join(root, "keda"), installNamespace, "gdr.local", "latest")
+	docs := buildKustomization(t, filepath.Join(root, "keda"))
+	td := spire.TrustDomain
+	gatewayID := spiffeid.RequireFromPath(td, "/gateway")
+	config := map[string]string{
+		"GDR_NATS_URL":          "nats://" + natsAddr,
+		"GDR_GITEA_URL":         "http://" + giteaAddr + "/",
+		"GDR_TRUST_DOMAIN":      td.Name(),
+		"GDR_CLUSTER_NAME":      clusterenv.SPIRECluster,
+		"GDR_GATEWAY_SPIFFE_ID": gatewayID.String(),
+	}
+	var objs []*unstructured.Unstructured
+	var pools string
+	for _, d := range docs {
+		switch d.kind() {
+		case "ScaledJob", "CronJob":
+			continue
+		}
+		obj := &unstructured.Unstructured{Object: d.obj}
+		switch {
+		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-config":
+			for k, v := range config {
+				if err := unstructured.SetNestedField(obj.Object, v, "data", k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
+			pools, _, _ = unstructured.NestedString(obj.Object, "data", "pools.yaml")
+		case d.kind() == "Deployment" && obj.GetName() == "gateway":
+			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
+		}
+		walk(obj.Object, func(m map[string]any) {
+			if _, ok := m["image"].(string); ok {
+				m["imagePullPolicy"] = "IfNotPresent" // no registry: the images are imported
+			}
+			if csi, ok := m["csi"].(map[string]any); ok && csi["driver"] == "csi.spiffe.io" {
+				delete(m, "csi")
+				m["hostPath"] = map[string]any{"path": clusterenv.SPIREAgentSocketDir, "type": "Directory"}
+			}
+		})
+		objs = append(objs, obj)
+	}
+	if pools == "" {
+		t.Fatal("no gdr-pools ConfigMap in the build")
+	}
+
+	// The images, as `make images` built them, under the names the
+	// kustomization's images: now give them (override above).
+	for _, name := range []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"} {
+		if err := c.ImportImage(ctx, filepath.Join(images, name), "gdr.local/gitea-dynamic-runner-"+name); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// deploy/README.md's "Secrets and keys" and the runner registration.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: installNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitServiceAccount(ctx, t, installNamespace)
+	key := func(n int) []byte {
+		b := make([]byte, n)
+		_, _ = rand.Read(b)
+		return []byte(base64.StdEncoding.EncodeToString(b))
+	}
+	seed := make([]byte, ed25519.SeedSize)
+	_, _ = rand.Read(seed)
+	verify := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
+	secrets := map[string]map[string][]byte{
+		"gdr-secrets": {
+			"bootstrap-key": key(32), "payload-key": key(32), "webhook-secret": key(24), "tick-token": key(32),
+			"assignment-signing-key": []byte(base64.StdEncoding.EncodeToString(seed)),
+		},
+		"gdr-runner-credentials": registerPools(ctx, t, g, pools),
+	}
+	for _, u := range natsUsers {
+		data, err := os.ReadFile(nats.seeds[u])
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets["gdr-nats-"+strings.ReplaceAll(strings.ToLower(u), "_", "-")] = map[string][]byte{"nkey": data}
+	}
+	for name, data := range secrets {
+		if _, err := cs.CoreV1().Secrets(installNamespace).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data,
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cs.CoreV1().ConfigMaps(installNamespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "gdr-assignment-verify-keys"},
+		Data:       map[string]string{"verify-keys": base64.StdEncoding.EncodeToString(verify)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway's registration entry (deploy/README.md): its ServiceAccount
+	// in this namespace, on this node's agent.
+	resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
+		SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: gatewayID.Path()},
+		ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
+		Selectors: []*spiretypes.Selector{
+			{Type: "k8s", Value: "ns:" + installNamespace},
+			{Type: "k8s", Value: "sa:gitea-dynamic-runner-gateway"},
+		},
+	}}})
+	if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
+		t.Fatalf("gateway entry: %v %v", err, resp)
+	}
+
+	// kubectl apply -k keda (server-side apply), with KEDA's CRDs present.
+	if _, err := envtest.InstallCRDs(c.Plane.RESTConfig(), envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join("testdata", "crds")}, ErrorIfPathMissing: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	applyAll(ctx, t, c, objs)
+
+	waitInstalled(ctx, t, c, cs)
+}
+
+// imagesFolder is `make images`' output (bin/images), or the test is
+// unavailable (skipped on a developer machine, failed under CI=true).
+func imagesFolder(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "bin", "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "gateway", "index.json")); err != nil {
+		testenv.Unavailable(t, fmt.Sprintf("no images in %s: run `make images`", dir))
+	}
+	return dir
+}
+
+// registerPools registers every pool of the pools file with Gitea, as
+// `dispatch register` does, and returns the files of the state folder: the
+// data of the gdr-runner-credentials Secret.
+func registerPools(ctx context.Context, t *testing.T, g *giteaenv.Server, poolsYAML string) map[string][]byte {
+	t.Helper()
+	state := t.TempDir()
+	file := filepath.Join(t.TempDir(), "pools.yaml")
+	if err := os.WriteFile(file, []byte(poolsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := runnerpool.Source{PoolsFile: file, StateDir: state}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := g.RegistrationToken(t)
+	for _, p := range pools {
+		creds, err := gitea.Register(ctx, g.URL, &http.Client{Timeout: 30 * time.Second}, gitea.Registration{
+			Token: token, Name: "gdr-" + p.Name, Labels: p.Labels,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := (gitea.FileStore{Path: p.Credentials}).Save(creds); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := map[string][]byte{}
+	ents, err := os.ReadDir(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		data, err := os.ReadFile(filepath.Join(state, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = data
+	}
+	return out
+}
+
+// applyAll server-side applies objs as a cluster admin (kubectl apply).
+func applyAll(ctx context.Context, t *testing.T, c *clusterenv.Cluster, objs []*unstructured.Unstructured) {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	dyn, err := dynamic.NewForConfig(c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(schema.GroupKind{Group: gvk.Group, Kind: gvk.Kind}, gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: no API: %v", gvk.Kind, obj.GetName(), err)
+		}
+		var res dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			res = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+		}
+		if _, err := res.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "gdr-e2e", Force: true}); err != nil {
+			t.Fatalf("apply %s %s: %v", gvk.Kind, obj.GetName(), err)
+		}
+	}
+}
+
+// waitInstalled waits for the handle-setup Job to complete and the dispatch
+// and gateway Deployments to be available, and on failure dumps every Pod's
+// status and log.
+func waitInstalled(ctx context.Context, t *testing.T, c *clusterenv.Cluster, cs kubernetes.Interface) {
+	t.Helper()
+	t0 := time.Now()
+	done := map[string]time.Duration{}
+	check := func() (bool, error) {
+		if _, ok := done["handle-setup"]; !ok {
+			j, err := cs.BatchV1().Jobs(installNamespace).Get(ctx, "handle-setup", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, cond := range j.Status.Conditions {
+				if cond.Type == batchv1.JobFailed && cond.Status == corev1.ConditionTrue {
+					return false, fmt.Errorf("handle-setup failed: %s", cond.Message)
+				}
+				if cond.Type == batchv1.JobComplete && cond.Status == corev1.ConditionTrue {
+					done["handle-setup"] = time.Since(t0)
+				}
+			}
+		}
+		for _, name := range []string{"dispatch", "gateway"} {
+			if _, ok := done[name]; ok {
+				continue
+			}
+			d, err := cs.AppsV1().Deployments(installNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, cond := range d.Status.Conditions {
+				if cond.Type == appsv1.DeploymentAvailable && cond.Status == corev1.ConditionTrue && d.Status.ReadyReplicas > 0 {
+					done[name] = time.Since(t0)
+				}
+			}
+		}
+		return len(done) == 3, nil
+	}
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		ok, err := check()
+		if ok {
+			t.Logf("installed: %v after apply", done)
+			return
+		}
+		if err != nil || time.Now().After(deadline) || ctx.Err() != nil {
+			dumpPods(ctx, t, cs)
+			t.Fatalf("install not up (%v; done: %v)", err, done)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func dumpPods(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	pods, err := cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("list pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		t.Logf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		for _, ctr := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+			b, err := cs.CoreV1().Pods(installNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ctr.Name, TailLines: ptrTo(int64(30))}).DoRaw(ctx)
+			t.Logf("--- %s/%s log (%v):\n%s", p.Name, ctr.Name, err, b)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
