@@ -367,4 +367,3 @@ func dumpPods(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
-
