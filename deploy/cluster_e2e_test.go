@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
@@ -83,13 +84,20 @@ func TestE2EClusterInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := giteaenv.Start(t, giteaenv.Options{})
-	giteaURL, err := url.Parse(g.URL)
+	// Gitea's ROOT_URL is where Pods reach it (the URLs it hands executors:
+	// server_url, actions, checkout); the machine reaches it there too.
+	giteaPort := testenv.FreePort(t)
+	giteaAddr, err := c.Forward(fmt.Sprintf("127.0.0.1:%d", giteaPort))
 	if err != nil {
 		t.Fatal(err)
 	}
-	giteaAddr, err := c.Forward(giteaURL.Host)
-	if err != nil {
+	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP()})
+	// handle and recover reach the SPIRE Server API on its socket (a
+	// hostPath, as the shipped manifests say), as user 65532.
+	if err := os.Chmod(filepath.Dir(spire.Socket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(spire.Socket, 0o777); err != nil {
 		t.Fatal(err)
 	}
 
@@ -105,6 +113,8 @@ func TestE2EClusterInstall(t *testing.T) {
 		"GDR_TRUST_DOMAIN":      td.Name(),
 		"GDR_CLUSTER_NAME":      clusterenv.SPIRECluster,
 		"GDR_GATEWAY_SPIFFE_ID": gatewayID.String(),
+		// No DNS: the gateway Service's ClusterIP, fixed below.
+		"GDR_GATEWAY_URL": "https://" + gatewayClusterIP + ":443",
 	}
 	var objs []*unstructured.Unstructured
 	var pools string
@@ -122,11 +132,16 @@ func TestE2EClusterInstall(t *testing.T) {
 				}
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
-			pools, _, _ = unstructured.NestedString(obj.Object, "data", "pools.yaml")
+			pools = localPools(t, obj)
 		case d.kind() == "Deployment" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
+		case d.kind() == "Service" && obj.GetName() == "gateway":
+			_ = unstructured.SetNestedField(obj.Object, gatewayClusterIP, "spec", "clusterIP")
 		}
 		walk(obj.Object, func(m map[string]any) {
+			if hp, ok := m["hostPath"].(map[string]any); ok && hp["path"] == "/run/spire/server-sockets" {
+				hp["path"] = filepath.Dir(spire.Socket)
+			}
 			if _, ok := m["image"].(string); ok {
 				m["imagePullPolicy"] = "IfNotPresent" // no registry: the images are imported
 			}
@@ -212,6 +227,44 @@ func TestE2EClusterInstall(t *testing.T) {
 	applyAll(ctx, t, c, objs)
 
 	waitInstalled(ctx, t, c, cs)
+}
+
+// gatewayClusterIP is the gateway Service's ClusterIP in the install test
+// (the cluster has no DNS to resolve "gateway").
+const gatewayClusterIP = "10.0.0.200"
+
+// localPools rewrites the pools file of the gdr-pools ConfigMap obj for this
+// cluster: the executor images are the imported ones (IfNotPresent), and the
+// Workload API comes from the agent's socket folder by hostPath. It returns
+// the rewritten file.
+func localPools(t *testing.T, obj *unstructured.Unstructured) string {
+	t.Helper()
+	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
+	var pools map[string]any
+	if err := yaml.Unmarshal([]byte(text), &pools); err != nil {
+		t.Fatal(err)
+	}
+	walk(pools, func(m map[string]any) {
+		for _, k := range []string{"image", "runnerImage"} {
+			if img, ok := m[k].(string); ok {
+				m[k] = strings.Replace(img, "ghcr.io/example/", "gdr.local/", 1)
+				if k == "image" {
+					m["imagePullPolicy"] = "IfNotPresent"
+				}
+			}
+		}
+		if _, ok := m["podTemplate"]; ok {
+			m["workloadAPI"] = map[string]any{"hostPath": clusterenv.SPIREAgentSocketDir}
+		}
+	})
+	out, err := yaml.Marshal(pools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(obj.Object, string(out), "data", "pools.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
 
 // imagesFolder is `make images`' output (bin/images), or the test is

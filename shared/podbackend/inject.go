@@ -209,7 +209,9 @@ func inject(t *corev1.PodTemplateSpec, runnerImage string, w WorkloadAPI) {
 
 // installContainer is the init container of inject. It runs as the runner
 // container's (or the Pod's) user and group when they are set and not root,
-// else as the runner image's installUser.
+// else as the runner image's installUser, and pulls its image as the runner
+// container's says (imagePullPolicy: a cluster whose nodes hold the images
+// beforehand sets IfNotPresent or Never there, for both).
 func installContainer(spec *corev1.PodSpec, image string) corev1.Container {
 	runner := spec.Containers[runnerIndex(spec.Containers)]
 	var podSC corev1.PodSecurityContext
@@ -234,8 +236,9 @@ func installContainer(spec *corev1.PodSpec, image string) corev1.Container {
 	}
 	no, yes := false, true
 	return corev1.Container{
-		Name:  InstallContainer,
-		Image: image,
+		Name:            InstallContainer,
+		Image:           image,
+		ImagePullPolicy: runner.ImagePullPolicy,
 		// The image's entrypoint is the runner: `runner install <path>`
 		// copies itself (mode 0755, renamed into place).
 		Args:         []string{"install", RunnerPath},

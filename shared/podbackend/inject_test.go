@@ -28,7 +28,8 @@ type injected struct {
 	env         string // SPIFFE_ENDPOINT_SOCKET
 	csiDriver   string // "" with hostPath
 	hostPath    string
-	uid, gid    int64 // of the init container
+	uid, gid    int64             // of the init container
+	pullPolicy  corev1.PullPolicy // of the init container: the runner container's
 }
 
 // checkInjected returns what pod lacks of want, one line each.
@@ -46,6 +47,9 @@ func checkInjected(pod *corev1.Pod, want injected) []string {
 		return probs
 	}
 	ic := spec.InitContainers[0]
+	if ic.ImagePullPolicy != want.pullPolicy {
+		add("init container imagePullPolicy %q, want the runner container's %q", ic.ImagePullPolicy, want.pullPolicy)
+	}
 	if ic.Name != wantInit || ic.Image != want.initImage || len(ic.Command) != 0 ||
 		!slices.Equal(ic.Args, []string{"install", wantRunnerPath}) {
 		add("init container %s image %q command %q args %q; want %s image %q running its entrypoint with install %s",
@@ -182,6 +186,12 @@ func TestInjection(t *testing.T) {
 			profile: `{"workloadAPI":{"csiDriver":"spiffe.example.org","socket":"agent.sock"},` + testTemplate[1:],
 			want: injected{runnerImage: "runner:v1", initImage: "runner:v1", env: "unix:///spiffe-workload-api/agent.sock",
 				csiDriver: "spiffe.example.org", uid: 65532, gid: 65532},
+		},
+		{
+			name:    "pull policy of the runner container",
+			profile: `{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1","imagePullPolicy":"IfNotPresent"}]}}}`,
+			want: injected{runnerImage: "r:1", initImage: "r:1", env: wantSocket, csiDriver: "csi.spiffe.io", uid: 65532, gid: 65532,
+				pullPolicy: corev1.PullIfNotPresent},
 		},
 		{
 			name:     "hostPath",

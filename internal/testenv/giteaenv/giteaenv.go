@@ -40,10 +40,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -77,6 +79,16 @@ type Options struct {
 	// ZombieSchedule is [cron.stop_zombie_tasks] SCHEDULE, e.g. "@every 2s" (default "@every 5m").
 	// The reaper also runs once at start.
 	ZombieSchedule string
+	// Port is the HTTP port on 127.0.0.1 (a free one when zero): a test that
+	// forwards the port elsewhere before Gitea starts (clusterenv.Forward)
+	// picks it first.
+	Port int
+	// RootHost, if set, is the host of ROOT_URL (and Server.URL) instead of
+	// 127.0.0.1: an address where Gitea's port is forwarded (a cluster's
+	// node, clusterenv.Forward), so that executors elsewhere reach the URLs
+	// Gitea hands out (the task context's server_url, actions, checkout).
+	// Gitea itself still listens on 127.0.0.1 only.
+	RootHost string
 	// ExtraINI is appended verbatim to app.ini (go-ini merges a repeated section, and a repeated
 	// key overrides), e.g. "[actions]\nENDLESS_TASK_TIMEOUT = 30s\n".
 	ExtraINI string
@@ -102,9 +114,16 @@ func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin, static := Binary(t)
 	dir := t.TempDir()
-	port := testenv.FreePort(t)
+	port := opts.Port
+	if port == 0 {
+		port = testenv.FreePort(t)
+	}
+	host := "127.0.0.1"
+	if opts.RootHost != "" {
+		host = opts.RootHost
+	}
 	s := &Server{
-		URL:           fmt.Sprintf("http://127.0.0.1:%d/", port),
+		URL:           fmt.Sprintf("http://%s/", net.JoinHostPort(host, strconv.Itoa(port))),
 		AdminUser:     "gdr-admin",
 		AdminPassword: "Gdr-" + randomHex(t, 12),
 		Dir:           dir,
@@ -137,7 +156,11 @@ func (s *Server) appINI(t testing.TB, port int, static string, opts Options) str
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	w("APP_NAME = gdr-e2e\nRUN_MODE = prod\nWORK_PATH = %s\nI_AM_BEING_UNSAFE_RUNNING_AS_ROOT = true", s.Dir)
-	w("\n[server]\nPROTOCOL = http\nHTTP_ADDR = 127.0.0.1\nHTTP_PORT = %d\nDOMAIN = 127.0.0.1\nROOT_URL = %s", port, s.URL)
+	domain := "127.0.0.1"
+	if opts.RootHost != "" {
+		domain = opts.RootHost
+	}
+	w("\n[server]\nPROTOCOL = http\nHTTP_ADDR = 127.0.0.1\nHTTP_PORT = %d\nDOMAIN = %s\nROOT_URL = %s", port, domain, s.URL)
 	w("DISABLE_SSH = true\nSTART_SSH_SERVER = false\nLFS_START_SERVER = false\nOFFLINE_MODE = true")
 	w("APP_DATA_PATH = %s\nSTATIC_ROOT_PATH = %s\nGRACEFUL_HAMMER_TIME = 2s", filepath.Join(s.Dir, "data"), static)
 	w("\n[database]\nDB_TYPE = sqlite3\nPATH = %s\nSQLITE_JOURNAL_MODE = WAL", filepath.Join(s.Dir, "data", "gitea.db"))
