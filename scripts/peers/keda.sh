@@ -83,7 +83,8 @@ build() {
   cp "$kdir"/config/crd/bases/*.yaml "$tmp/crds/"
   chmod 644 "$tmp"/crds/*.yaml
   chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
-  go version -m "$tmp/keda-operator" | grep -qE "^[[:space:]]dep[[:space:]]+$KEDA_MODULE[[:space:]]+$KEDA_VERSION[[:space:]]" ||
+  # The main package's module is recorded as "mod" (not "dep"), though it is not the main module.
+  go version -m "$tmp/keda-operator" | grep -qE "^[[:space:]](mod|dep)[[:space:]]+$KEDA_MODULE[[:space:]]+$KEDA_VERSION([[:space:]]|$)" ||
     die "built keda-operator does not embed $KEDA_MODULE $KEDA_VERSION"
   {
     echo "keda=$KEDA_VERSION"
