@@ -17,10 +17,12 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
@@ -44,12 +46,14 @@ var scaledJobs = schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha
 
 // TestE2EKEDAScalesHandlePod runs the shipped ScaledJob of handle (pod
 // backend) under KEDA's real operator, reading a real nats-server's /jsz:
-// while the consumer handle-setup makes is missing, KEDA reports a trigger
+// until the ConfigMaps and the Secret its template reads exist, KEDA starts
+// no Job; while the consumer handle-setup makes is missing, KEDA reports a trigger
 // error and starts no Job (KEDA >= 2.20; earlier versions scaled to the
 // maximum); with the consumer and no message it starts none either; after two
 // assignments it starts exactly two Jobs from the handle template (lag 2,
 // lagThreshold 1) and no more while they run. The Jobs never run: the plane
-// has no controller manager and no kubelet.
+// has no controller manager and no kubelet. On failure kedaenv prints the
+// operator's log.
 func TestE2EKEDAScalesHandlePod(t *testing.T) {
 	Assets(t) // skip before starting anything when the operator is not built
 	p := plane.Plane(t)
@@ -84,7 +88,7 @@ func TestE2EKEDAScalesHandlePod(t *testing.T) {
 		t.Helper()
 		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(interval / 4) {
 			if js := jobs(); len(js) != 0 {
-				t.Fatalf("%s: KEDA created %d Job(s), want none; operator log:\n%s", phase, len(js), op.LogTail(60))
+				t.Fatalf("%s: KEDA created %d Job(s), want none", phase, len(js))
 			}
 		}
 	}
@@ -114,11 +118,19 @@ func TestE2EKEDAScalesHandlePod(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: ScaledJob condition %s = %q (reason %q), want %q (reason %q); operator log:\n%s", phase, typ, s, r, status, reason, op.LogTail(80))
+				t.Fatalf("%s: ScaledJob condition %s = %q (reason %q), want %q (reason %q)", phase, typ, s, r, status, reason)
 			}
 			time.Sleep(interval / 4)
 		}
 	}
+
+	// 0. KEDA resolves the template's environment (envFrom, configMapKeyRef,
+	// secretKeyRef) before it reads the trigger: without the ConfigMaps and
+	// the Secret the base kustomization makes, the ScaledJob is not ready
+	// and no Job is created.
+	waitCondition("no configuration", "Ready", "False", "")
+	noJobsFor("no configuration", 2*interval)
+	createTemplateConfig(t, ctx, kube, ns)
 
 	// 1. No consumer (handle-setup has not run): the trigger errs, no Job.
 	waitCondition("no consumer", "Ready", "False", "TriggerError")
@@ -141,7 +153,7 @@ func TestE2EKEDAScalesHandlePod(t *testing.T) {
 	start := time.Now()
 	for len(jobs()) == 0 {
 		if time.Since(start) > 30*time.Second {
-			t.Fatalf("no Job 30s after %d messages on %s; operator log:\n%s", published, subject, op.LogTail(80))
+			t.Fatalf("no Job 30s after %d messages on %s", published, subject)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -151,15 +163,15 @@ func TestE2EKEDAScalesHandlePod(t *testing.T) {
 	time.Sleep(3 * interval) // KEDA counts the Jobs as running: it must not add more
 	got := jobs()
 	if len(got) != published {
-		t.Fatalf("%d Jobs after %d messages and 3 more polling intervals, want %d (one per message); operator log:\n%s", len(got), published, published, op.LogTail(80))
+		t.Fatalf("%d Jobs after %d messages and 3 more polling intervals, want %d (one per message)", len(got), published, published)
 	}
 	for _, j := range got {
 		checkHandleJob(t, j, sj.GetName())
 	}
 
 	// The operator is the one built from v2.21.0, and listens on loopback only.
-	if log := op.LogTail(1000); !strings.Contains(log, "KEDA Version: "+strings.TrimPrefix(Version, "v")) {
-		t.Errorf("the operator's log does not report KEDA %s:\n%s", Version, op.LogTail(40))
+	if log, err := os.ReadFile(op.logPath); err != nil || !strings.Contains(string(log), "KEDA Version: "+strings.TrimPrefix(Version, "v")) {
+		t.Errorf("the operator's log does not report KEDA %s (%v)", Version, err)
 	}
 	listening, err := listeners(op.PID())
 	if err != nil {
@@ -170,6 +182,24 @@ func TestE2EKEDAScalesHandlePod(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(listening, want) {
 		t.Errorf("keda-operator listens on %v, want exactly %v", listening, want)
+	}
+}
+
+// createTemplateConfig creates the objects the handle template reads its
+// environment from, with placeholder values (the Jobs never run).
+func createTemplateConfig(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns string) {
+	t.Helper()
+	for _, cm := range []*corev1.ConfigMap{
+		{ObjectMeta: metav1.ObjectMeta{Name: "gdr-config"}, Data: map[string]string{"GDR_LOG_LEVEL": "info"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "gdr-assignment-verify-keys"}, Data: map[string]string{"verify-keys": "placeholder"}},
+	} {
+		if _, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create ConfigMap %s: %v", cm.Name, err)
+		}
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "gdr-secrets"}, StringData: map[string]string{"bootstrap-key": "placeholder"}}
+	if _, err := kube.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create Secret %s: %v", secret.Name, err)
 	}
 }
 

@@ -175,7 +175,7 @@ func Start(ctx context.Context, t testing.TB, cfg *rest.Config, opts Options) *O
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute) // two cores shared with compilers
 	defer cancel()
 	if err := o.proc.WaitReady(readyCtx, 200*time.Millisecond, o.ready); err != nil {
-		t.Fatalf("kedaenv: keda-operator: %v; log tail:\n%s", err, o.LogTail(60))
+		t.Fatalf("kedaenv: keda-operator: %v", err) // the cleanup prints its log
 	}
 	return o
 }
