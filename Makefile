@@ -40,12 +40,14 @@ try-gitea:
 ## peers: build the real peers the end-to-end tests start (once; cached outside the checkout):
 ##        Gitea v1.27.3; Kubernetes v1.37.2 (kube-apiserver, kube-scheduler,
 ##        kube-controller-manager, kubelet, kube-proxy) + etcd v3.7.0; spire-server and spire-agent
-##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft)
+##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft);
+##        KEDA's operator v2.21.0
 peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
 	./scripts/peers/spire.sh build
+	./scripts/peers/keda.sh build
 
 ## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test
 e2e: peers images

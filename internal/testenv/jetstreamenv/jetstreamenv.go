@@ -1,9 +1,11 @@
 // Package jetstreamenv runs an embedded NATS server with JetStream for tests,
 // and on it the assignment queue the functions share (NewQueue).
 //
-// Every server listens on 127.0.0.1 on a port of its own, keeps its store in
-// the test's temporary directory and is shut down when the test ends, so tests
-// that use it may run in parallel and leave nothing behind.
+// Every server listens on 127.0.0.1 on a port of its own, with its HTTP
+// monitoring endpoint (/jsz, /varz, ...) on another port of 127.0.0.1
+// (Server.MonitorAddr), keeps its store in the test's temporary directory and
+// is shut down when the test ends, so tests that use it may run in parallel
+// and leave nothing behind.
 //
 // It imports shared/assignmentqueue: that package's own tests use it from the
 // external test package assignmentqueue_test.
@@ -29,11 +31,11 @@ const readyTimeout = 10 * time.Second
 // t.Cleanup. Start fails the test if the server does not come up.
 func Start(t testing.TB) (*server.Server, string) {
 	t.Helper()
-	return start(t, t.TempDir(), -1)
+	return start(t, t.TempDir(), -1, -1)
 }
 
-// Restart shuts s down and starts a new server on the same port with the same
-// store, so streams, consumers and messages written to disk survive and clients
+// Restart shuts s down and starts a new server on the same ports (clients and
+// monitoring) with the same store, so streams, consumers and messages written to disk survive and clients
 // connected to the old URL reconnect to the new server. The returned server is
 // shut down by t.Cleanup.
 func Restart(t testing.TB, s *server.Server) (*server.Server, string) {
@@ -41,6 +43,10 @@ func Restart(t testing.TB, s *server.Server) (*server.Server, string) {
 	addr, ok := s.Addr().(*net.TCPAddr)
 	if !ok {
 		t.Fatalf("jetstreamenv: server has no TCP listener to restart on")
+	}
+	monitor := s.MonitorAddr()
+	if monitor == nil {
+		t.Fatalf("jetstreamenv: server has no monitoring listener to restart on")
 	}
 	storeDir := s.StoreDir()
 	if storeDir == "" {
@@ -53,14 +59,18 @@ func Restart(t testing.TB, s *server.Server) (*server.Server, string) {
 	}
 	s.Shutdown()
 	s.WaitForShutdown()
-	return start(t, storeDir, addr.Port)
+	return start(t, storeDir, addr.Port, monitor.Port)
 }
 
-func start(t testing.TB, storeDir string, port int) (*server.Server, string) {
+// start runs a server on port and monitoring port httpPort of 127.0.0.1 (-1:
+// a free one each).
+func start(t testing.TB, storeDir string, port, httpPort int) (*server.Server, string) {
 	t.Helper()
 	opts := &server.Options{
 		Host:      "127.0.0.1",
 		Port:      port,
+		HTTPHost:  "127.0.0.1",
+		HTTPPort:  httpPort,
 		JetStream: true,
 		StoreDir:  storeDir,
 		NoLog:     true,

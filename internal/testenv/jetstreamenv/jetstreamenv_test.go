@@ -2,7 +2,9 @@ package jetstreamenv_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -34,6 +36,66 @@ func TestStartServesJetStreamOnLoopback(t *testing.T) {
 	if _, err := js.AccountInfo(ctx); err != nil {
 		t.Fatalf("account info: %v", err)
 	}
+}
+
+// TestMonitoringServesJszOnLoopback reads a consumer's counts from /jsz, as
+// KEDA's nats-jetstream scaler does.
+func TestMonitoringServesJszOnLoopback(t *testing.T) {
+	s, url := jetstreamenv.Start(t)
+	addr := s.MonitorAddr()
+	if addr == nil || addr.IP.String() != "127.0.0.1" || addr.Port == 8222 {
+		t.Fatalf("monitoring address = %v, want 127.0.0.1 on a random port", addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, js := jetstreamenv.Connect(t, url)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MON", Subjects: []string{"mon"}}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js.CreateConsumer(ctx, "MON", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+	for range 2 {
+		if _, err := js.Publish(ctx, "mon", []byte("x")); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/jsz?consumers=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /jsz: %v", err)
+	}
+	defer resp.Body.Close()
+	var jsz struct {
+		Accounts []struct {
+			Streams []struct {
+				Name      string `json:"name"`
+				Consumers []struct {
+					Name       string `json:"name"`
+					NumPending uint64 `json:"num_pending"`
+				} `json:"consumer_detail"`
+			} `json:"stream_detail"`
+		} `json:"account_details"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
+		t.Fatalf("decode /jsz: %v", err)
+	}
+	for _, a := range jsz.Accounts {
+		for _, st := range a.Streams {
+			for _, c := range st.Consumers {
+				if st.Name == "MON" && c.Name == "c" {
+					if c.NumPending != 2 {
+						t.Fatalf("num_pending = %d, want 2", c.NumPending)
+					}
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("/jsz has no consumer MON/c: %+v", jsz)
 }
 
 func TestServersAreIndependent(t *testing.T) {
@@ -78,9 +140,13 @@ func TestRestartKeepsStoreAndPort(t *testing.T) {
 		t.Fatalf("publish: %v", err)
 	}
 
-	_, url2 := jetstreamenv.Restart(t, s)
+	monitor := s.MonitorAddr().String()
+	s2, url2 := jetstreamenv.Restart(t, s)
 	if url2 != url {
 		t.Fatalf("restarted URL = %q, want %q", url2, url)
+	}
+	if got := s2.MonitorAddr().String(); got != monitor {
+		t.Fatalf("restarted monitoring address = %s, want %s", got, monitor)
 	}
 	// The old connection reconnects; poll until the stream answers. A request
 	// sent while the new server is still starting JetStream gets no answer at
