@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,17 +26,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kedaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -75,7 +77,9 @@ func TestE2EClusterInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nats := startAuthorizedNATS(t, string(natsConf))
+	// Its monitoring port is KEDA's (the operator runs on the machine).
+	monitor := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	nats := startAuthorizedNATSWith(t, string(natsConf), "http: "+monitor)
 	natsURL, err := url.Parse(nats.url)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +95,9 @@ func TestE2EClusterInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP()})
+	// Its webhooks go to the node's address (a NodePort, below): private.
+	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP(),
+		ExtraINI: "[webhook]\nALLOWED_HOST_LIST = loopback,private\n"})
 	// handle and recover reach the SPIRE Server API on its socket (a
 	// hostPath, as the shipped manifests say), as user 65532.
 	if err := os.Chmod(filepath.Dir(spire.Socket), 0o755); err != nil {
@@ -119,9 +125,8 @@ func TestE2EClusterInstall(t *testing.T) {
 	var objs []*unstructured.Unstructured
 	var pools string
 	for _, d := range docs {
-		switch d.kind() {
-		case "ScaledJob", "CronJob":
-			continue
+		if d.kind() == "CronJob" {
+			continue // recover's pass and dispatch run: not needed for these jobs
 		}
 		obj := &unstructured.Unstructured{Object: d.obj}
 		switch {
@@ -139,6 +144,11 @@ func TestE2EClusterInstall(t *testing.T) {
 			_ = unstructured.SetNestedField(obj.Object, gatewayClusterIP, "spec", "clusterIP")
 		}
 		walk(obj.Object, func(m map[string]any) {
+			if m["type"] == "nats-jetstream" {
+				if md, ok := m["metadata"].(map[string]any); ok {
+					md["natsServerMonitoringEndpoint"] = monitor
+				}
+			}
 			if hp, ok := m["hostPath"].(map[string]any); ok && hp["path"] == "/run/spire/server-sockets" {
 				hp["path"] = filepath.Dir(spire.Socket)
 			}
@@ -218,20 +228,67 @@ func TestE2EClusterInstall(t *testing.T) {
 		t.Fatalf("gateway entry: %v %v", err, resp)
 	}
 
-	// kubectl apply -k keda (server-side apply), with KEDA's CRDs present.
-	if _, err := envtest.InstallCRDs(c.Plane.RESTConfig(), envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join("testdata", "crds")}, ErrorIfPathMissing: true,
-	}); err != nil {
+	// KEDA's operator (on the machine, its CRDs installed), then kubectl
+	// apply -k keda (server-side apply).
+	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
+	applyAll(ctx, t, c, objs)
+	waitInstalled(ctx, t, c, cs)
+
+	// A job: dispatch claims it, KEDA starts a handle Job for the
+	// assignment, handle creates the executor Pod (its SPIRE entry on this
+	// node's agent), the runner gets its SVID, reports through the gateway,
+	// and the job ends success in Gitea with its step's log.
+	// Gitea's workflow_job webhook reaches dispatch serve as an operator
+	// would expose it (here: a NodePort on the node's address, which the
+	// machine reaches through the veth; kube-proxy forwards it).
+	if _, err := cs.CoreV1().Services(installNamespace).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "dispatch-webhook"},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: map[string]string{"app.kubernetes.io/name": "dispatch"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), NodePort: dispatchNodePort}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	applyAll(ctx, t, c, objs)
-
-	waitInstalled(ctx, t, c, cs)
+	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
+		string(secrets["gdr-secrets"]["webhook-secret"]))
+	repo := g.CreateRepo(t, "cluster")
+	t0 := time.Now()
+	g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", `on: push
+jobs:
+  hello:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo "hello from $(hostname) as $(id -u)"
+`)
+	var job giteaenv.Job
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
+		jobs := g.Jobs(t, repo)
+		if len(jobs) > 0 {
+			job = jobs[0]
+		}
+		if job.Status == "completed" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if job.Status != "completed" || job.Conclusion != "success" {
+		dumpPods(ctx, t, cs)
+		t.Logf("keda-operator log:\n%s", keda.LogTail(40))
+		t.Fatalf("job %+v, want completed success", job)
+	}
+	t.Logf("job %s success %v after the push", job.Name, time.Since(t0).Round(time.Millisecond))
+	if log := g.JobLogs(t, repo, job.ID); !strings.Contains(log, "hello from") {
+		t.Fatalf("job log lacks the step's output:\n%s", log)
+	}
 }
 
 // gatewayClusterIP is the gateway Service's ClusterIP in the install test
 // (the cluster has no DNS to resolve "gateway").
 const gatewayClusterIP = "10.0.0.200"
+
+// dispatchNodePort is where Gitea's webhooks reach dispatch serve.
+const dispatchNodePort = 30080
 
 // localPools rewrites the pools file of the gdr-pools ConfigMap obj for this
 // cluster: the executor images are the imported ones (IfNotPresent), and the
