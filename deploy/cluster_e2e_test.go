@@ -254,32 +254,85 @@ func TestE2EClusterInstall(t *testing.T) {
 	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
 	repo := g.CreateRepo(t, "cluster")
-	t0 := time.Now()
-	g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", `on: push
+	// A plain job (the pool's runner-host image) and a container: job (the
+	// runner injected into the job's image; here an image that has a shell,
+	// imported like the others: no registry), pushed together: two runs,
+	// two executor Pods.
+	cases := []struct{ name, workflow, want string }{
+		{"hello", `on: push
 jobs:
   hello:
     runs-on: ubuntu-latest
     steps:
-      - run: echo "hello from $(hostname) as $(id -u)"
-`)
-	var job giteaenv.Job
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		jobs := g.Jobs(t, repo)
-		if len(jobs) > 0 {
-			job = jobs[0]
-		}
-		if job.Status == "completed" || time.Now().After(deadline) {
-			break
-		}
+      - run: echo "hello from $(cat /etc/hostname) as $(id -u)"
+`, "hello from gdr-linux-"},
+		{"boxed", `on: push
+jobs:
+  boxed:
+    runs-on: ubuntu-latest
+    container: gdr.local/gitea-dynamic-runner-runner-host:latest
+    steps:
+      - run: echo "boxed in $(cat /etc/hostname)"
+`, "boxed in gdr-linux-"},
 	}
-	if job.Status != "completed" || job.Conclusion != "success" {
-		dumpPods(ctx, t, cs)
-		t.Logf("keda-operator log:\n%s", keda.LogTail(40))
-		t.Fatalf("job %+v, want completed success", job)
+	t0 := time.Now()
+	for _, tc := range cases {
+		g.PushWorkflow(t, repo, ".gitea/workflows/"+tc.name+".yml", tc.workflow)
 	}
-	t.Logf("job %s success %v after the push", job.Name, time.Since(t0).Round(time.Millisecond))
-	if log := g.JobLogs(t, repo, job.ID); !strings.Contains(log, "hello from") {
-		t.Fatalf("job log lacks the step's output:\n%s", log)
+	for _, tc := range cases {
+		var job giteaenv.Job
+		var log string
+		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			for _, j := range g.Jobs(t, repo) {
+				if j.Name == tc.name {
+					job = j
+				}
+			}
+			if job.Status == "completed" {
+				log = g.JobLogs(t, repo, job.ID)
+				break
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+		}
+		if job.Status != "completed" || job.Conclusion != "success" {
+			dumpPods(ctx, t, cs)
+			t.Logf("keda-operator log:\n%s", keda.LogTail(40))
+			t.Fatalf("job %+v, want completed success", job)
+		}
+		if !strings.Contains(log, tc.want) {
+			t.Fatalf("job %s's log lacks %q:\n%s", job.Name, tc.want, log)
+		}
+		t.Logf("job %s success, seen %v after the pushes", tc.name, time.Since(t0).Round(time.Millisecond))
+	}
+
+	// Nothing of the jobs is left running: the executor Pods go (the finish
+	// notice's recover-finish Job, KEDA again) and no handle Job runs.
+	t1 := time.Now()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		pods, err := cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue // a finished Job's Pod, kept as history
+			}
+			if name := p.Labels["app.kubernetes.io/name"]; name == "dispatch" || name == "gateway" {
+				continue // the long-running control plane
+			}
+			left = append(left, p.Name+" ("+string(p.Status.Phase)+")")
+		}
+		if len(left) == 0 {
+			t.Logf("no executor or handle Pod left %v after the jobs ended", time.Since(t1).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			dumpPods(ctx, t, cs)
+			t.Fatalf("left running after the jobs: %v", left)
+		}
 	}
 }
 
