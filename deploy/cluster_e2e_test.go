@@ -166,6 +166,14 @@ func TestE2EClusterInstall(t *testing.T) {
 		t.Fatal("no gdr-pools ConfigMap in the build")
 	}
 
+	// A service for a job's services: (a sidecar of its executor Pod).
+	echo, err := clusterenv.BuildImage(ctx, t, "echo", "./internal/testenv/clusterenv/testdata/echo")
+	if err == nil {
+		err = c.ImportImage(ctx, echo, "gdr.local/echo")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The images, as `make images` built them, under the names the
 	// kustomization's images: now give them (override above).
 	for _, name := range []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"} {
@@ -254,10 +262,11 @@ func TestE2EClusterInstall(t *testing.T) {
 	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
 	repo := g.CreateRepo(t, "cluster")
-	// A plain job (the pool's runner-host image) and a container: job (the
+	// A plain job (the pool's runner-host image), a container: job (the
 	// runner injected into the job's image; here an image that has a shell,
-	// imported like the others: no registry), pushed together: two runs,
-	// two executor Pods.
+	// imported like the others: no registry) and a job with a service (a
+	// sidecar of its executor Pod, reached by its key), pushed together:
+	// three runs, three executor Pods.
 	cases := []struct{ name, workflow, want string }{
 		{"hello", `on: push
 jobs:
@@ -274,6 +283,21 @@ jobs:
     steps:
       - run: echo "boxed in $(cat /etc/hostname)"
 `, "boxed in gdr-linux-"},
+		{"served", `on: push
+jobs:
+  served:
+    runs-on: ubuntu-latest
+    services:
+      echo:
+        image: gdr.local/echo:latest
+        ports: ["7000:7000"]
+    steps:
+      - run: |
+          exec 3<>/dev/tcp/echo/${{ job.services.echo.ports['7000'] }}
+          echo ping >&3
+          read -r line <&3
+          echo "the service said: $line"
+`, "the service said: echo: ping"},
 	}
 	t0 := time.Now()
 	for _, tc := range cases {

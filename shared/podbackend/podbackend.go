@@ -385,6 +385,12 @@ func (b *Backend) newPod(a taskassignment.Assignment, spec taskworker.LaunchSpec
 	if err != nil {
 		return nil, fmt.Errorf("podbackend: assignment %s: %w", a.ID, err)
 	}
+	// Every image of the executor Pod is pulled as the template's runner
+	// container says (nodes that hold the images beforehand: IfNotPresent).
+	pull := pod.Spec.Containers[runnerIndex(pod.Spec.Containers)].ImagePullPolicy
+	for i := range services {
+		services[i].ImagePullPolicy = pull
+	}
 	pod.Spec.InitContainers = append(pod.Spec.InitContainers, services...)
 	if alias != nil {
 		pod.Spec.HostAliases = append(pod.Spec.HostAliases, *alias)

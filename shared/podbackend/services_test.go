@@ -156,6 +156,36 @@ func TestServicesPod(t *testing.T) {
 	}
 }
 
+// TestServicesPullAsTheRunner: a service's image is pulled as the template's
+// runner container's (the install container's too), so a node that holds
+// the images beforehand runs a job's services without a registry.
+func TestServicesPullAsTheRunner(t *testing.T) {
+	ctx := context.Background()
+	for _, policy := range []corev1.PullPolicy{"", corev1.PullIfNotPresent, corev1.PullNever} {
+		cfg := testConfig(t)
+		client := fake.NewClientset()
+		cfg.Client = client
+		cfg.Pools[0].Profile = json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1","imagePullPolicy":"` + string(policy) + `"}]}}}`)
+		b, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := servicesAssignment(t, 12, twoServices())
+		if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
+			t.Fatal(err)
+		}
+		pod, err := client.CoreV1().Pods("ci").Get(ctx, b.PodName(a.ID), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range pod.Spec.InitContainers {
+			if c.ImagePullPolicy != policy {
+				t.Errorf("runner pulls %q: init container %s pulls %q", policy, c.Name, c.ImagePullPolicy)
+			}
+		}
+	}
+}
+
 // TestServicesRefused: what cannot run as a sidecar fails the assignment
 // permanently, naming the service and the field or option, and creates
 // nothing.
