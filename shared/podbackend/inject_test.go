@@ -32,6 +32,16 @@ type injected struct {
 	pullPolicy  corev1.PullPolicy // of the init container: the runner container's
 }
 
+// defaultPullPolicy is the API server's default imagePullPolicy for image:
+// Always for the tag latest or none, else IfNotPresent.
+func defaultPullPolicy(image string) corev1.PullPolicy {
+	name := image[strings.LastIndex(image, "/")+1:]
+	if i := strings.LastIndex(name, ":"); i < 0 || name[i+1:] == "latest" {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
+}
+
 // checkInjected returns what pod lacks of want, one line each.
 func checkInjected(pod *corev1.Pod, want injected) []string {
 	var probs []string
@@ -47,8 +57,10 @@ func checkInjected(pod *corev1.Pod, want injected) []string {
 		return probs
 	}
 	ic := spec.InitContainers[0]
-	if ic.ImagePullPolicy != want.pullPolicy {
-		add("init container imagePullPolicy %q, want the runner container's %q", ic.ImagePullPolicy, want.pullPolicy)
+	// Unset, it is what the API server defaults it to for its image (a Pod
+	// read back from a real API server).
+	if got := ic.ImagePullPolicy; got != want.pullPolicy && (want.pullPolicy != "" || got != defaultPullPolicy(ic.Image)) {
+		add("init container imagePullPolicy %q, want the runner container's %q", got, want.pullPolicy)
 	}
 	if ic.Name != wantInit || ic.Image != want.initImage || len(ic.Command) != 0 ||
 		!slices.Equal(ic.Args, []string{"install", wantRunnerPath}) {
