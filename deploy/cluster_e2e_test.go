@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,11 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/discovery"
@@ -39,34 +45,51 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kedaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 )
 
-// TestE2EClusterInstall installs deploy/keda into a real single-node cluster
+// installation is deploy/keda installed into a real single-node cluster
 // (internal/testenv/clusterenv) the way deploy/README.md says, from an empty
 // cluster: the keys and Secrets, the runner registration, the NATS users of
 // nats/authorization.conf (a real nats-server), a SPIRE server with an agent
-// on the node, and `kubectl apply -k keda` with the images of `make images`.
-// Then the control plane must come up as shipped: the handle-setup Job
-// completes (it creates the streams and consumers as NATS user
-// handle-setup), dispatch serve is Ready (NATS and Gitea reached from its
-// Pod, as NATS user dispatch, with the registered credentials) and the
-// gateway is Ready (NATS as user gateway, its own X.509-SVID from the SPIRE
-// agent, attested by the k8s workload attestor).
+// on the node, KEDA's operator, and `kubectl apply -k keda` (every object of
+// the build, the CronJobs included) with the images of `make images`; the
+// control plane is up: the handle-setup Job completed (it creates the streams
+// and consumers as NATS user handle-setup), dispatch serve is Ready (NATS
+// and Gitea reached from its Pod, as NATS user dispatch, with the registered
+// credentials) and the gateway is Ready (NATS as user gateway, its own
+// X.509-SVID from the SPIRE agent, attested by the k8s workload attestor);
+// Gitea's system webhook reaches dispatch through a NodePort.
 //
 // What differs from a production install, because this machine has no
 // registry, no DNS and no SPIFFE CSI driver (all said in docs/CLUSTER.md):
 // images are imported into the node's containerd and every container's
 // imagePullPolicy is set to IfNotPresent; servers outside the cluster (NATS,
 // Gitea, the SPIRE server) are named by the address the harness forwards
-// them at; the gateway's Workload API volume is the agent's socket folder by
-// hostPath (the documented alternative); KEDA's ScaledJobs and the CronJobs
-// are not applied (no KEDA operator here yet: issue 16).
-func TestE2EClusterInstall(t *testing.T) {
+// them at; the Workload API volume is the agent's socket folder by hostPath
+// (the documented alternative).
+type installation struct {
+	c    *clusterenv.Cluster
+	cs   kubernetes.Interface
+	g    *giteaenv.Server
+	keda *kedaenv.Operator
+	nats authorizedNATS
+	// monitor is nats-server's monitoring address (KEDA's trigger reads it).
+	monitor string
+	// secrets are the data of the Secrets created, by name.
+	secrets map[string]map[string][]byte
+	// localize rewrites a manifest of deploy/ for this cluster, as the
+	// build was (for the manual Jobs, created later).
+	localize func(obj *unstructured.Unstructured)
+}
+
+// installKEDA installs deploy/keda into a new cluster; see installation.
+func installKEDA(ctx context.Context, t testing.TB) *installation {
+	t.Helper()
 	images := imagesFolder(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
 	c := clusterenv.Start(ctx, t)
 	cs := c.Client(t)
 
@@ -122,12 +145,31 @@ func TestE2EClusterInstall(t *testing.T) {
 		// No DNS: the gateway Service's ClusterIP, fixed below.
 		"GDR_GATEWAY_URL": "https://" + gatewayClusterIP + ":443",
 	}
+	localize := func(obj *unstructured.Unstructured) {
+		walk(obj.Object, func(m map[string]any) {
+			if m["type"] == "nats-jetstream" {
+				if md, ok := m["metadata"].(map[string]any); ok {
+					md["natsServerMonitoringEndpoint"] = monitor
+				}
+			}
+			if hp, ok := m["hostPath"].(map[string]any); ok && hp["path"] == "/run/spire/server-sockets" {
+				hp["path"] = filepath.Dir(spire.Socket)
+			}
+			if img, ok := m["image"].(string); ok {
+				// A manifest outside the kustomization (manual/) names
+				// the placeholder registry; no registry: imported images.
+				m["image"] = strings.Replace(img, "ghcr.io/example/", "gdr.local/", 1)
+				m["imagePullPolicy"] = "IfNotPresent"
+			}
+			if csi, ok := m["csi"].(map[string]any); ok && csi["driver"] == "csi.spiffe.io" {
+				delete(m, "csi")
+				m["hostPath"] = map[string]any{"path": clusterenv.SPIREAgentSocketDir, "type": "Directory"}
+			}
+		})
+	}
 	var objs []*unstructured.Unstructured
 	var pools string
 	for _, d := range docs {
-		if d.kind() == "CronJob" {
-			continue // recover's pass and dispatch run: not needed for these jobs
-		}
 		obj := &unstructured.Unstructured{Object: d.obj}
 		switch {
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-config":
@@ -143,23 +185,7 @@ func TestE2EClusterInstall(t *testing.T) {
 		case d.kind() == "Service" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, gatewayClusterIP, "spec", "clusterIP")
 		}
-		walk(obj.Object, func(m map[string]any) {
-			if m["type"] == "nats-jetstream" {
-				if md, ok := m["metadata"].(map[string]any); ok {
-					md["natsServerMonitoringEndpoint"] = monitor
-				}
-			}
-			if hp, ok := m["hostPath"].(map[string]any); ok && hp["path"] == "/run/spire/server-sockets" {
-				hp["path"] = filepath.Dir(spire.Socket)
-			}
-			if _, ok := m["image"].(string); ok {
-				m["imagePullPolicy"] = "IfNotPresent" // no registry: the images are imported
-			}
-			if csi, ok := m["csi"].(map[string]any); ok && csi["driver"] == "csi.spiffe.io" {
-				delete(m, "csi")
-				m["hostPath"] = map[string]any{"path": clusterenv.SPIREAgentSocketDir, "type": "Directory"}
-			}
-		})
+		localize(obj)
 		objs = append(objs, obj)
 	}
 	if pools == "" {
@@ -242,10 +268,6 @@ func TestE2EClusterInstall(t *testing.T) {
 	applyAll(ctx, t, c, objs)
 	waitInstalled(ctx, t, c, cs)
 
-	// A job: dispatch claims it, KEDA starts a handle Job for the
-	// assignment, handle creates the executor Pod (its SPIRE entry on this
-	// node's agent), the runner gets its SVID, reports through the gateway,
-	// and the job ends success in Gitea with its step's log.
 	// Gitea's workflow_job webhook reaches dispatch serve as an operator
 	// would expose it (here: a NodePort on the node's address, which the
 	// machine reaches through the veth; kube-proxy forwards it).
@@ -261,12 +283,51 @@ func TestE2EClusterInstall(t *testing.T) {
 	}
 	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	repo := g.CreateRepo(t, "cluster")
-	// A plain job (the pool's runner-host image), a container: job (the
-	// runner injected into the job's image; here an image that has a shell,
-	// imported like the others: no registry) and a job with a service (a
-	// sidecar of its executor Pod, reached by its key), pushed together:
-	// three runs, three executor Pods.
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize}
+}
+
+// TestE2EClusterInstall runs real jobs through deploy/keda as installed by
+// installKEDA: dispatch claims each (webhook), KEDA starts a handle Job for
+// the assignment, handle creates the executor Pod (its SPIRE entry on this
+// node's agent), the scheduler binds it, the kubelet runs it, the runner
+// gets its SVID, reports through the gateway, and the job ends in Gitea as
+// it should. Then the faults and the clean-up: a cancelled job's Pod goes
+// within 30 s; a handle Pod killed after creating the executor does not
+// stop the job nor create a second executor; an executor Pod deleted
+// mid-job ends the job with the reason, and recover's manual Job cleans
+// up after it; the recover CronJob's passes succeed; and at the end no
+// handle Job or executor Pod runs (scale to zero) and no payload is left.
+func TestE2EClusterInstall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	in := installKEDA(ctx, t)
+	// Each scenario pushes to repositories of its own: a push runs every
+	// workflow of its repository.
+	steps := []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"Cancel", func(t *testing.T) { in.cancel(ctx, t, in.g.CreateRepo(t, "cancel")) }},
+		{"HandleKilled", func(t *testing.T) { in.handleKilled(ctx, t, in.g.CreateRepo(t, "crash")) }},
+		{"ExecutorEvicted", func(t *testing.T) { in.executorEvicted(ctx, t, in.g.CreateRepo(t, "evicted")) }},
+		{"RecoverCronJob", func(t *testing.T) { in.recoverCronJob(ctx, t) }},
+		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.run) {
+			in.dump(ctx, t)
+			return
+		}
+	}
+}
+
+// jobs pushes a plain job (the pool's runner-host image), a container: job
+// (the runner injected into the job's image; here an image that has a
+// shell, imported like the others: no registry) and a job with a service (a
+// sidecar of its executor Pod, reached by its key) together: three runs,
+// three executor Pods; each must end success with its step's output.
+func (in *installation) jobs(ctx context.Context, t *testing.T) {
 	cases := []struct{ name, workflow, want string }{
 		{"hello", `on: push
 jobs:
@@ -299,43 +360,235 @@ jobs:
           echo "the service said: $line"
 `, "the service said: echo: ping"},
 	}
+	repos := map[string]string{}
+	for _, tc := range cases {
+		repos[tc.name] = in.g.CreateRepo(t, tc.name)
+	}
 	t0 := time.Now()
 	for _, tc := range cases {
-		g.PushWorkflow(t, repo, ".gitea/workflows/"+tc.name+".yml", tc.workflow)
+		in.g.PushWorkflow(t, repos[tc.name], ".gitea/workflows/"+tc.name+".yml", tc.workflow)
 	}
 	for _, tc := range cases {
-		var job giteaenv.Job
-		var log string
-		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-			for _, j := range g.Jobs(t, repo) {
-				if j.Name == tc.name {
-					job = j
-				}
-			}
-			if job.Status == "completed" {
-				log = g.JobLogs(t, repo, job.ID)
-				break
-			}
-			if time.Now().After(deadline) {
-				break
-			}
-		}
-		if job.Status != "completed" || job.Conclusion != "success" {
-			dumpPods(ctx, t, cs)
-			t.Logf("keda-operator log:\n%s", keda.LogTail(40))
+		repo := repos[tc.name]
+		job := in.waitCompleted(ctx, t, repo, tc.name, 5*time.Minute)
+		if job.Conclusion != "success" {
 			t.Fatalf("job %+v, want completed success", job)
 		}
-		if !strings.Contains(log, tc.want) {
+		if log := in.g.JobLogs(t, repo, job.ID); !strings.Contains(log, tc.want) {
 			t.Fatalf("job %s's log lacks %q:\n%s", job.Name, tc.want, log)
 		}
 		t.Logf("job %s success, seen %v after the pushes", tc.name, time.Since(t0).Round(time.Millisecond))
 	}
+}
 
-	// Nothing of the jobs is left running: the executor Pods go (the finish
-	// notice's recover-finish Job, KEDA again) and no handle Job runs.
+// cancel cancels a running job in Gitea: the runner hears it through the
+// gateway, ends, and its executor Pod must be gone within 30 s (the
+// finish notice's recover-finish Job deletes it).
+func (in *installation) cancel(ctx context.Context, t *testing.T, repo string) {
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/long.yml", `on: push
+jobs:
+  long:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo started; sleep 600
+`)
+	job := in.g.WaitJob(t, repo, func(j giteaenv.Job) bool { return j.Name == "long" && stepRunning(j) }, 3*time.Minute)
+	pod := in.executorPod(ctx, t, repo)
+	in.g.CancelRun(t, repo, job.RunID)
+	t0 := time.Now()
+	in.waitPodGone(ctx, t, pod, 30*time.Second)
+	t.Logf("cancelled job's executor Pod %s gone %v after the cancel", pod, time.Since(t0).Round(time.Millisecond))
+	if job := in.waitCompleted(ctx, t, repo, "long", time.Minute); job.Conclusion != "cancelled" {
+		t.Fatalf("job %+v, want cancelled", job)
+	}
+}
+
+// handleKilled force-deletes the handle Pod (SIGKILL, no chance to ack)
+// once it has created the executor Pod and holds the assignment until that
+// Pod is scheduled (to register its SPIRE entry on the node's agent): the
+// crash window between an executor's creation and its identity. The
+// message comes back (AckWait), another handle Job finds the executor,
+// registers its entry, and the job must still succeed, with its executor
+// created once.
+func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo string) {
+	w, err := in.cs.CoreV1().Pods(installNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	created := make(chan string, 16)
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added && p.Annotations[repositoryAnnotation] == repo {
+				created <- p.Name
+			}
+		}
+		close(created)
+	}()
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/crash.yml", `on: push
+jobs:
+  crash:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo "ran in $(cat /etc/hostname)"
+`)
+	var executor string
+	select {
+	case executor = <-created:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("no executor Pod 3 minutes after the push")
+	}
+	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=handle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killed []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.Labels["batch.kubernetes.io/job-name"] == "handle-setup" {
+			continue
+		}
+		if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+		killed = append(killed, p.Name)
+	}
+	t.Logf("executor %s created; handle Pods killed: %v", executor, killed)
+	job := in.waitCompleted(ctx, t, repo, "crash", 5*time.Minute)
+	if job.Conclusion != "success" {
+		t.Fatalf("job %+v, want success after its handle was killed", job)
+	}
+	if log := in.g.JobLogs(t, repo, job.ID); !strings.Contains(log, "ran in "+executor) {
+		t.Fatalf("job crash's log does not show it ran in %s:\n%s", executor, log)
+	}
+	select {
+	case again := <-created:
+		t.Fatalf("a second executor Pod %s was created for the job", again)
+	default:
+	}
+}
+
+// executorEvicted deletes a running job's executor Pod as `kubectl delete
+// pod` or a node drain would (SIGTERM, then the grace period): the runner
+// ends the job in Gitea with the reason, and recover's manual Job
+// (deploy/keda/manual/recover-now.yaml, created as an operator would, run
+// as its shipped ServiceAccount and NATS user) then finds the payload of a
+// task Gitea has ended and no executor, and deletes it.
+func (in *installation) executorEvicted(ctx context.Context, t *testing.T, repo string) {
+	// The CronJob's passes would do the clean-up too; suspended, so that
+	// the manual Job is the one that must.
+	in.suspendCronJob(ctx, t, "recover", true)
+	defer in.suspendCronJob(ctx, t, "recover", false)
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/evicted.yml", `on: push
+jobs:
+  evicted:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo "started in $(cat /etc/hostname)"; sleep 120; echo survived
+`)
+	in.g.WaitJob(t, repo, func(j giteaenv.Job) bool { return j.Name == "evicted" && stepRunning(j) }, 3*time.Minute)
+	pod := in.executorPod(ctx, t, repo)
+	p, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assignment := p.Labels["gitea-dynamic-runner.io/assignment-id"]
+	if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	job := in.waitCompleted(ctx, t, repo, "evicted", 2*time.Minute)
+	log := in.g.JobLogs(t, repo, job.ID)
+	t.Logf("evicted job: %s; its log ends:\n%s", job.Conclusion, tail(log, 6))
+	if job.Conclusion == "success" || regexp.MustCompile(`(?m)Z survived$`).MatchString(log) {
+		t.Fatalf("job %+v ran on after its executor was deleted", job)
+	}
+	in.waitPodGone(ctx, t, pod, time.Minute)
+	name := in.runManualRecover(ctx, t)
+	t.Logf("recover Job %s:\n%s", name, in.jobLogs(ctx, t, name))
+	if ids := in.payloadIDs(ctx, t); slices.Contains(ids, assignment) {
+		t.Fatalf("payload of %s left after the recover pass (payloads: %v)", assignment, ids)
+	}
+}
+
+// payloadIDs lists the payloads in the bucket, as recover does.
+func (in *installation) payloadIDs(ctx context.Context, t *testing.T) []string {
+	t.Helper()
+	rc := in.nats.connect(t, "RECOVER")
+	var key secretkey.Key
+	if err := key.Decode(string(in.secrets["gdr-secrets"]["payload-key"])); err != nil {
+		t.Fatal(err)
+	}
+	payloads, err := assignmentqueue.OpenPayloads(ctx, rc.js, "CI_TASKS", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := payloads.IDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// suspendCronJob sets the CronJob name's suspend flag; when suspending, it
+// waits until none of its Jobs is active.
+func (in *installation) suspendCronJob(ctx context.Context, t *testing.T, name string, suspend bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"suspend":%t}}`, suspend)
+	if _, err := in.cs.BatchV1().CronJobs(installNamespace).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); suspend; time.Sleep(time.Second) {
+		cj, err := in.cs.BatchV1().CronJobs(installNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cj.Status.Active) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CronJob %s still has active Jobs: %v", name, cj.Status.Active)
+		}
+	}
+}
+
+// recoverCronJob waits for a Job of the shipped recover CronJob (every
+// minute) to succeed: a whole pass as recover's ServiceAccount and NATS
+// user, on the cluster's own schedule.
+func (in *installation) recoverCronJob(ctx context.Context, t *testing.T) {
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(2 * time.Second) {
+		jobs, err := in.cs.BatchV1().Jobs(installNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range jobs.Items {
+			if !ownedBy(j.OwnerReferences, "CronJob", "recover") {
+				continue
+			}
+			if j.Status.Failed > 0 {
+				t.Fatalf("recover CronJob's Job %s failed:\n%s", j.Name, in.jobLogs(ctx, t, j.Name))
+			}
+			if j.Status.Succeeded > 0 {
+				t.Logf("recover CronJob's Job %s succeeded", j.Name)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no Job of the recover CronJob succeeded within 3 minutes")
+		}
+	}
+}
+
+// nothingLeft checks what the jobs leave: no executor or handle Pod
+// running (the control plane aside) and no payload in the bucket.
+func (in *installation) nothingLeft(ctx context.Context, t *testing.T) {
 	t1 := time.Now()
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		pods, err := cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
+		pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,20 +597,171 @@ jobs:
 			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 				continue // a finished Job's Pod, kept as history
 			}
-			if name := p.Labels["app.kubernetes.io/name"]; name == "dispatch" || name == "gateway" {
+			name := p.Labels["app.kubernetes.io/name"]
+			if name == "dispatch" || name == "gateway" {
 				continue // the long-running control plane
+			}
+			if name == "recover" && !strings.HasPrefix(p.Name, "recover-finish") {
+				continue // a CronJob pass that happens to run now
 			}
 			left = append(left, p.Name+" ("+string(p.Status.Phase)+")")
 		}
 		if len(left) == 0 {
 			t.Logf("no executor or handle Pod left %v after the jobs ended", time.Since(t1).Round(time.Millisecond))
-			return
+			break
 		}
 		if time.Now().After(deadline) {
-			dumpPods(ctx, t, cs)
 			t.Fatalf("left running after the jobs: %v", left)
 		}
 	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		ids := in.payloadIDs(ctx, t)
+		if len(ids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("payloads left after every job ended: %v", ids)
+		}
+	}
+}
+
+// stepRunning reports whether j's first step has started.
+func stepRunning(j giteaenv.Job) bool {
+	return len(j.Steps) > 0 && j.Steps[0].Status != "" && j.Steps[0].Status != "queued"
+}
+
+// waitCompleted waits for the job named name to be completed and returns it.
+func (in *installation) waitCompleted(ctx context.Context, t testing.TB, repo, name string, timeout time.Duration) giteaenv.Job {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(500 * time.Millisecond) {
+		for _, j := range in.g.Jobs(t, repo) {
+			if j.Name == name && j.Status == "completed" {
+				return j
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			in.dump(ctx, t)
+			t.Fatalf("job %s not completed after %v", name, timeout)
+		}
+	}
+}
+
+// executorSelector selects every executor Pod, and repositoryAnnotation
+// names an executor's repository (the default metadata prefix).
+const (
+	executorSelector     = "gitea-dynamic-runner.io/runner=true"
+	repositoryAnnotation = "gitea-dynamic-runner.io/repository"
+)
+
+// executorPod returns the name of the one running executor Pod of repo.
+func (in *installation) executorPod(ctx context.Context, t *testing.T, repo string) string {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running []string
+		for _, p := range pods.Items {
+			if p.Annotations[repositoryAnnotation] == repo && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running = append(running, p.Name)
+			}
+		}
+		if len(running) == 1 {
+			return running[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("running executor Pods: %v, want exactly one", running)
+		}
+	}
+}
+
+// waitPodGone waits until the Pod name no longer exists.
+func (in *installation) waitPodGone(ctx context.Context, t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
+		_, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			in.dump(ctx, t)
+			t.Fatalf("Pod %s still there %v later", name, timeout)
+		}
+	}
+}
+
+// runManualRecover creates deploy/keda/manual/recover-now.yaml as an
+// operator would (kubectl create) and waits for its Job to complete; it
+// returns the Job's name.
+func (in *installation) runManualRecover(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("keda", "manual", "recover-now.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job batchv1.Job
+	if err := yaml.UnmarshalStrict(data, &job); err != nil {
+		t.Fatal(err)
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	in.localize(u)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &job); err != nil {
+		t.Fatal(err)
+	}
+	created, err := in.cs.BatchV1().Jobs(installNamespace).Create(ctx, &job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		j, err := in.cs.BatchV1().Jobs(installNamespace).Get(ctx, created.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Status.Succeeded > 0 {
+			return j.Name
+		}
+		if j.Status.Failed > 0 || time.Now().After(deadline) {
+			t.Fatalf("recover Job %s did not succeed (%+v):\n%s", j.Name, j.Status, in.jobLogs(ctx, t, j.Name))
+		}
+	}
+}
+
+// jobLogs returns the logs of the Pods of the Job name.
+func (in *installation) jobLogs(ctx context.Context, t *testing.T, name string) string {
+	t.Helper()
+	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		raw, err := in.cs.CoreV1().Pods(installNamespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		fmt.Fprintf(&b, "--- %s (%v)\n%s", p.Name, err, raw)
+	}
+	return b.String()
+}
+
+// dump logs every Pod's status and log tail and KEDA's log tail.
+func (in *installation) dump(ctx context.Context, t testing.TB) {
+	dumpPods(ctx, t, in.cs)
+	t.Logf("keda-operator log:\n%s", in.keda.LogTail(40))
+}
+
+func ownedBy(refs []metav1.OwnerReference, kind, name string) bool {
+	for _, r := range refs {
+		if r.Kind == kind && r.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // gatewayClusterIP is the gateway Service's ClusterIP in the install test
@@ -371,7 +775,7 @@ const dispatchNodePort = 30080
 // cluster: the executor images are the imported ones (IfNotPresent), and the
 // Workload API comes from the agent's socket folder by hostPath. It returns
 // the rewritten file.
-func localPools(t *testing.T, obj *unstructured.Unstructured) string {
+func localPools(t testing.TB, obj *unstructured.Unstructured) string {
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
 	var pools map[string]any
@@ -403,7 +807,7 @@ func localPools(t *testing.T, obj *unstructured.Unstructured) string {
 
 // imagesFolder is `make images`' output (bin/images), or the test is
 // unavailable (skipped on a developer machine, failed under CI=true).
-func imagesFolder(t *testing.T) string {
+func imagesFolder(t testing.TB) string {
 	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("..", "bin", "images"))
 	if err != nil {
@@ -418,7 +822,7 @@ func imagesFolder(t *testing.T) string {
 // registerPools registers every pool of the pools file with Gitea, as
 // `dispatch register` does, and returns the files of the state folder: the
 // data of the gdr-runner-credentials Secret.
-func registerPools(ctx context.Context, t *testing.T, g *giteaenv.Server, poolsYAML string) map[string][]byte {
+func registerPools(ctx context.Context, t testing.TB, g *giteaenv.Server, poolsYAML string) map[string][]byte {
 	t.Helper()
 	state := t.TempDir()
 	file := filepath.Join(t.TempDir(), "pools.yaml")
@@ -457,7 +861,7 @@ func registerPools(ctx context.Context, t *testing.T, g *giteaenv.Server, poolsY
 }
 
 // applyAll server-side applies objs as a cluster admin (kubectl apply).
-func applyAll(ctx context.Context, t *testing.T, c *clusterenv.Cluster, objs []*unstructured.Unstructured) {
+func applyAll(ctx context.Context, t testing.TB, c *clusterenv.Cluster, objs []*unstructured.Unstructured) {
 	t.Helper()
 	dc, err := discovery.NewDiscoveryClientForConfig(c.Plane.RESTConfig())
 	if err != nil {
@@ -487,7 +891,7 @@ func applyAll(ctx context.Context, t *testing.T, c *clusterenv.Cluster, objs []*
 // waitInstalled waits for the handle-setup Job to complete and the dispatch
 // and gateway Deployments to be available, and on failure dumps every Pod's
 // status and log.
-func waitInstalled(ctx context.Context, t *testing.T, c *clusterenv.Cluster, cs kubernetes.Interface) {
+func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs kubernetes.Interface) {
 	t.Helper()
 	t0 := time.Now()
 	done := map[string]time.Duration{}
@@ -537,7 +941,7 @@ func waitInstalled(ctx context.Context, t *testing.T, c *clusterenv.Cluster, cs 
 	}
 }
 
-func dumpPods(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
+func dumpPods(ctx context.Context, t testing.TB, cs kubernetes.Interface) {
 	t.Helper()
 	pods, err := cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {

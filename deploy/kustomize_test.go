@@ -34,7 +34,7 @@ var clusterScoped = map[string]bool{"ClusterRole": true, "ClusterRoleBinding": t
 
 // buildKustomization runs kustomize (its Go API, as kubectl kustomize does) on the folder dir and
 // returns the documents it outputs.
-func buildKustomization(t *testing.T, dir string) []doc {
+func buildKustomization(t testing.TB, dir string) []doc {
 	t.Helper()
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
@@ -57,7 +57,7 @@ func buildKustomization(t *testing.T, dir string) []doc {
 
 // copyDeploy copies the manifest folders into a temporary folder and returns it, so that a test
 // can change a kustomization.yaml.
-func copyDeploy(t *testing.T) string {
+func copyDeploy(t testing.TB) string {
 	t.Helper()
 	root := t.TempDir()
 	for _, dir := range manifestDirs {
@@ -82,7 +82,7 @@ func copyDeploy(t *testing.T) string {
 }
 
 // readKustomization decodes dir/kustomization.yaml strictly.
-func readKustomization(t *testing.T, dir string) types.Kustomization {
+func readKustomization(t testing.TB, dir string) types.Kustomization {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
 	if err != nil {
@@ -97,7 +97,7 @@ func readKustomization(t *testing.T, dir string) types.Kustomization {
 
 // override sets, in dir/kustomization.yaml, the namespace and, unless registry is "", every
 // function image (name, tag), as an installer would: the one place both are set.
-func override(t *testing.T, dir, namespace, registry, tag string) {
+func override(t testing.TB, dir, namespace, registry, tag string) {
 	t.Helper()
 	k := readKustomization(t, dir)
 	k.Namespace = namespace

@@ -64,13 +64,13 @@ type authorizedNATS struct {
 // startAuthorizedNATS runs nats-server on 127.0.0.1 with JetStream and the authorization block
 // conf included the way deploy/README.md says, and a fresh nkey pair per user whose public key
 // it finds in its environment (NKEY_<user>), as a deployed server does.
-func startAuthorizedNATS(t *testing.T, conf string) authorizedNATS {
+func startAuthorizedNATS(t testing.TB, conf string) authorizedNATS {
 	t.Helper()
 	return startAuthorizedNATSWith(t, conf, "")
 }
 
 // startAuthorizedNATSWith is startAuthorizedNATS with extra lines of server configuration.
-func startAuthorizedNATSWith(t *testing.T, conf, extra string) authorizedNATS {
+func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 	t.Helper()
 	dir := t.TempDir()
 	srv := authorizedNATS{seeds: map[string]string{}}
@@ -139,7 +139,7 @@ type natsClient struct {
 // connect connects as user with its seed file through natsconn.Connect, under its function's
 // connection name, exactly as a function with GDR_NATS_NKEY does (and so with that function's
 // reply inbox prefix).
-func (s authorizedNATS) connect(t *testing.T, user string) *natsClient {
+func (s authorizedNATS) connect(t testing.TB, user string) *natsClient {
 	t.Helper()
 	c := &natsClient{user: user}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
