@@ -4,9 +4,7 @@ package deploy
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -16,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 )
 
 // BenchmarkE2EClusterPickup measures, on deploy/keda installed into the real
@@ -157,13 +157,12 @@ func (s *sightings) after(t0 time.Time) (queued, job, pod, running time.Time) {
 }
 
 // pollQueue polls nats-server's /jsz every 50 ms and notes each rise of
-// handle-pod's consumer's pending count from 0.
+// handle-pod's consumer's pending count (stored or unacknowledged) from 0.
 func (s *sightings) pollQueue(ctx context.Context, monitor string) {
-	client := &http.Client{Timeout: 2 * time.Second}
-	prev := 0
+	var prev uint64
 	for ctx.Err() == nil {
-		n, err := pending(ctx, client, monitor)
-		if err == nil {
+		c, _, err := jetstreamenv.MonitoredConsumer(ctx, monitor, "CI_RUNNER", "pod")
+		if n := c.Pending + c.AckPending; err == nil {
 			if n > 0 && prev == 0 {
 				s.mu.Lock()
 				s.queued = append(s.queued, time.Now())
@@ -173,45 +172,6 @@ func (s *sightings) pollQueue(ctx context.Context, monitor string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// pending is the number of messages of CI_RUNNER waiting for or delivered
-// to (and not yet acknowledged by) consumer "pod".
-func pending(ctx context.Context, client *http.Client, monitor string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+monitor+"/jsz?consumers=true", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var jsz struct {
-		Accounts []struct {
-			Streams []struct {
-				Name      string `json:"name"`
-				Consumers []struct {
-					Name       string `json:"name"`
-					NumPending int    `json:"num_pending"`
-					NumAck     int    `json:"num_ack_pending"`
-				} `json:"consumer_detail"`
-			} `json:"stream_detail"`
-		} `json:"account_details"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
-		return 0, err
-	}
-	for _, a := range jsz.Accounts {
-		for _, st := range a.Streams {
-			for _, c := range st.Consumers {
-				if st.Name == "CI_RUNNER" && c.Name == "pod" {
-					return c.NumPending + c.NumAck, nil
-				}
-			}
-		}
-	}
-	return 0, nil
 }
 
 // watchJobs notes when each of KEDA's handle-pod Jobs is first seen.

@@ -2,10 +2,8 @@ package jetstreamenv_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -65,7 +63,8 @@ func TestMonitoringServesJszOnLoopback(t *testing.T) {
 	// (seen: 1 of 2 right after them): poll, as KEDA does every interval.
 	var last string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		pending, found, err := jszPending(ctx, addr.String(), "MON", "c")
+		c, found, err := jetstreamenv.MonitoredConsumer(ctx, addr.String(), "MON", "c")
+		pending := c.Pending
 		switch {
 		case err != nil:
 			t.Fatal(err)
@@ -75,44 +74,6 @@ func TestMonitoringServesJszOnLoopback(t *testing.T) {
 		last = fmt.Sprintf("found=%v num_pending=%d", found, pending)
 	}
 	t.Fatalf("/jsz never showed MON/c with num_pending 2 (last: %s)", last)
-}
-
-// jszPending reads a consumer's num_pending from the monitoring endpoint at
-// addr; found says whether /jsz lists the consumer.
-func jszPending(ctx context.Context, addr, stream, consumer string) (uint64, bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/jsz?consumers=true", nil)
-	if err != nil {
-		return 0, false, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, false, fmt.Errorf("GET /jsz: %w", err)
-	}
-	defer resp.Body.Close()
-	var jsz struct {
-		Accounts []struct {
-			Streams []struct {
-				Name      string `json:"name"`
-				Consumers []struct {
-					Name       string `json:"name"`
-					NumPending uint64 `json:"num_pending"`
-				} `json:"consumer_detail"`
-			} `json:"stream_detail"`
-		} `json:"account_details"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
-		return 0, false, fmt.Errorf("decode /jsz: %w", err)
-	}
-	for _, a := range jsz.Accounts {
-		for _, st := range a.Streams {
-			for _, c := range st.Consumers {
-				if st.Name == stream && c.Name == consumer {
-					return c.NumPending, true, nil
-				}
-			}
-		}
-	}
-	return 0, false, nil
 }
 
 func TestServersAreIndependent(t *testing.T) {
