@@ -86,7 +86,8 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
 	c := shortAckWait(t, env.JetStream, ackWait)
 	publish(t, env.Queue, assignment(t, 21))
-	s := &script{answers: map[int64][]bool{21: {false, false, true}}, offered: make(chan int64, 8)}
+	// Four holds (250 ms, 500 ms, then nakDelay twice: 1.95 s) outlast AckWait.
+	s := &script{answers: map[int64][]bool{21: {false, false, false, false, true}}, offered: make(chan int64, 8)}
 	j := job(c, s, nil)
 	j.NakDelay, j.HoldFor = nakDelay, time.Minute
 	start := time.Now()
@@ -105,11 +106,15 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 	if r.err != nil || r.sum != (Summary{Fetched: 1, Accepted: 1}) {
 		t.Fatalf("Run() = %+v, %v", r.sum, r.err)
 	}
-	if held := time.Since(start); held < 2*nakDelay || held <= ackWait {
-		t.Fatalf("accepted after %v, want after two nak delays (%v) and past AckWait (%v)", held, 2*nakDelay, ackWait)
+	var holds time.Duration
+	for i := range 4 {
+		holds += holdDelay(i, nakDelay)
 	}
-	if n := len(s.calls()); n != 3 {
-		t.Fatalf("%d offers, want 3", n)
+	if held := time.Since(start); held < holds || held <= ackWait {
+		t.Fatalf("accepted after %v, want after four holds (%v) and past AckWait (%v)", held, holds, ackWait)
+	}
+	if n := len(s.calls()); n != 5 {
+		t.Fatalf("%d offers, want 5", n)
 	}
 	info, err := c.Info(context.Background())
 	if err != nil {
@@ -296,4 +301,48 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 			t.Fatalf("KEDA started %d Jobs in %d polling intervals, want one each", n, polls)
 		}
 	})
+}
+
+// A held message is offered again soon at first (its executor is usually
+// scheduled within a second, and the job's start waits for the offer that
+// binds its identity), then less often, up to NakDelay.
+func TestHoldDelay(t *testing.T) {
+	for _, tc := range []struct {
+		offers int
+		max    time.Duration
+		want   time.Duration
+	}{
+		{0, 5 * time.Second, 250 * time.Millisecond},
+		{1, 5 * time.Second, 500 * time.Millisecond},
+		{2, 5 * time.Second, time.Second},
+		{4, 5 * time.Second, 4 * time.Second},
+		{5, 5 * time.Second, 5 * time.Second},
+		{50, 5 * time.Second, 5 * time.Second},
+		{0, 100 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		if got := holdDelay(tc.offers, tc.max); got != tc.want {
+			t.Errorf("holdDelay(%d, %v) = %v, want %v", tc.offers, tc.max, got, tc.want)
+		}
+	}
+}
+
+// With the default NakDelay (5 s), an executor scheduled right after its
+// first NotYet is accepted on the next offer, long before NakDelay.
+func TestJobOffersAHeldMessageSoonAtFirst(t *testing.T) {
+	env := jetstreamenv.NewQueue(t)
+	c := shortAckWait(t, env.JetStream, 30*time.Second)
+	publish(t, env.Queue, assignment(t, 23))
+	s := &script{answers: map[int64][]bool{23: {false, true}}, offered: make(chan int64, 8)}
+	j := job(c, s, nil)
+	j.NakDelay, j.HoldFor = DefaultNakDelay, time.Minute
+	done := runInBackground(context.Background(), j)
+	expectOffers(t, s.offered, 1, 5*time.Second)
+	first := time.Now()
+	expectOffers(t, s.offered, 1, DefaultNakDelay-time.Second)
+	if again := time.Since(first); again >= DefaultNakDelay/2 {
+		t.Fatalf("offered again after %v, want about %v", again, firstHoldDelay)
+	}
+	if r := <-done; r.err != nil || r.sum != (Summary{Fetched: 1, Accepted: 1}) {
+		t.Fatalf("Run() = %+v, %v", r.sum, r.err)
+	}
 }

@@ -67,8 +67,9 @@ func orDefault(d, def time.Duration) time.Duration {
 // settles every one of them before it returns.
 //
 // A message whose executor waits to be scheduled (NotYet) is held, not
-// handed back: the run keeps it in progress and offers it again every
-// NakDelay, for at most HoldFor. While it holds, the message is ack-pending
+// handed back: the run keeps it in progress and offers it again, soon at
+// first and then less often, up to every NakDelay (holdDelay), for at most
+// HoldFor. While it holds, the message is ack-pending
 // and the run is running, so KEDA's default scaling strategy (new Jobs =
 // lag - running Jobs, lag = pending + ack-pending) starts no Job for it: an
 // assignment that waits for its executor costs one running handle, not one
@@ -170,6 +171,7 @@ type held struct {
 	msg      jetstream.Msg
 	next     time.Time
 	deadline time.Time
+	offers   int // NotYet answers so far
 }
 
 // settleAll settles every message of in as it arrives and offers each held
@@ -262,7 +264,8 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 	case NotYet:
 		delay := orDefault(j.NakDelay, DefaultNakDelay)
 		starts := h.deadline.IsZero()
-		if j.hold(ctx, h, delay) {
+		if j.hold(ctx, h, holdDelay(h.offers, delay)) {
+			h.offers++
 			if starts {
 				log.Info("assignment held while it waits for its identity target", append(attrs, slog.Duration("retry_in", delay), slog.Time("until", h.deadline))...)
 			}
@@ -311,9 +314,13 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 // false when that offer would come after h's deadline or ctx has ended.
 // The first NotYet of h starts its deadline, HoldFor from now.
 func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
+	holdFor := orDefault(j.HoldFor, DefaultHoldFor)
+	if holdFor < orDefault(j.NakDelay, DefaultNakDelay) {
+		return false // holding is off (see HoldFor)
+	}
 	now := time.Now()
 	if h.deadline.IsZero() {
-		h.deadline = now.Add(orDefault(j.HoldFor, DefaultHoldFor))
+		h.deadline = now.Add(holdFor)
 	}
 	next := now.Add(delay)
 	if ctx.Err() != nil || next.After(h.deadline) {
@@ -321,6 +328,22 @@ func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
 	}
 	h.next = next
 	return true
+}
+
+// firstHoldDelay is when a held message is first offered again: a Pod is
+// usually scheduled well within a second, and the executor's start waits
+// for this offer (its identity is bound then).
+const firstHoldDelay = 250 * time.Millisecond
+
+// holdDelay is when a message held after offers NotYet answers is offered
+// again: firstHoldDelay, doubling with each answer, at most max (NakDelay).
+// An offer costs the backend one lookup.
+func holdDelay(offers int, max time.Duration) time.Duration {
+	d := firstHoldDelay
+	for i := 0; i < offers && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
 }
 
 // delivered is msg's delivery count (1 when its metadata does not parse).

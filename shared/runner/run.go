@@ -97,10 +97,15 @@ func identity(ctx context.Context, v values, id spiffeid.ID) (x509svid.Source, x
 		}
 		return svid, bundle, func() {}, nil
 	}
-	var opts []workloadapi.X509SourceOption
+	// The agent answers "no identity issued" until the executor's entry
+	// reaches it (its next sync after handle registered the entry); the
+	// client's default backoff (1 s, 2 s, 3 s, ...) would add up to seconds
+	// after that. The agent is local: ask again every identityRetry.
+	clientOpts := []workloadapi.ClientOption{workloadapi.WithBackoffStrategy(constantBackoff(identityRetry))}
 	if v.Socket != "" {
-		opts = append(opts, workloadapi.WithClientOptions(workloadapi.WithAddr(v.Socket)))
+		clientOpts = append(clientOpts, workloadapi.WithAddr(v.Socket))
 	}
+	opts := []workloadapi.X509SourceOption{workloadapi.WithClientOptions(clientOpts...)}
 	opts = append(opts, workloadapi.WithDefaultX509SVIDPicker(func(svids []*x509svid.SVID) *x509svid.SVID {
 		for _, s := range svids {
 			if s.ID == id {
@@ -125,6 +130,17 @@ func identity(ctx context.Context, v values, id spiffeid.ID) (x509svid.Source, x
 		}
 	}
 }
+
+// identityRetry is how often the runner asks the Workload API again while
+// it has no SVID for the executor.
+const identityRetry = 200 * time.Millisecond
+
+// constantBackoff is a workloadapi.BackoffStrategy that always waits d.
+type constantBackoff time.Duration
+
+func (b constantBackoff) NewBackoff() workloadapi.Backoff { return b }
+func (b constantBackoff) Next() time.Duration             { return time.Duration(b) }
+func (constantBackoff) Reset()                            {}
 
 // fetch asks the gateway for the task, retrying while it is unreachable.
 func fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, log *slog.Logger) (*runnerv1.Task, error) {
