@@ -5,6 +5,7 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -33,12 +34,23 @@ import (
 // The test observes each itself: /jsz polled every 50 ms, watches on Jobs and
 // Pods (the arrival of the first event showing the object or the state),
 // Gitea's jobs API polled every 100 ms. It reports the p50 of each, in ms.
+// GDR_BENCH_SPIRE_SYNC sets the SPIRE agent's sync interval (SPIRE's default
+// and most: 5 s), which bounds how long a new executor waits for its SVID.
 //
 //	go test -tags e2e -run '^$' -bench E2EClusterPickup -benchtime 10x ./deploy/
+//	GDR_BENCH_SPIRE_SYNC=1s go test -tags e2e -run '^$' -bench E2EClusterPickup -benchtime 10x ./deploy/
 func BenchmarkE2EClusterPickup(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	in := installKEDA(ctx, b)
+	var spireSync time.Duration
+	if v := os.Getenv("GDR_BENCH_SPIRE_SYNC"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("GDR_BENCH_SPIRE_SYNC: %v", err)
+		}
+		spireSync = d
+	}
+	in := installKEDA(ctx, b, spireSync)
 	repo := in.g.CreateRepo(b, "bench")
 	seen := newSightings()
 	go seen.pollQueue(ctx, in.monitor)

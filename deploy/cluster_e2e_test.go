@@ -87,7 +87,8 @@ type installation struct {
 }
 
 // installKEDA installs deploy/keda into a new cluster; see installation.
-func installKEDA(ctx context.Context, t testing.TB) *installation {
+// spireSync is the SPIRE agent's sync interval (zero: SPIRE's default).
+func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *installation {
 	t.Helper()
 	images := imagesFolder(t)
 	c := clusterenv.Start(ctx, t)
@@ -95,7 +96,7 @@ func installKEDA(ctx context.Context, t testing.TB) *installation {
 
 	// The peers outside the cluster, each forwarded to the node.
 	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()))
-	agentID := c.StartSPIREAgent(ctx, t, spire)
+	agentID := c.StartSPIREAgent(ctx, t, spire, spireSync)
 	natsConf, err := os.ReadFile(authorizationFile)
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +301,7 @@ func installKEDA(ctx context.Context, t testing.TB) *installation {
 func TestE2EClusterInstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	in := installKEDA(ctx, t)
+	in := installKEDA(ctx, t, 0)
 	// Each scenario pushes to repositories of its own: a push runs every
 	// workflow of its repository.
 	steps := []struct {

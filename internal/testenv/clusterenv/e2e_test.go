@@ -245,7 +245,7 @@ func TestE2ECluster(t *testing.T) {
 	t.Run("SPIRE", func(t *testing.T) {
 		server := spireenv.Start(t, spireenv.WithK8sPSAT(SPIRECluster, c.AdminKubeconfig()))
 		t1 := time.Now()
-		agentID := c.StartSPIREAgent(ctx, t, server)
+		agentID := c.StartSPIREAgent(ctx, t, server, 0)
 		t.Logf("SPIRE agent %s attested %v after create", agentID, time.Since(t1).Round(time.Millisecond))
 		ns := namespace(t)
 		id := spiffeid.RequireFromPath(server.TrustDomain, "/ci/probe")

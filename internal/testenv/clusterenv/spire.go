@@ -51,8 +51,16 @@ func (c *Cluster) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.
 // Forward, bootstrapped with the server's bundle. It returns the agent's
 // SPIFFE ID once the server lists the agent: the parent of entries for Pods
 // on this node (the pod backend's agentID).
-func (c *Cluster) StartSPIREAgent(ctx context.Context, t testing.TB, server *spireenv.Server) spiffeid.ID {
+//
+// syncInterval, when not zero, is the agent's experimental sync_interval:
+// how often it asks the server for new entries (SPIRE's default and most is
+// 5 s), which bounds how long a new executor waits for its SVID.
+func (c *Cluster) StartSPIREAgent(ctx context.Context, t testing.TB, server *spireenv.Server, syncInterval time.Duration) spiffeid.ID {
 	t.Helper()
+	experimental := ""
+	if syncInterval > 0 {
+		experimental = fmt.Sprintf("\n    experimental {\n        sync_interval = %q\n    }", syncInterval.String())
+	}
 	img, err := binaryImage(t, spireenv.AgentBinary(t), "spire-agent")
 	if err == nil {
 		err = c.ImportImage(ctx, img, "gdr.local/spire-agent")
@@ -74,7 +82,7 @@ func (c *Cluster) StartSPIREAgent(ctx context.Context, t testing.TB, server *spi
     server_port = %q
     socket_path = %q
     trust_domain = %q
-    trust_bundle_path = "/etc/spire/bundle.crt"
+    trust_bundle_path = "/etc/spire/bundle.crt"%s
 }
 plugins {
     NodeAttestor "k8s_psat" {
@@ -92,7 +100,7 @@ plugins {
         }
     }
 }
-`, host, port, SPIREAgentSocketDir+"/spire-agent.sock", spireenv.TrustDomain, SPIRECluster)
+`, host, port, SPIREAgentSocketDir+"/spire-agent.sock", spireenv.TrustDomain, experimental, SPIRECluster)
 	expiry := int64(3600)
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	root := int64(0)
