@@ -29,6 +29,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -98,6 +99,9 @@ type Gateway struct {
 	Backends map[string]taskassignment.Backend
 	// Observer, if set, hears of every task handed to its executor.
 	Observer Observer
+	// Cache, if set, is served under actionscache.PathPrefix to each
+	// executor for its own repository (see cacheScoped).
+	Cache *actionscache.Cache
 
 	// bindings saves the payload read behind every UpdateTask and UpdateLog
 	// once a caller is bound to its task (see bound).
@@ -154,7 +158,10 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 func (g *Gateway) Handler() http.Handler {
 	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
-	mux.Handle(path, g.authenticated(h))
+	mux.Handle(path, http.MaxBytesHandler(g.authenticated(h), MaxRequestBytes))
+	if g.Cache != nil {
+		mux.Handle(actionscache.PathPrefix, g.cacheScoped(actionscache.Handler(g.Cache, g.log())))
+	}
 	return mux
 }
 
