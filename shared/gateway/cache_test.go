@@ -21,11 +21,14 @@ import (
 // cacheFixture is a gateway with a cache, and the payloads of three tasks:
 // 21 on alice/repo's main, 22 on bob/other's main, 23 on alice/repo's
 // feature branch.
-func cacheFixture(t *testing.T) fixture {
+func cacheFixture(t testing.TB) fixture { return cacheFixtureOf(t, 1<<20) }
+
+// cacheFixtureOf is cacheFixture with maxBytes per repository.
+func cacheFixtureOf(t testing.TB, maxBytes int64) fixture {
 	t.Helper()
 	f := startWith(t, func(g *Gateway) {
 		g.Cache = &actionscache.Cache{Storage: &actionscache.Dir{Path: t.TempDir()},
-			Limits: actionscache.Limits{MaxBytes: 1 << 20, MaxEntries: 10, MaxAge: time.Hour}}
+			Limits: actionscache.Limits{MaxBytes: maxBytes, MaxEntries: 10, MaxAge: time.Hour}}
 	})
 	for id, task := range map[int64][2]string{21: {"alice/repo", "refs/heads/main"}, 22: {"bob/other", "refs/heads/main"}, 23: {"Alice/Repo", "refs/heads/feature"}} {
 		c, err := structpb.NewStruct(map[string]any{"repository": task[0], "job": "build", "ref": task[1],
@@ -42,7 +45,7 @@ func cacheFixture(t *testing.T) fixture {
 
 // cacheProxy is the runner's cache proxy of an executor holding id's SVID
 // and the capability of (assignment, its task).
-func (f fixture) cacheProxy(t *testing.T, id spiffeid.ID, assignment, capability string) string {
+func (f fixture) cacheProxy(t testing.TB, id spiffeid.ID, assignment, capability string) string {
 	t.Helper()
 	svid, err := f.ca.Mint(id, time.Hour)
 	if err != nil {
