@@ -188,3 +188,58 @@ jobs:
 		t.Fatalf("download = %+v, log:\n%s", down, downLog)
 	}
 }
+
+// With GDR_CACHE_MAX_ENTRIES=1, a repository's second save evicts its
+// first: a later job restores the second and misses the first.
+func TestE2ECacheEvictsUnderASmallLimit(t *testing.T) {
+	t.Setenv("GDR_CACHE_MAX_ENTRIES", "1")
+	s := newSetup(t)
+	s.gitea.HostAction(t, "testdata/actions/cache-v4", "actions", "cache", "v4")
+	var out syncBuffer
+	runners := s.keepRunnerLogs(t)
+	defer func() {
+		if t.Failed() {
+			t.Logf("runner logs:\n%s", runners)
+		}
+	}()
+	startLocal(t, &out, s.args(true)...)
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/evict.yml", `name: evict
+on: [push]
+jobs:
+  first:
+    runs-on: ubuntu-latest
+    steps:
+      - run: mkdir -p one && echo one > one/f
+      - uses: actions/cache@v4
+        with: {path: one, key: first}
+  second:
+    needs: first
+    runs-on: ubuntu-latest
+    steps:
+      - run: mkdir -p two && echo two > two/f
+      - uses: actions/cache@v4
+        with: {path: two, key: second}
+  check:
+    needs: second
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/cache@v4
+        id: one
+        with: {path: one, key: first}
+      - uses: actions/cache@v4
+        id: two
+        with: {path: two, key: second, fail-on-cache-miss: true}
+      - run: echo "first=${{ steps.one.outputs.cache-hit }} second=${{ steps.two.outputs.cache-hit }} $(cat two/f)"
+`)
+	for _, name := range []string{"first", "second"} {
+		j := s.waitJob(t, name, completed, 3*time.Minute, &out)
+		if log := s.jobLog(t, s.repo, j); j.Conclusion != "success" || !strings.Contains(log, "Cache saved with key: "+name) {
+			t.Fatalf("%s = %+v, log:\n%s", name, j, log)
+		}
+	}
+	check := s.waitJob(t, "check", completed, 3*time.Minute, &out)
+	log := s.jobLog(t, s.repo, check)
+	if check.Conclusion != "success" || !strings.Contains(log, "Cache not found for input keys: first") || !strings.Contains(log, "first= second=true two") {
+		t.Fatalf("check = %+v, log:\n%s", check, log)
+	}
+}
