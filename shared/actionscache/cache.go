@@ -165,8 +165,8 @@ func (c *Cache) Lookup(ctx context.Context, s Scope, keys []string, version stri
 	if err := s.check(); err != nil {
 		return Entry{}, err
 	}
-	if len(keys) == 0 || version == "" {
-		return Entry{}, fmt.Errorf("%w: keys and version are required", ErrInvalid)
+	if len(keys) == 0 || version == "" || slices.Contains(keys, "") {
+		return Entry{}, fmt.Errorf("%w: non-empty keys and a version are required", ErrInvalid)
 	}
 	var hit *Entry
 	var evicted []int64

@@ -148,11 +148,15 @@ func TestBranchRestoreRule(t *testing.T) {
 	}
 }
 
-func TestVersionMustMatch(t *testing.T) {
+func TestVersionMustMatchAndKeysBeNonEmpty(t *testing.T) {
 	c, _ := newCache(t, Limits{})
 	save(t, c, mainA, "k", "x")
 	if _, err := c.Lookup(context.Background(), mainA, []string{"k"}, "v2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup of another version = %v", err)
+	}
+	// An empty key would be a prefix of every key.
+	if _, err := c.Lookup(context.Background(), mainA, []string{"none", ""}, "v1"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Lookup with an empty key = %v, want invalid", err)
 	}
 }
 
