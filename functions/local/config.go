@@ -23,7 +23,7 @@ type Config struct {
 	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
 	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (or flag --registration-token-file; never on a command line)"`
 	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
-	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors (flag --state-dir)"`
+	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors, actions cache (flag --state-dir)"`
 	Capacity          int           `envconfig:"LOCAL_CAPACITY" default:"2" desc:"local: jobs run at once (flag --capacity)"`
 	GatewayAddr       string        `envconfig:"LOCAL_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
 	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
