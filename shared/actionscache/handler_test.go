@@ -278,3 +278,17 @@ func TestProxyForwardsWithoutTheJobsCredentials(t *testing.T) {
 		t.Fatalf("with the gateway down = %d, want 502", status)
 	}
 }
+
+func TestProxyListenerIsBounded(t *testing.T) {
+	p, err := StartProxy("https://127.0.0.1:1", http.DefaultTransport, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.srv.ReadHeaderTimeout <= 0 || p.srv.ReadTimeout <= 0 || p.srv.IdleTimeout <= 0 || p.srv.MaxHeaderBytes <= 0 {
+		t.Fatalf("the proxy's server is unbounded: %+v", p.srv)
+	}
+	if _, err := StartProxy("http://gateway:8443", http.DefaultTransport, nil); err == nil {
+		t.Fatal("a plain-http gateway was accepted")
+	}
+}

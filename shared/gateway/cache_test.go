@@ -182,3 +182,31 @@ func TestCacheRefusesCallersWithoutTheirTask(t *testing.T) {
 		t.Fatalf("%d bytes of an unauthenticated chunk were sent", n)
 	}
 }
+
+func TestCacheScopeComesFromTheTask(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		context map[string]any
+		want    actionscache.Scope
+	}{
+		{"a push to a feature branch", map[string]any{"repository": "Alice/Repo", "ref": "refs/heads/feature",
+			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/feature", DefaultRef: "refs/heads/main"}},
+		{"a pull request restores its base branch", map[string]any{"repository": "alice/repo", "ref": "refs/pull/3/head", "base_ref": "release",
+			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", Ref: "refs/pull/3/head", BaseRef: "refs/heads/release", DefaultRef: "refs/heads/main"}},
+		{"no ref: the default branch", map[string]any{"repository": "alice/repo",
+			"event": map[string]any{"repository": map[string]any{"default_branch": "trunk"}}},
+			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/trunk", DefaultRef: "refs/heads/trunk"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := structpb.NewStruct(tc.context)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cacheScope(&runnerv1.Task{Id: 1, Context: c}); got != tc.want {
+				t.Fatalf("cacheScope = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
