@@ -6,12 +6,16 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 )
+
+// blobSum is what the save job prints of its random file.
+var blobSum = regexp.MustCompile(`saved blob=([0-9a-f]{64})`)
 
 // restoreJob is a job that restores deps with the real actions/cache@v4,
 // prints what it got, and fails on a miss when mustHit.
@@ -25,7 +29,7 @@ func restoreJob(name string, mustHit bool) string {
           path: deps
           key: deps-v1
           fail-on-cache-miss: %t
-      - run: echo "hit=${{ steps.cache.outputs.cache-hit }} content=$(cat deps/out.txt 2>/dev/null)"
+      - run: echo "hit=${{ steps.cache.outputs.cache-hit }} content=$(cat deps/out.txt 2>/dev/null) blob=$(sha256sum deps/blob 2>/dev/null | cut -c1-64)"
 `, name, mustHit)
 }
 
@@ -79,7 +83,7 @@ jobs:
   save:
     runs-on: ubuntu-latest
     steps:
-      - run: mkdir -p deps && echo `+content+` > deps/out.txt && head -c 300000 /dev/urandom > deps/blob
+      - run: mkdir -p deps && echo `+content+` > deps/out.txt && head -c 300000 /dev/urandom > deps/blob && echo "saved blob=$(sha256sum deps/blob | cut -c1-64)"
       - uses: actions/cache@v4
         with:
           path: deps
@@ -93,10 +97,14 @@ jobs:
 	if save.Conclusion != "success" || !strings.Contains(saveLog, "Cache saved with key: deps-v1") {
 		t.Fatalf("save = %+v, log:\n%s", save, saveLog)
 	}
+	blob := blobSum.FindStringSubmatch(saveLog)
+	if blob == nil {
+		t.Fatalf("save printed no blob sum:\n%s", saveLog)
+	}
 	restore := s.waitJob(t, "restore", completed, 3*time.Minute, &out)
 	restoreLog := s.jobLog(t, s.repo, restore)
-	if restore.Conclusion != "success" || !strings.Contains(restoreLog, "hit=true content="+content) {
-		t.Fatalf("restore = %+v, log:\n%s", restore, restoreLog)
+	if restore.Conclusion != "success" || !strings.Contains(restoreLog, "hit=true content="+content+" blob="+blob[1]) {
+		t.Fatalf("restore = %+v (want the blob %s), log:\n%s", restore, blob[1], restoreLog)
 	}
 
 	// Another repository, the same key and paths: no hit.
@@ -118,7 +126,7 @@ jobs:
 		"name: feature\non:\n  push:\n    branches: [feature]\njobs:\n"+restoreJob("restore-feature", true))
 	feature := s.waitJob(t, "restore-feature", completed, 3*time.Minute, &out)
 	featureLog := s.jobLog(t, s.repo, feature)
-	if feature.Conclusion != "success" || !strings.Contains(featureLog, "hit=true content="+content) {
+	if feature.Conclusion != "success" || !strings.Contains(featureLog, "hit=true content="+content+" blob="+blob[1]) {
 		t.Fatalf("the feature branch's restore = %+v, log:\n%s", feature, featureLog)
 	}
 }

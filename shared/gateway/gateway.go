@@ -1,5 +1,6 @@
 // Package gateway lets an executor speak Gitea's runner protocol for its own
-// task and nothing else. The executor never holds a runner token: the
+// task and nothing else, and use its own repository's actions cache (see
+// cacheScoped). The executor never holds a runner token: the
 // gateway forwards its calls with the credentials of the pool that claimed
 // the task, after authenticating the caller twice:
 //
@@ -154,7 +155,9 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 // with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()). A request is
 // authenticated from its TLS peer and headers before any byte of its body is
 // read: a caller without a valid SVID and capability cannot make the gateway
-// read, decode or buffer a body, whatever its size.
+// read, decode or buffer a body, whatever its size. With a Cache it also
+// serves the cache protocol under actionscache.PathPrefix, authenticated the
+// same way; serve it with a body cap of MaxBodyBytes.
 func (g *Gateway) Handler() http.Handler {
 	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
