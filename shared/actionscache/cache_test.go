@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -299,5 +301,47 @@ func TestDirKeepsNoPathFromTheRequest(t *testing.T) {
 	}
 	if err := d.WriteAt(context.Background(), "r", 1, 0, bytes.NewReader(nil), 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Two gateway replicas share one directory (a ReadWriteMany volume): the
+// flock around each index update keeps every save of both.
+func TestReplicasSharingADirectoryLoseNoUpdate(t *testing.T) {
+	dir := t.TempDir()
+	limits := Limits{MaxBytes: 1 << 20, MaxEntries: 1000, MaxAge: time.Hour}
+	replicas := []*Cache{{Storage: &Dir{Path: dir}, Limits: limits}, {Storage: &Dir{Path: dir}, Limits: limits}}
+	const each = maxReservations / 2 // all under way at once, within the per-repository bound
+	errs := make(chan error, 2*each)
+	var wg sync.WaitGroup
+	for r, c := range replicas {
+		for i := range each {
+			wg.Go(func() {
+				ctx := context.Background()
+				key := fmt.Sprintf("r%d-%d", r, i)
+				id, err := c.Reserve(ctx, mainA, key, "v1", 1)
+				if err == nil {
+					err = c.Upload(ctx, mainA, id, 0, 0, strings.NewReader("x"))
+				}
+				if err == nil {
+					err = c.Commit(ctx, mainA, id, 1)
+				}
+				errs <- err
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := range replicas {
+		for i := range each {
+			key := fmt.Sprintf("r%d-%d", r, i)
+			if _, err := replicas[1-r].Lookup(context.Background(), mainA, []string{key}, "v1"); err != nil {
+				t.Fatalf("%s saved through replica %d is lost: %v", key, r, err)
+			}
+		}
 	}
 }
