@@ -25,6 +25,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -50,6 +51,7 @@ type Config struct {
 	gitea.Instance
 	runnerpool.Source
 	assignmentqueue.PayloadStore
+	actionscache.Settings
 
 	BootstrapKey secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
 	SVIDCert     string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
@@ -80,7 +82,7 @@ func (c *Config) Check() error {
 	}
 	pools, err := c.Source.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err)
+	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err, c.Settings.Check())
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -122,6 +124,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g := &gateway.Gateway{TrustDomain: td, Pools: forwarders, Payloads: payloads, Capabilities: verifier, Log: log, Observer: metrics.NewStarted(reg),
 		// Finish notices name no stream: whichever captures ci.finished.> (dispatch and handle-setup ensure it).
 		Finished: assignmentqueue.NewFinished(js, ""), Backends: backendOf}
+	if cfg.CacheDir != "" {
+		g.Cache = cfg.Settings.Open(cfg.CacheDir)
+		log.Info("serving the actions cache", slog.String("dir", cfg.CacheDir))
+	}
 	requests := metrics.NewRequests(reg, "gateway", rpcNames...)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -150,7 +156,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		opsDone <- nil
 	}
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
-	err = function.Serve(ctx, function.Server(requests.Wrap(g.Handler()), gateway.MaxRequestBytes),
+	err = function.Serve(ctx, function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes()),
 		tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
 	cancel()
 	return errors.Join(err, <-opsDone)

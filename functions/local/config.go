@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
@@ -16,11 +18,12 @@ import (
 // overridden by its flag.
 type Config struct {
 	function.Common
+	actionscache.Settings
 
 	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
 	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (or flag --registration-token-file; never on a command line)"`
 	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
-	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors (flag --state-dir)"`
+	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors, actions cache (flag --state-dir)"`
 	Capacity          int           `envconfig:"LOCAL_CAPACITY" default:"2" desc:"local: jobs run at once (flag --capacity)"`
 	GatewayAddr       string        `envconfig:"LOCAL_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
 	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
@@ -84,7 +87,19 @@ func (c *Config) Check() error {
 	if c.PollInterval <= 0 || c.RecoverInterval <= 0 {
 		errs = append(errs, errors.New("GDR_LOCAL_POLL_INTERVAL and GDR_LOCAL_RECOVER_INTERVAL must be positive"))
 	}
+	if err := c.Settings.Check(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// cacheDir is where the actions cache lives: GDR_CACHE_DIR, else the state
+// directory's cache/.
+func (c Config) cacheDir() string {
+	if c.CacheDir != "" {
+		return c.CacheDir
+	}
+	return filepath.Join(c.StateDir, "cache")
 }
 
 // LogFormat is the log format of every line local mode writes: "text" or

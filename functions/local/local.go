@@ -340,13 +340,14 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 		return err
 	}
 	g := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{poolName: client},
-		Payloads: payloads, Capabilities: boot, Log: l.log, Observer: metrics.NewStarted(l.reg)}
+		Payloads: payloads, Capabilities: boot, Log: l.log, Observer: metrics.NewStarted(l.reg),
+		Cache: l.cfg.Settings.Open(l.cfg.cacheDir())}
 	ln, err := net.Listen("tcp", l.cfg.GatewayAddr)
 	if err != nil {
 		return fmt.Errorf("the gateway cannot listen on %s (is another local mode running? --gateway-addr picks another): %w", l.cfg.GatewayAddr, err)
 	}
 	requests := metrics.NewRequests(l.reg, "gateway", "Register", "Declare", "FetchTask", "UpdateTask", "UpdateLog")
-	l.gw = function.Server(requests.Wrap(g.Handler()), gateway.MaxRequestBytes)
+	l.gw = function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes())
 	go func() { _ = l.gw.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer()))) }()
 	return nil
 }

@@ -43,3 +43,31 @@ func NewClient(url string, creds Credentials, server tlsconfig.Authorizer) runne
 	})
 	return runnerv1connect.NewRunnerServiceClient(hc, url, connect.WithInterceptors(headers))
 }
+
+// NewTransport returns an HTTP transport to the gateway for the executor
+// holding creds: its SVID at the handshake (server authorizes the gateway's,
+// as for NewClient) and its capability headers on every request. The cache
+// proxy (actionscache.Proxy) forwards a job's cache calls through it; it
+// sets no overall timeout, so that large archives stream.
+func NewTransport(creds Credentials, server tlsconfig.Authorizer) http.RoundTripper {
+	return capabilityTransport{creds: creds, next: &http.Transport{
+		TLSClientConfig:       tlsconfig.MTLSClientConfig(creds.SVID, creds.Bundle, server),
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   30 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Minute,
+	}}
+}
+
+type capabilityTransport struct {
+	creds Credentials
+	next  http.RoundTripper
+}
+
+func (t capabilityTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(HeaderAssignment, t.creds.AssignmentID)
+	req.Header.Set(HeaderCapability, t.creds.Capability)
+	return t.next.RoundTrip(req)
+}

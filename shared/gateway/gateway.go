@@ -1,5 +1,6 @@
 // Package gateway lets an executor speak Gitea's runner protocol for its own
-// task and nothing else. The executor never holds a runner token: the
+// task and nothing else, and use its own repository's actions cache (see
+// cacheScoped). The executor never holds a runner token: the
 // gateway forwards its calls with the credentials of the pool that claimed
 // the task, after authenticating the caller twice:
 //
@@ -29,6 +30,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -98,6 +100,9 @@ type Gateway struct {
 	Backends map[string]taskassignment.Backend
 	// Observer, if set, hears of every task handed to its executor.
 	Observer Observer
+	// Cache, if set, is served under actionscache.PathPrefix to each
+	// executor for its own repository (see cacheScoped).
+	Cache *actionscache.Cache
 
 	// bindings saves the payload read behind every UpdateTask and UpdateLog
 	// once a caller is bound to its task (see bound).
@@ -150,11 +155,16 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 // with tlsconfig.MTLSServerConfig(svid, bundle, g.Authorizer()). A request is
 // authenticated from its TLS peer and headers before any byte of its body is
 // read: a caller without a valid SVID and capability cannot make the gateway
-// read, decode or buffer a body, whatever its size.
+// read, decode or buffer a body, whatever its size. With a Cache it also
+// serves the cache protocol under actionscache.PathPrefix, authenticated the
+// same way; serve it with a body cap of MaxBodyBytes.
 func (g *Gateway) Handler() http.Handler {
 	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
-	mux.Handle(path, g.authenticated(h))
+	mux.Handle(path, http.MaxBytesHandler(g.authenticated(h), MaxRequestBytes))
+	if g.Cache != nil {
+		mux.Handle(actionscache.PathPrefix, g.cacheScoped(actionscache.Handler(g.Cache, g.log())))
+	}
 	return mux
 }
 

@@ -68,7 +68,7 @@ type fixture struct {
 func start(t *testing.T) fixture { return startWith(t, nil) }
 
 // startWith starts a gateway that change, if set, completes before it serves.
-func startWith(t *testing.T, change func(*Gateway)) fixture {
+func startWith(t testing.TB, change func(*Gateway)) fixture {
 	t.Helper()
 	ctx := context.Background()
 	ca, err := svidca.New(td)

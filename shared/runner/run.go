@@ -16,6 +16,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/reporter"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
@@ -35,9 +36,9 @@ func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
 		return 2
 	}
 	defer closeSource()
-	client := gateway.NewClient(v.GatewayURL, gateway.Credentials{
-		SVID: svid, Bundle: bundle, AssignmentID: v.AssignmentID, Capability: v.Capability,
-	}, tlsconfig.AuthorizeID(v.GatewayID)) // the gateway itself, not any member of the trust domain
+	creds := gateway.Credentials{SVID: svid, Bundle: bundle, AssignmentID: v.AssignmentID, Capability: v.Capability}
+	server := tlsconfig.AuthorizeID(v.GatewayID) // the gateway itself, not any member of the trust domain
+	client := gateway.NewClient(v.GatewayURL, creds, server)
 	task, err := fetch(startCtx, client, log)
 	if err != nil {
 		log.Error("no task", slog.Any("error", err))
@@ -47,12 +48,22 @@ func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
 		log.Error("the gateway handed out another task", slog.Int64("got", task.GetId()))
 		return 2
 	}
-	return execute(ctx, cfg, v, protocol{client}, task, log)
+	// The job's cache calls go to the gateway over this executor's own
+	// mTLS connection; without a proxy, actions/cache warns and caches
+	// nothing, and the job runs on.
+	var cacheURL string
+	if proxy, err := actionscache.StartProxy(v.GatewayURL, gateway.NewTransport(creds, server), log); err != nil {
+		log.Warn("no cache proxy", slog.Any("error", err))
+	} else {
+		defer proxy.Close()
+		cacheURL = proxy.URL
+	}
+	return execute(ctx, cfg, v, protocol{client}, task, cacheURL, log)
 }
 
 // execute runs the task and reports it; the exit status says whether the
 // result reached Gitea.
-func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task *runnerv1.Task, log *slog.Logger) int {
+func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task *runnerv1.Task, cacheURL string, log *slog.Logger) int {
 	job, prepErr := taskrun.Prepare(task, v.host())
 	steps := 0
 	if prepErr == nil {
@@ -65,7 +76,7 @@ func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task 
 		lastWords = prepErr.Error()
 	} else {
 		dir := taskrun.TaskDir(cfg.WorkDir, task.GetId())
-		err := job.Run(ctx, rep, taskrun.Options{WorkDir: dir + "/work", CacheDir: dir + "/cache"})
+		err := job.Run(ctx, rep, taskrun.Options{WorkDir: dir + "/work", CacheDir: dir + "/cache", CacheURL: cacheURL})
 		var ue *taskrun.UnsupportedError
 		if errors.As(err, &ue) || (err != nil && rep.JobContext().Err() == nil) {
 			lastWords = err.Error()

@@ -185,6 +185,9 @@ type Options struct {
 	Deadline time.Time
 	// Claimed is when Gitea handed the task out (zero: now).
 	Claimed time.Time
+	// CacheURL is the job's ACTIONS_CACHE_URL (the runner's cache proxy);
+	// empty: none.
+	CacheURL string
 }
 
 func (j *Job) str(key string) string {
@@ -223,6 +226,9 @@ func (j *Job) config(opt Options) (*runner.Config, error) {
 	}
 	if env["ACTIONS_RUNTIME_TOKEN"] == "" {
 		env["ACTIONS_RUNTIME_TOKEN"] = j.str("token")
+	}
+	if opt.CacheURL != "" {
+		env["ACTIONS_CACHE_URL"] = opt.CacheURL
 	}
 	if u := j.str("actions_id_token_request_url"); u != "" {
 		env["ACTIONS_ID_TOKEN_REQUEST_URL"] = u

@@ -1,0 +1,28 @@
+package actionscache
+
+import (
+	"errors"
+	"time"
+)
+
+// Settings are the cache service's configuration (GDR_CACHE_*), read by the
+// gateway and local mode.
+type Settings struct {
+	CacheDir        string        `envconfig:"CACHE_DIR" desc:"gateway and local: directory of the actions/cache service (a PersistentVolume in a cluster, shared by the gateway's replicas); gateway: empty serves no cache; local: empty is <state dir>/cache"`
+	CacheMaxBytes   int64         `envconfig:"CACHE_MAX_BYTES" default:"10737418240" desc:"gateway and local: most bytes of cache entries per repository; the least recently used are evicted"`
+	CacheMaxEntries int           `envconfig:"CACHE_MAX_ENTRIES" default:"1000" desc:"gateway and local: most cache entries per repository; the least recently used are evicted"`
+	CacheMaxAge     time.Duration `envconfig:"CACHE_MAX_AGE" default:"168h" desc:"gateway and local: a cache entry neither saved nor restored for this long is removed"`
+}
+
+// Check checks the limits.
+func (c Settings) Check() error {
+	if c.CacheMaxBytes <= 0 || c.CacheMaxEntries <= 0 || c.CacheMaxAge <= 0 {
+		return errors.New("GDR_CACHE_MAX_BYTES, GDR_CACHE_MAX_ENTRIES and GDR_CACHE_MAX_AGE must be positive")
+	}
+	return nil
+}
+
+// Open returns the cache kept in dir with the configured limits.
+func (c Settings) Open(dir string) *Cache {
+	return &Cache{Storage: &Dir{Path: dir}, Limits: Limits{MaxBytes: c.CacheMaxBytes, MaxEntries: c.CacheMaxEntries, MaxAge: c.CacheMaxAge}}
+}
