@@ -26,6 +26,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -134,6 +135,9 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	// kustomize build keda, with the placeholders of gdr-config set.
 	root := copyDeploy(t)
 	override(t, filepath.Join(root, "keda"), installNamespace, "gdr.local", "latest")
+	// The actions/cache service's volume (components/cache), on a
+	// PersistentVolume of a node folder made for it (no provisioner here).
+	enableComponent(t, filepath.Join(root, "keda"), "cache")
 	docs := buildKustomization(t, filepath.Join(root, "keda"))
 	td := spire.TrustDomain
 	gatewayID := spiffeid.RequireFromPath(td, "/gateway")
@@ -263,6 +267,23 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 		t.Fatalf("gateway entry: %v %v", err, resp)
 	}
 
+	cacheDir := t.TempDir()
+	if err := os.Chmod(cacheDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "gdr-cache-e2e"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("50Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cacheDir}},
+			ClaimRef:                      &corev1.ObjectReference{Namespace: installNamespace, Name: "gdr-cache"},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	// KEDA's operator (on the machine, its CRDs installed), then kubectl
 	// apply -k keda (server-side apply).
 	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
@@ -310,6 +331,7 @@ func TestE2EClusterInstall(t *testing.T) {
 	}{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"Cancel", func(t *testing.T) { in.cancel(ctx, t, in.g.CreateRepo(t, "cancel")) }},
+		{"Cache", func(t *testing.T) { in.cache(ctx, t) }},
 		{"HandleKilled", func(t *testing.T) { in.handleKilled(ctx, t, in.g.CreateRepo(t, "crash")) }},
 		{"ExecutorEvicted", func(t *testing.T) { in.executorEvicted(ctx, t, in.g.CreateRepo(t, "evicted")) }},
 		{"RecoverCronJob", func(t *testing.T) { in.recoverCronJob(ctx, t) }},
@@ -379,6 +401,48 @@ jobs:
 			t.Fatalf("job %s's log lacks %q:\n%s", job.Name, tc.want, log)
 		}
 		t.Logf("job %s success, seen %v after the pushes", tc.name, time.Since(t0).Round(time.Millisecond))
+	}
+}
+
+// cache runs actions/cache@v4 (the real action, hosted by this Gitea) in
+// two executor Pods one after the other: the second restores what the
+// first saved, through each runner's loopback proxy and the gateway's cache
+// on its PersistentVolume (components/cache).
+func (in *installation) cache(ctx context.Context, t *testing.T) {
+	in.g.HostAction(t, giteaenv.VendoredAction("cache-v4"), "actions", "cache", "v4")
+	repo := in.g.CreateRepo(t, "cached")
+	content := fmt.Sprintf("built-%d", time.Now().UnixNano())
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/cache.yml", `on: push
+jobs:
+  save:
+    runs-on: ubuntu-latest
+    steps:
+      - run: mkdir -p deps && echo `+content+` > deps/out.txt
+      - uses: actions/cache@v4
+        with:
+          path: deps
+          key: deps-v1
+  restore:
+    needs: save
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/cache@v4
+        id: cache
+        with:
+          path: deps
+          key: deps-v1
+          fail-on-cache-miss: true
+      - run: echo "hit=${{ steps.cache.outputs.cache-hit }} content=$(cat deps/out.txt) in $(cat /etc/hostname)"
+`)
+	for _, name := range []string{"save", "restore"} {
+		job := in.waitCompleted(ctx, t, repo, name, 5*time.Minute)
+		log := in.g.JobLogs(t, repo, job.ID)
+		if job.Conclusion != "success" {
+			t.Fatalf("job %s: %+v, log:\n%s", name, job, log)
+		}
+		if name == "restore" && !strings.Contains(log, "hit=true content="+content+" in gdr-linux-") {
+			t.Fatalf("job restore did not restore the saved entry; log:\n%s", log)
+		}
 	}
 }
 

@@ -60,7 +60,7 @@ func buildKustomization(t testing.TB, dir string) []doc {
 func copyDeploy(t testing.TB) string {
 	t.Helper()
 	root := t.TempDir()
-	for _, dir := range manifestDirs {
+	for _, dir := range append(slices.Clone(manifestDirs), "components") {
 		err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 			if err != nil {
 				return err

@@ -38,9 +38,9 @@ type Config struct {
 	Capacity   int           `envconfig:"CAPACITY" default:"10" desc:"most assignments of the backend delivered and not yet settled (the consumer's MaxAckPending)"`
 	Batch      int           `envconfig:"BATCH" default:"1" desc:"job mode: most messages one run takes"`
 	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
-	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending is offered again, or comes back"`
+	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back, and the longest a held one waits between offers (they start at 250 ms)"`
 	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed first comes back; doubled with every delivery, at most 5m"`
-	HoldFor    time.Duration `envconfig:"HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again every GDR_NAK_DELAY, before it hands it back"`
+	HoldFor    time.Duration `envconfig:"HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again (250 ms, growing to GDR_NAK_DELAY), before it hands it back"`
 
 	pools runnerpool.Pools
 }

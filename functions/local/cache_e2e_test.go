@@ -65,7 +65,7 @@ func (s setup) jobLog(t *testing.T, repo string, j giteaenv.Job) string {
 // entry.
 func TestE2ECacheAcrossExecutorsScopedPerRepository(t *testing.T) {
 	s := newSetup(t)
-	s.gitea.HostAction(t, "testdata/actions/cache-v4", "actions", "cache", "v4")
+	s.gitea.HostAction(t, giteaenv.VendoredAction("cache-v4"), "actions", "cache", "v4")
 	var out syncBuffer
 	runners := s.keepRunnerLogs(t)
 	defer func() {
@@ -202,7 +202,7 @@ jobs:
 func TestE2ECacheEvictsUnderASmallLimit(t *testing.T) {
 	t.Setenv("GDR_CACHE_MAX_ENTRIES", "1")
 	s := newSetup(t)
-	s.gitea.HostAction(t, "testdata/actions/cache-v4", "actions", "cache", "v4")
+	s.gitea.HostAction(t, giteaenv.VendoredAction("cache-v4"), "actions", "cache", "v4")
 	var out syncBuffer
 	runners := s.keepRunnerLogs(t)
 	defer func() {

@@ -86,8 +86,8 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
 	c := shortAckWait(t, env.JetStream, ackWait)
 	publish(t, env.Queue, assignment(t, 21))
-	// Four holds (250 ms, 500 ms, then nakDelay twice: 1.95 s) outlast AckWait.
-	s := &script{answers: map[int64][]bool{21: {false, false, false, false, true}}, offered: make(chan int64, 8)}
+	// Six holds (250 ms each: 1.5 s) outlast AckWait.
+	s := &script{answers: map[int64][]bool{21: {false, false, false, false, false, false, true}}, offered: make(chan int64, 8)}
 	j := job(c, s, nil)
 	j.NakDelay, j.HoldFor = nakDelay, time.Minute
 	start := time.Now()
@@ -107,14 +107,14 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 		t.Fatalf("Run() = %+v, %v", r.sum, r.err)
 	}
 	var holds time.Duration
-	for i := range 4 {
+	for i := range 6 {
 		holds += holdDelay(i, nakDelay)
 	}
 	if held := time.Since(start); held < holds || held <= ackWait {
-		t.Fatalf("accepted after %v, want after four holds (%v) and past AckWait (%v)", held, holds, ackWait)
+		t.Fatalf("accepted after %v, want after six holds (%v) and past AckWait (%v)", held, holds, ackWait)
 	}
-	if n := len(s.calls()); n != 5 {
-		t.Fatalf("%d offers, want 5", n)
+	if n := len(s.calls()); n != 7 {
+		t.Fatalf("%d offers, want 7", n)
 	}
 	info, err := c.Info(context.Background())
 	if err != nil {
@@ -304,8 +304,8 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 }
 
 // A held message is offered again soon at first (its executor is usually
-// scheduled within a second, and the job's start waits for the offer that
-// binds its identity), then less often, up to NakDelay.
+// scheduled within a second or two, and the job's start waits for the offer
+// that binds its identity), then less often, up to NakDelay.
 func TestHoldDelay(t *testing.T) {
 	for _, tc := range []struct {
 		offers int
@@ -313,10 +313,11 @@ func TestHoldDelay(t *testing.T) {
 		want   time.Duration
 	}{
 		{0, 5 * time.Second, 250 * time.Millisecond},
-		{1, 5 * time.Second, 500 * time.Millisecond},
-		{2, 5 * time.Second, time.Second},
-		{4, 5 * time.Second, 4 * time.Second},
-		{5, 5 * time.Second, 5 * time.Second},
+		{7, 5 * time.Second, 250 * time.Millisecond},
+		{8, 5 * time.Second, 500 * time.Millisecond},
+		{9, 5 * time.Second, time.Second},
+		{11, 5 * time.Second, 4 * time.Second},
+		{12, 5 * time.Second, 5 * time.Second},
 		{50, 5 * time.Second, 5 * time.Second},
 		{0, 100 * time.Millisecond, 100 * time.Millisecond},
 	} {
@@ -340,7 +341,7 @@ func TestJobOffersAHeldMessageSoonAtFirst(t *testing.T) {
 	first := time.Now()
 	expectOffers(t, s.offered, 1, DefaultNakDelay-time.Second)
 	if again := time.Since(first); again >= DefaultNakDelay/2 {
-		t.Fatalf("offered again after %v, want about %v", again, firstHoldDelay)
+		t.Fatalf("offered again after %v, want about %v", again, holdStep)
 	}
 	if r := <-done; r.err != nil || r.sum != (Summary{Fetched: 1, Accepted: 1}) {
 		t.Fatalf("Run() = %+v, %v", r.sum, r.err)

@@ -330,21 +330,24 @@ func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
 	return true
 }
 
-// firstHoldDelay is when a held message is first offered again: a Pod is
-// usually scheduled well within a second, and the executor's start waits
-// for this offer (its identity is bound then).
-const firstHoldDelay = 250 * time.Millisecond
-
 // holdDelay is when a message held after offers NotYet answers is offered
-// again: firstHoldDelay, doubling with each answer, at most max (NakDelay).
-// An offer costs the backend one lookup.
+// again: every holdStep for the first holdSteps answers (a Pod is usually
+// scheduled within a second or two, and the executor's start waits for the
+// offer that binds its identity), then doubling from 2 holdStep up to max
+// (NakDelay). An offer costs the backend one lookup.
 func holdDelay(offers int, max time.Duration) time.Duration {
-	d := firstHoldDelay
-	for i := 0; i < offers && d < max; i++ {
+	d := holdStep
+	for i := holdSteps; i <= offers && d < max; i++ {
 		d *= 2
 	}
 	return min(d, max)
 }
+
+// holdStep and holdSteps: see holdDelay.
+const (
+	holdStep  = 250 * time.Millisecond
+	holdSteps = 8
+)
 
 // delivered is msg's delivery count (1 when its metadata does not parse).
 func delivered(msg jetstream.Msg) uint64 {

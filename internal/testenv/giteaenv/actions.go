@@ -6,8 +6,17 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
+
+// VendoredAction is the folder of the action vendored unmodified as
+// testdata/actions/<name> beside this file (its README names upstream and
+// the commit), for HostAction from any package's tests.
+func VendoredAction(name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "testdata", "actions", name)
+}
 
 // HostAction makes the action in dir (an action.yml and what it needs)
 // resolvable as `uses: <owner>/<name>@<tag>` by jobs of this Gitea (whose
