@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -43,11 +44,13 @@ type endpoint struct {
 	got []received
 }
 
-// answer is a response: status, and a body or an event in binary mode.
+// answer is a response: status, and a body or an event in binary mode,
+// after delay (or when the request is cancelled, with no answer).
 type answer struct {
 	status int
 	body   string
 	event  *event.Event
+	delay  time.Duration
 }
 
 func newEndpoint(t *testing.T, answer func(n int) answer) *endpoint {
@@ -63,6 +66,13 @@ func newEndpoint(t *testing.T, answer func(n int) answer) *endpoint {
 		e.got = append(e.got, received{header: r.Header.Clone(), event: ev})
 		e.mu.Unlock()
 		a := answer(n)
+		if a.delay > 0 {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(a.delay):
+			}
+		}
 		if a.event != nil {
 			if err := cehttp.WriteResponseWriter(r.Context(), binding.ToMessage(a.event), a.status, w); err != nil {
 				t.Errorf("write response event: %v", err)
@@ -189,6 +199,14 @@ func TestDispatch(t *testing.T) {
 			want: []Result{Term}, wantStatus: []int{400}, wantDead: "400", wantData: "poison"},
 		{name: "3xx terminates", delivery: fast(2), answer: statuses("", 302),
 			want: []Result{Term}, wantStatus: []int{302}},
+		{name: "a subscriber slower than the timeout is naked", delivery: Delivery{Retry: 1, BackoffPolicy: BackoffLinear, BackoffDelay: 100 * time.Millisecond, Timeout: 200 * time.Millisecond},
+			answer: func(n int) answer {
+				if n == 0 {
+					return answer{status: 202, delay: 5 * time.Second}
+				}
+				return answer{status: 202}
+			},
+			want: []Result{Nak, Ack}, wantStatus: []int{0, 202}},
 		{name: "no answer naks, dead letter reports 500", delivery: fast(1), answer: nil,
 			want: []Result{Nak, Nak}, wantStatus: []int{0, 0}, wantDead: "500", wantData: "dispatch error: "},
 	} {
@@ -229,6 +247,15 @@ func TestDispatch(t *testing.T) {
 				}
 				if a.Status == 0 && a.Err == nil {
 					t.Errorf("attempt %d got no answer and records no error", i)
+				}
+				if a.Status == 0 && errors.Is(a.Err, context.DeadlineExceeded) {
+					// It waited RequestTimeout(n), no more: the next
+					// delivery came after it and the backoff.
+					if i+1 < len(attempts) {
+						if gap, min := attempts[i+1].Time.Sub(a.Time), tc.delivery.RequestTimeout(a.N)+tc.delivery.Backoff(a.N); gap < min || gap > tc.delivery.AckWait()+min {
+							t.Errorf("attempt %d timed out and the next came %v later, want at least %v and not much more", i, gap, min)
+						}
+					}
 				}
 				if want := tc.delivery.Backoff(a.N); a.Result == Nak && a.Delay != want {
 					t.Errorf("attempt %d naked with delay %v, want %v", i, a.Delay, want)

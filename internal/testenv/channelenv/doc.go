@@ -28,5 +28,15 @@
 //     extensions (ErrorCodeExtension, ...), after the nak or term.
 //
 // Every delivery is recorded (Channel.Deliveries, Channel.WaitDeliveries).
-// Everything a Channel starts ends in the test's Cleanup.
+// Everything a Channel starts ends in the test's Cleanup. Durations are real:
+// tests that need a short run choose a small Delivery; tests of the product
+// pass the shipped one (LoadDelivery), never numbers of their own.
+//
+// Left out of the real channel: one Subscription per Channel (no fan-out, no
+// channel-level delivery); the reply and dead-letter sends are one request
+// each (eventing-natss retries them with the subscription's retry settings);
+// no push consumer and no consumerConfigTemplate beyond what the Delivery and
+// Options give; no stream limits (maxAge, ...); no tracing, OIDC or
+// passed-through response headers; a stored message that is not a CloudEvent
+// is left unsettled, as eventing-natss leaves it, for JetStream to redeliver.
 package channelenv
