@@ -1,13 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,13 +26,20 @@ import (
 // is the process backend with /bin/true as the runner: creating the executor
 // is a fork and two small files.
 //
+// Side by side, in the same loop, it execs the reference testdata/fetchack
+// (connect, bind the consumer, fetch one message, ack, flush, exit: the
+// floor of a one-shot JetStream handler) as many times, each with a message
+// of its own waiting, and reports its median and peak RSS too. Both are built
+// as the images build them (buildStatic), and both are timed and measured by
+// testdata/peakrss, from its exec of the binary to the binary's exit.
+//
 //	go test -run '^$' -bench ColdStart -benchtime 20x ./functions/handle/
 func BenchmarkColdStart(b *testing.B) {
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "handle")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin, ref, peakrss := filepath.Join(dir, "handle"), filepath.Join(dir, "fetchack"), filepath.Join(dir, "peakrss")
+	buildStatic(b, ".", bin)
+	buildStatic(b, "./testdata/fetchack", ref)
+	buildStatic(b, "./testdata/peakrss", peakrss)
 	pools := filepath.Join(dir, "pools.yaml")
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 5}\n"), 0o600); err != nil {
 		b.Fatal(err)
@@ -46,37 +54,78 @@ func BenchmarkColdStart(b *testing.B) {
 		"GDR_GATEWAY_URL=https://gateway.example.org", "GDR_LOG_LEVEL=error", "GDR_FETCH_WAIT=5s",
 		"GDR_CA_DIR="+filepath.Join(dir, "ca"), "GDR_PROCESS_DIR="+filepath.Join(dir, "executors"), "GDR_RUNNER_BIN=/bin/true")
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
-	var (
-		times  []time.Duration
-		maxRSS int64
-	)
-	b.ResetTimer()
-	for i := range b.N {
-		b.StopTimer()
-		id, _ := taskidentity.New(td, "alice/repo", "build", int64(i+1))
-		a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: int64(i + 1), Pool: "linux"}, id)
+	var handle, fetchack coldRuns
+	publish := func(task int64) {
+		id, _ := taskidentity.New(td, "alice/repo", "build", task)
+		a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: task, Pool: "linux"}, id)
 		if _, err := q.Publish(ctx, a); err != nil {
 			b.Fatal(err)
 		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		publish(int64(2*i + 1))
 		b.StartTimer()
-		cmd := exec.Command(bin)
-		cmd.Env = env
-		start := time.Now()
-		out, err := cmd.CombinedOutput()
-		elapsed := time.Since(start)
-		if err != nil {
-			b.Fatalf("handle: %v\n%s", err, out)
-		}
-		times = append(times, elapsed)
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			maxRSS = max(maxRSS, ru.Maxrss) // KiB on Linux
-		}
+		handle.run(b, peakrss, bin, env)
+		b.StopTimer()
+		publish(int64(2*i + 2))
+		b.StartTimer()
+		fetchack.run(b, peakrss, ref, env)
 	}
 	b.StopTimer()
 	if n, err := q.Outstanding(ctx, taskassignment.BackendProcess); err != nil || n != 0 {
 		b.Fatalf("%d messages not acknowledged (%v)", n, err)
 	}
-	slices.Sort(times)
-	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
-	b.ReportMetric(float64(maxRSS)/1024, "peak-RSS-MiB")
+	b.ReportMetric(handle.medianMs(), "median-ms")
+	b.ReportMetric(handle.peakMiB(), "peak-RSS-MiB")
+	b.ReportMetric(fetchack.medianMs(), "ref-median-ms")
+	b.ReportMetric(fetchack.peakMiB(), "ref-peak-RSS-MiB")
+	b.Logf("%d runs each: handle median %.1f ms, peak RSS %.1f MiB; fetch+ack reference median %.1f ms, peak RSS %.1f MiB",
+		b.N, handle.medianMs(), handle.peakMiB(), fetchack.medianMs(), fetchack.peakMiB())
 }
+
+// buildStatic builds pkg into out as internal/imagebuild builds an image's
+// binary: CGO_ENABLED=0, -trimpath, -ldflags=-s -w.
+func buildStatic(b *testing.B, pkg, out string) {
+	b.Helper()
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+}
+
+// coldRuns are the exec -> exit times and the peak RSS of one binary's runs.
+type coldRuns struct {
+	times  []time.Duration
+	maxRSS int64 // KiB
+}
+
+// run execs bin with env once through peakrss (see testdata/peakrss: a
+// child of this process would report this process's RSS), waits for it to
+// exit 0 and records its exec -> exit time and peak RSS.
+func (r *coldRuns) run(b *testing.B, peakrss, bin string, env []string) {
+	b.Helper()
+	cmd := exec.Command(peakrss, bin)
+	cmd.Env = env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("%s: %v\n%s", filepath.Base(bin), err, stderr.Bytes())
+	}
+	var ns, kib int64
+	if _, err := fmt.Sscanf(string(out), "%d %d", &ns, &kib); err != nil {
+		b.Fatalf("peakrss %s: %q: %v", filepath.Base(bin), out, err)
+	}
+	r.times = append(r.times, time.Duration(ns))
+	r.maxRSS = max(r.maxRSS, kib)
+}
+
+func (r *coldRuns) medianMs() float64 {
+	t := slices.Sorted(slices.Values(r.times))
+	return float64(t[len(t)/2].Microseconds()) / 1000
+}
+
+func (r *coldRuns) peakMiB() float64 { return float64(r.maxRSS) / 1024 }
