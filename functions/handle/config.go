@@ -53,13 +53,17 @@ const (
 
 // Check checks what envconfig cannot, and loads the pools file. Its errors
 // name the variable at fault and never echo a secret.
-func (c *Config) Check() error {
+func (c *Config) Check() error { return c.check(linkedBackends()) }
+
+// check is Check for a handle that links the backends linked.
+func (c *Config) check(linked backends.Builders) error {
 	var errs []error
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
 	}
-	if _, err := taskassignment.ParseBackend(c.Backend); err != nil {
-		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", err))
+	_, backendErr := taskassignment.ParseBackend(c.Backend)
+	if backendErr != nil {
+		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
 	errs = append(errs, c.Naming.Check())
 	if c.Capacity < 1 {
@@ -86,6 +90,9 @@ func (c *Config) Check() error {
 		pools, err := c.Source.Load()
 		c.pools = pools
 		errs = append(errs, keysErr, c.Settings.Check(td), err, c.Setup.Check(taskassignment.Backend(c.Backend)))
+		if backendErr == nil { // setup mode builds no backend: any may be set up
+			errs = append(errs, linked.Linked(taskassignment.Backend(c.Backend)))
+		}
 	}
 	return errors.Join(errs...)
 }

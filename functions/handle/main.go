@@ -125,7 +125,7 @@ func newHandler(cfg Config, endings taskworker.Endings, log *slog.Logger) (intak
 	if err != nil {
 		return intake.Handler{}, nil, err
 	}
-	backend, closeBackend, err := backends.New(taskassignment.Backend(cfg.Backend), cfg.Setup,
+	backend, closeBackend, err := linkedBackends().New(taskassignment.Backend(cfg.Backend), cfg.Setup,
 		backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
 		return intake.Handler{}, nil, err

@@ -34,6 +34,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -44,6 +47,16 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
+
+// linkedBackends are the backends recover builds: all of them, since its
+// pools file may name any.
+func linkedBackends() backends.Builders {
+	return backends.Builders{
+		taskassignment.BackendProcess:     process.New,
+		taskassignment.BackendOpenSandbox: opensandbox.New,
+		taskassignment.BackendPod:         pod.New,
+	}
+}
 
 // program is recover's command line.
 var program = function.Program{Name: "recover", Synopsis: "| status [-o table|json]"}
@@ -206,7 +219,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		if _, ok := bs[p.Backend]; ok {
 			continue
 		}
-		b, closeBackend, err := backends.New(p.Backend, cfg.Setup, backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
+		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.Setup, backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
 			closeAll()
 			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)

@@ -1,28 +1,26 @@
-// Package backends builds the executor backend a function is configured
-// for, so that handle and recover (which must agree) build it the same way.
+// Package backends is the contract by which handle and recover (which must
+// agree) build the executor backend they are configured for: its settings
+// (Setup), what it is built from (Deps), and the builders a binary links
+// (Builders).
+//
+// Each backend's builder lives in a package of its own (backends/process,
+// backends/opensandbox, backends/pod), and this one imports none of them:
+// a binary links a backend's client (client-go for the pod backend, gRPC
+// for SPIRE, the OpenSandbox API client) and pays for its package
+// initialisation only when it imports that builder. Nothing connects before
+// a builder runs.
 package backends
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"slices"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
@@ -48,9 +46,10 @@ type Setup struct {
 }
 
 // Check reports the settings backend kind needs and lacks, or holds in a
-// combination it refuses, as New would, but without connecting to anything:
-// a function checks them with the rest of its configuration, so that a
-// missing setting is a configuration error (exit 2), not a failure to start.
+// combination it refuses, as its builder would, but without connecting to
+// anything: a function checks them with the rest of its configuration, so
+// that a missing setting is a configuration error (exit 2), not a failure
+// to start. Every builder starts with this check.
 func (c Setup) Check(kind taskassignment.Backend) error {
 	switch kind {
 	case taskassignment.BackendProcess:
@@ -63,6 +62,8 @@ func (c Setup) Check(kind taskassignment.Backend) error {
 			errs = append(errs, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend"))
 		}
 		if c.OpenSandboxSPIRE != "" && c.CADir != "" {
+			// Which root the gateway trusts decides which one works:
+			// refuse to guess.
 			errs = append(errs, errors.New("GDR_OPENSANDBOX_SPIRE_SERVER and GDR_CA_DIR: set one, not both, for the opensandbox backend"))
 		}
 		return errors.Join(errs...)
@@ -83,89 +84,55 @@ type Deps struct {
 	Log *slog.Logger
 }
 
-// New builds backend kind. The returned function releases what the backend
-// holds open (the SPIRE Server API connection); call it once the backend is
-// no longer used.
-func New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, error) {
-	corrupt := func(name string, err error) {
+// Builder builds one backend from c and d, after c.Check of its kind. The
+// returned function releases what the backend holds open (a SPIRE Server
+// API connection); call it once the backend is no longer used.
+type Builder func(c Setup, d Deps) (Backend, func() error, error)
+
+// Builders are the backends a binary links, by kind. A nil Builder counts as
+// not linked.
+type Builders map[taskassignment.Backend]Builder
+
+// Linked reports nil when kind's builder is linked, else an error naming
+// GDR_BACKEND and the kinds that are.
+func (bs Builders) Linked(kind taskassignment.Backend) error {
+	if _, err := taskassignment.ParseBackend(string(kind)); err != nil {
+		return fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
+	}
+	if bs[kind] == nil {
+		return fmt.Errorf("GDR_BACKEND %q: this binary was built without that backend; it has %s", kind, bs.kinds())
+	}
+	return nil
+}
+
+// kinds lists the linked kinds, sorted, for messages ("none" for none).
+func (bs Builders) kinds() string {
+	var ks []string
+	for k, b := range bs {
+		if b != nil {
+			ks = append(ks, string(k))
+		}
+	}
+	if len(ks) == 0 {
+		return "none"
+	}
+	slices.Sort(ks)
+	return strings.Join(ks, ", ")
+}
+
+// New builds backend kind with its builder. The returned function releases
+// what the backend holds open; call it once the backend is no longer used.
+func (bs Builders) New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, error) {
+	if err := bs.Linked(kind); err != nil {
+		return nil, nil, err
+	}
+	return bs[kind](c, d)
+}
+
+// Corrupt returns the OnCorrupt hook of a backend's configuration: an
+// executor with corrupt metadata is logged on d.Log and skipped.
+func (d Deps) Corrupt() func(name string, err error) {
+	return func(name string, err error) {
 		d.Log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 	}
-	none := func() error { return nil }
-	switch kind {
-	case taskassignment.BackendProcess:
-		if c.CADir == "" {
-			return nil, nil, errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
-		}
-		ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
-		if err != nil {
-			return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
-		}
-		b, err := processbackend.New(processbackend.Config{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: d.Keys,
-			TrustDomain: d.TrustDomain, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()), OnCorrupt: corrupt})
-		return b, none, err
-	case taskassignment.BackendOpenSandbox:
-		if c.OpenSandboxURL == "" {
-			return nil, nil, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend")
-		}
-		client, err := opensandbox.New(opensandbox.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg := opensandboxbackend.Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: corrupt}
-		release := none
-		switch {
-		case c.OpenSandboxSPIRE != "" && c.CADir != "":
-			// Which root the gateway trusts decides which one works: refuse
-			// to guess.
-			return nil, nil, errors.New("GDR_OPENSANDBOX_SPIRE_SERVER and GDR_CA_DIR: set one, not both, for the opensandbox backend")
-		case c.OpenSandboxSPIRE != "":
-			spire, err := spiremint.Dial(c.OpenSandboxSPIRE, d.TrustDomain)
-			if err != nil {
-				return nil, nil, fmt.Errorf("GDR_OPENSANDBOX_SPIRE_SERVER: %w", err)
-			}
-			cfg.Minter, release = spire, spire.Close
-		case c.CADir != "":
-			ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
-			if err != nil {
-				return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
-			}
-			cfg.Minter = ca
-		}
-		b, err := opensandboxbackend.New(cfg)
-		if err != nil {
-			_ = release()
-			return nil, nil, err
-		}
-		return b, release, nil
-	case taskassignment.BackendPod:
-		if c.ClusterName == "" {
-			return nil, nil, errors.New("GDR_CLUSTER_NAME is required for the pod backend")
-		}
-		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
-		if err != nil {
-			if rc, err = rest.InClusterConfig(); err != nil {
-				return nil, nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
-			}
-		}
-		client, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			return nil, nil, err
-		}
-		conn, err := grpc.NewClient("unix://"+c.SPIRESocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
-		}
-		b, err := podbackend.New(podbackend.Config{
-			Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
-			Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
-			OnCorrupt: func(x podbackend.Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
-		})
-		if err != nil {
-			_ = conn.Close()
-			return nil, nil, err
-		}
-		return b, conn.Close, nil
-	}
-	return nil, nil, fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
 }

@@ -1,137 +1,76 @@
 package backends_test
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"encoding/pem"
-	"log/slog"
+	"errors"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint/spiremintest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
-var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
-
-func deps(t *testing.T) backends.Deps {
-	t.Helper()
-	keys, err := taskassignment.NewKeys("gitea-dynamic-runner.io")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return backends.Deps{Keys: keys, TrustDomain: td, Log: slog.New(slog.DiscardHandler), Pools: runnerpool.Pools{{
-		Name: "sandbox", Labels: []string{"sandbox"}, Backend: taskassignment.BackendOpenSandbox, Capacity: 1,
-		JobTimeout: runnerpool.Duration(45 * time.Minute),
-		Profile:    json.RawMessage(`{"image":"registry.example.org/runner:1","entrypoint":["/runner"],"resourceLimits":{"cpu":"1"}}`),
-	}}}
-}
-
-// TestOpenSandboxSVIDsFromSPIRE: with GDR_OPENSANDBOX_SPIRE_SERVER, the
-// sandbox's SVID is minted by that SPIRE Server, for the task's SPIFFE ID,
-// for the pool's job timeout, and its bundle is SPIRE's.
-func TestOpenSandboxSVIDsFromSPIRE(t *testing.T) {
-	spire := spiremintest.New(t, td)
-	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
-	d := deps(t)
-	b, release, err := backends.New(taskassignment.BackendOpenSandbox, backends.Setup{
-		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
-	}, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := release(); err != nil {
-			t.Error(err)
-		}
-	}()
-	id, err := taskidentity.New(td, "alice/repo", "build", 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := taskassignment.New(taskassignment.BackendOpenSandbox, taskassignment.Task{ID: 7, Pool: "sandbox"}, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	boot, err := bootstrap.New(bytes.Repeat([]byte{1}, 32), "https://gateway.example.org", spiffeid.RequireFromPath(td, "/gateway"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := boot.Environment(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := b.Create(context.Background(), a, taskworker.LaunchSpec{Metadata: d.Keys.Metadata(a), Environment: env})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, ok := sandboxes.Sandbox(e.Name)
-	if !ok {
-		t.Fatal("no sandbox")
-	}
-	calls := spire.Calls()
-	if len(calls) != 1 || calls[0].ID.String() != id.SPIFFEID || calls[0].TTL != 45*time.Minute {
-		t.Fatalf("SPIRE was asked %+v, want one SVID for %s for 45m", calls, id.SPIFFEID)
-	}
-	svid, err := x509svid.Parse([]byte(sb.Env[bootstrap.EnvSVIDCert]), []byte(sb.Env[bootstrap.EnvSVIDKey]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if svid.ID.String() != id.SPIFFEID {
-		t.Fatalf("SVID for %s", svid.ID)
-	}
-	block, rest := pem.Decode([]byte(sb.Env[bootstrap.EnvSVIDBundle]))
-	if block == nil || !bytes.Equal(block.Bytes, spire.CA.Raw) || len(bytes.TrimSpace(rest)) != 0 {
-		t.Fatal("the bundle handed over is not SPIRE's")
-	}
-	for k, v := range sb.Metadata {
-		if strings.Contains(v, "PRIVATE") || strings.Contains(v, "BEGIN") {
-			t.Fatalf("metadata %s holds SVID material", k)
+// TestBuildersBuildOnlyWhatIsLinked: New runs the builder of the kind asked
+// for and no other; a kind without a builder is refused naming GDR_BACKEND
+// and what is linked, an unknown kind as unknown.
+func TestBuildersBuildOnlyWhatIsLinked(t *testing.T) {
+	var built []taskassignment.Backend
+	builder := func(kind taskassignment.Backend) backends.Builder {
+		return func(backends.Setup, backends.Deps) (backends.Backend, func() error, error) {
+			built = append(built, kind)
+			return nil, func() error { return nil }, errors.New("built " + string(kind))
 		}
 	}
-}
-
-// TestOpenSandboxSPIREIsLazy: building the backend connects nothing, so
-// recover (which never mints) needs neither the server nor an SVID.
-func TestOpenSandboxSPIREIsLazy(t *testing.T) {
-	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
-	for _, addr := range []string{"spire-server.spire.svc:8081", "unix:/nonexistent/api.sock"} {
-		b, release, err := backends.New(taskassignment.BackendOpenSandbox, backends.Setup{
-			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: addr}, deps(t))
-		if err != nil {
-			t.Fatalf("%s: %v", addr, err)
-		}
-		if _, err := b.RecoverAssignments(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := release(); err != nil {
-			t.Fatal(err)
-		}
+	bs := backends.Builders{
+		taskassignment.BackendProcess:     builder(taskassignment.BackendProcess),
+		taskassignment.BackendOpenSandbox: builder(taskassignment.BackendOpenSandbox),
+		taskassignment.BackendPod:         nil, // not linked
 	}
-}
-
-func TestOpenSandboxSPIRESettings(t *testing.T) {
-	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
-	for _, tt := range []struct{ spire, caDir, want string }{
-		{"127.0.0.1:8081", t.TempDir(), "set one, not both"},
-		{"spire-server", "", "neither host:port nor unix:<path>"},
-		{"unix:", "", "no socket path"},
+	if _, _, err := bs.New(taskassignment.BackendOpenSandbox, backends.Setup{}, backends.Deps{}); err == nil || err.Error() != "built opensandbox" {
+		t.Fatalf("New(opensandbox) = %v, want its builder's answer", err)
+	}
+	if len(built) != 1 || built[0] != taskassignment.BackendOpenSandbox {
+		t.Fatalf("built %v, want only opensandbox", built)
+	}
+	for _, tt := range []struct {
+		kind taskassignment.Backend
+		want string
+	}{
+		{taskassignment.BackendPod, `GDR_BACKEND "pod": this binary was built without that backend; it has opensandbox, process`},
+		{"vm", `GDR_BACKEND "vm": unknown backend`},
 	} {
-		_, _, err := backends.New(taskassignment.BackendOpenSandbox, backends.Setup{
-			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: tt.spire, CADir: tt.caDir}, deps(t))
-		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "GDR_") {
-			t.Errorf("%q, %q: err = %v, want one naming the variable and %q", tt.spire, tt.caDir, err, tt.want)
+		if err := bs.Linked(tt.kind); err == nil || err.Error() != tt.want {
+			t.Errorf("Linked(%s) = %v, want %q", tt.kind, err, tt.want)
 		}
+		if _, _, err := bs.New(tt.kind, backends.Setup{}, backends.Deps{}); err == nil || err.Error() != tt.want {
+			t.Errorf("New(%s) = %v, want %q", tt.kind, err, tt.want)
+		}
+	}
+	if len(built) != 1 {
+		t.Fatalf("built %v after refusals", built)
+	}
+	if err := (backends.Builders{}).Linked(taskassignment.BackendPod); err == nil || !strings.HasSuffix(err.Error(), "it has none") {
+		t.Errorf("empty Builders: %v", err)
+	}
+}
+
+// TestSetupCheckNamesTheVariable: each backend's missing or conflicting
+// setting is reported naming its GDR_ variable.
+func TestSetupCheckNamesTheVariable(t *testing.T) {
+	for _, tt := range []struct {
+		kind  taskassignment.Backend
+		setup backends.Setup
+		want  string
+	}{
+		{taskassignment.BackendProcess, backends.Setup{}, "GDR_CA_DIR"},
+		{taskassignment.BackendOpenSandbox, backends.Setup{}, "GDR_OPENSANDBOX_URL"},
+		{taskassignment.BackendOpenSandbox, backends.Setup{OpenSandboxURL: "http://x", OpenSandboxSPIRE: "unix:/s", CADir: "/ca"}, "set one, not both"},
+		{taskassignment.BackendPod, backends.Setup{}, "GDR_CLUSTER_NAME"},
+	} {
+		if err := tt.setup.Check(tt.kind); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s %+v: Check = %v, want %q", tt.kind, tt.setup, err, tt.want)
+		}
+	}
+	if err := (backends.Setup{CADir: "/ca"}).Check(taskassignment.BackendProcess); err != nil {
+		t.Errorf("process with a CA: %v", err)
 	}
 }

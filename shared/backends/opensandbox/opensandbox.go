@@ -1,0 +1,52 @@
+// Package opensandbox builds the opensandbox backend
+// (shared/opensandboxbackend) from handle's and recover's settings:
+// executors as OpenSandbox sandboxes, their SVIDs minted by a SPIRE Server
+// (GDR_OPENSANDBOX_SPIRE_SERVER), a local CA (GDR_CA_DIR) or not at all.
+package opensandbox
+
+import (
+	"fmt"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	sandboxapi "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// New is the opensandbox backend's backends.Builder. The SPIRE Server, when
+// set, is dialled lazily (connected on the first mint, so recover, which
+// never mints, never connects); the returned function closes that
+// connection.
+func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, error) {
+	if err := c.Check(taskassignment.BackendOpenSandbox); err != nil {
+		return nil, nil, err
+	}
+	client, err := sandboxapi.New(sandboxapi.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := opensandboxbackend.Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt()}
+	release := func() error { return nil }
+	switch {
+	case c.OpenSandboxSPIRE != "":
+		spire, err := spiremint.Dial(c.OpenSandboxSPIRE, d.TrustDomain)
+		if err != nil {
+			return nil, nil, fmt.Errorf("GDR_OPENSANDBOX_SPIRE_SERVER: %w", err)
+		}
+		cfg.Minter, release = spire, spire.Close
+	case c.CADir != "":
+		ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
+		if err != nil {
+			return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
+		}
+		cfg.Minter = ca
+	}
+	b, err := opensandboxbackend.New(cfg)
+	if err != nil {
+		_ = release()
+		return nil, nil, err
+	}
+	return b, release, nil
+}
