@@ -26,20 +26,25 @@ import (
 // is the process backend with /bin/true as the runner: creating the executor
 // is a fork and two small files.
 //
-// Side by side, in the same loop, it execs the reference testdata/fetchack
-// (connect, bind the consumer, fetch one message, ack, flush, exit: the
-// floor of a one-shot JetStream handler) as many times, each with a message
-// of its own waiting, and reports its median and peak RSS too. Both are built
-// as the images build them (buildStatic), and both are timed and measured by
-// testdata/peakrss, from its exec of the binary to the binary's exit.
+// Three binaries run side by side, in the same loop, each with a message of
+// its own waiting: handle for the process backend (-tags gdr_process, see
+// linkedBackends: median-ms, peak-RSS-MiB), handle with every backend linked
+// (the image's build: all-median-ms, all-peak-RSS-MiB), and the reference
+// testdata/fetchack (connect, bind the consumer, fetch one message, ack,
+// flush, exit: the floor of a one-shot JetStream handler; ref-median-ms,
+// ref-peak-RSS-MiB). All are built as the images build them (buildStatic),
+// and timed and measured by testdata/peakrss, from its exec of the binary to
+// the binary's exit.
 //
 //	go test -run '^$' -bench ColdStart -benchtime 20x ./functions/handle/
 func BenchmarkColdStart(b *testing.B) {
 	dir := b.TempDir()
-	bin, ref, peakrss := filepath.Join(dir, "handle"), filepath.Join(dir, "fetchack"), filepath.Join(dir, "peakrss")
-	buildStatic(b, ".", bin)
-	buildStatic(b, "./testdata/fetchack", ref)
-	buildStatic(b, "./testdata/peakrss", peakrss)
+	bin, all := filepath.Join(dir, "handle"), filepath.Join(dir, "handle-all")
+	ref, peakrss := filepath.Join(dir, "fetchack"), filepath.Join(dir, "peakrss")
+	buildStatic(b, ".", bin, "gdr_process")
+	buildStatic(b, ".", all, "")
+	buildStatic(b, "./testdata/fetchack", ref, "")
+	buildStatic(b, "./testdata/peakrss", peakrss, "")
 	pools := filepath.Join(dir, "pools.yaml")
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 5}\n"), 0o600); err != nil {
 		b.Fatal(err)
@@ -54,7 +59,7 @@ func BenchmarkColdStart(b *testing.B) {
 		"GDR_GATEWAY_URL=https://gateway.example.org", "GDR_LOG_LEVEL=error", "GDR_FETCH_WAIT=5s",
 		"GDR_CA_DIR="+filepath.Join(dir, "ca"), "GDR_PROCESS_DIR="+filepath.Join(dir, "executors"), "GDR_RUNNER_BIN=/bin/true")
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
-	var handle, fetchack coldRuns
+	var handle, handleAll, fetchack coldRuns
 	publish := func(task int64) {
 		id, _ := taskidentity.New(td, "alice/repo", "build", task)
 		a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: task, Pool: "linux"}, id)
@@ -63,15 +68,18 @@ func BenchmarkColdStart(b *testing.B) {
 		}
 	}
 	b.ResetTimer()
-	for i := range b.N {
-		b.StopTimer()
-		publish(int64(2*i + 1))
-		b.StartTimer()
-		handle.run(b, peakrss, bin, env)
-		b.StopTimer()
-		publish(int64(2*i + 2))
-		b.StartTimer()
-		fetchack.run(b, peakrss, ref, env)
+	task := int64(0)
+	for range b.N {
+		for _, r := range []struct {
+			runs *coldRuns
+			bin  string
+		}{{&handle, bin}, {&handleAll, all}, {&fetchack, ref}} {
+			b.StopTimer()
+			task++
+			publish(task)
+			b.StartTimer()
+			r.runs.run(b, peakrss, r.bin, env)
+		}
 	}
 	b.StopTimer()
 	if n, err := q.Outstanding(ctx, taskassignment.BackendProcess); err != nil || n != 0 {
@@ -79,17 +87,20 @@ func BenchmarkColdStart(b *testing.B) {
 	}
 	b.ReportMetric(handle.medianMs(), "median-ms")
 	b.ReportMetric(handle.peakMiB(), "peak-RSS-MiB")
+	b.ReportMetric(handleAll.medianMs(), "all-median-ms")
+	b.ReportMetric(handleAll.peakMiB(), "all-peak-RSS-MiB")
 	b.ReportMetric(fetchack.medianMs(), "ref-median-ms")
 	b.ReportMetric(fetchack.peakMiB(), "ref-peak-RSS-MiB")
-	b.Logf("%d runs each: handle median %.1f ms, peak RSS %.1f MiB; fetch+ack reference median %.1f ms, peak RSS %.1f MiB",
-		b.N, handle.medianMs(), handle.peakMiB(), fetchack.medianMs(), fetchack.peakMiB())
+	b.Logf("%d runs each, median exec -> exit and peak RSS: handle -tags gdr_process %.1f ms %.1f MiB; handle, every backend %.1f ms %.1f MiB; fetch+ack reference %.1f ms %.1f MiB",
+		b.N, handle.medianMs(), handle.peakMiB(), handleAll.medianMs(), handleAll.peakMiB(), fetchack.medianMs(), fetchack.peakMiB())
 }
 
-// buildStatic builds pkg into out as internal/imagebuild builds an image's
-// binary: CGO_ENABLED=0, -trimpath, -ldflags=-s -w.
-func buildStatic(b *testing.B, pkg, out string) {
+// buildStatic builds pkg into out with build tags tags (none: "") as
+// internal/imagebuild builds an image's binary: CGO_ENABLED=0, -trimpath,
+// -ldflags=-s -w.
+func buildStatic(b *testing.B, pkg, out, tags string) {
 	b.Helper()
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-tags", tags, "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("go build %s: %v\n%s", pkg, err, out)
