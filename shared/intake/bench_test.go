@@ -84,3 +84,88 @@ func BenchmarkQueueVsHandle(b *testing.B) {
 	b.ReportMetric(handleRate, "handle-msgs/s")
 	b.ReportMetric(handleRate/rawRate, "ratio")
 }
+
+// BenchmarkConsumeVsHandle compares the consume side alone, in one run:
+// 2*b.N assignments are published beforehand (not timed: publishing, which
+// waits for the store's acknowledgement of each, dominates both sides
+// otherwise), then b.N are taken by raw fetch+ack (Fetch in batches of
+// benchBatch, Ack each, timed until the server has applied every ack) and
+// the other b.N by handle's settle loop (Job.Run with Batch benchBatch:
+// authenticate, decode, a trivial acceptor, confirmed ack). It reports both
+// rates and the ratio of the throughputs, handle/raw (= raw time / handle
+// time); the goal is at least 0.5.
+//
+//	go test -run '^$' -bench ConsumeVsHandle -benchtime 2000x ./shared/intake/
+func BenchmarkConsumeVsHandle(b *testing.B) {
+	ctx := context.Background()
+	env := jetstreamenv.NewQueue(b)
+	q, c := env.Queue, env.OpenConsumer(b, taskassignment.BackendProcess, 1000)
+	for i := range 2 * b.N {
+		if _, err := q.Publish(ctx, assignment(b, int64(i+1))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	outstanding := func() int {
+		n, err := q.Outstanding(ctx, taskassignment.BackendProcess)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	if n := outstanding(); n != 2*b.N {
+		b.Fatalf("%d messages queued, want %d", n, 2*b.N)
+	}
+
+	b.ResetTimer()
+	start := time.Now()
+	for got := 0; got < b.N; {
+		batch, err := c.Fetch(min(benchBatch, b.N-got), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			if err := m.Ack(); err != nil {
+				b.Fatal(err)
+			}
+			got++
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			b.Fatal(err)
+		}
+	}
+	for outstanding() != b.N { // every raw ack applied
+		time.Sleep(100 * time.Microsecond)
+	}
+	rawTime := time.Since(start)
+
+	accepted := 0
+	j := job(c, acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) {
+		accepted++
+		return true, nil
+	}), nil)
+	j.Wait = time.Second
+	start = time.Now()
+	for got := 0; got < b.N; {
+		j.Batch = min(benchBatch, b.N-got)
+		sum, err := j.Run(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if sum.Accepted != sum.Fetched || sum.Fetched == 0 {
+			b.Fatalf("run %+v did not accept everything", sum)
+		}
+		got += sum.Accepted
+	}
+	handleTime := time.Since(start) // every ack was confirmed
+	b.StopTimer()
+	if n := outstanding(); n != 0 || accepted != b.N {
+		b.Fatalf("%d messages left, %d accepted of %d", n, accepted, b.N)
+	}
+	rawRate := float64(b.N) / rawTime.Seconds()
+	handleRate := float64(b.N) / handleTime.Seconds()
+	b.ReportMetric(rawRate, "raw-msgs/s")
+	b.ReportMetric(handleRate, "handle-msgs/s")
+	b.ReportMetric(handleRate/rawRate, "ratio")
+	b.Logf("%d messages each: raw fetch+ack %.0f msgs/s, handle's settle loop %.0f msgs/s, ratio handle/raw %.2f",
+		b.N, rawRate, handleRate, handleRate/rawRate)
+}
