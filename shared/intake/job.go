@@ -175,17 +175,22 @@ type held struct {
 }
 
 // settleAll settles every message of in as it arrives and offers each held
-// one again when it is due, until in is closed and nothing is held. Held
-// messages wait side by side: one that waits delays neither the rest of the
-// batch nor another held one (offers are made one at a time, so a slow
-// Accept delays the next due offer by its own duration). When ctx ends,
-// everything held is handed back at once.
+// one again when it is due, until in is closed, nothing is held and every
+// ack is confirmed. Held messages wait side by side: one that waits delays
+// neither the rest of the batch nor another held one (offers are made one at
+// a time, so a slow Accept delays the next due offer by its own duration).
+// Acks are confirmed side by side too: the next message is offered while the
+// server's answer to the last ack is on its way, and a message counts
+// Accepted once its answer came (see settle). When ctx ends, everything held
+// is handed back at once.
 func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summary) {
 	var holds []*held
+	confirmed := make(chan Outcome) // one per ack under way (confirming)
+	confirming := 0
 	timer := time.NewTimer(time.Hour) // reset to the first due offer below
 	defer timer.Stop()
 	stop := ctx.Done()
-	for in != nil || len(holds) > 0 {
+	for in != nil || len(holds) > 0 || confirming > 0 {
 		var due <-chan time.Time
 		first := 0
 		if len(holds) > 0 {
@@ -199,6 +204,10 @@ func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summar
 		}
 		var offer []*held
 		select {
+		case o := <-confirmed:
+			confirming--
+			sum.count(o)
+			continue
 		case msg, ok := <-in:
 			if !ok {
 				in = nil
@@ -214,18 +223,37 @@ func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summar
 			offer, holds = holds, nil
 		}
 		for _, h := range offer {
-			if o, keep := j.settle(ctx, h); keep {
+			switch o, f := j.settle(ctx, h, confirmed); f {
+			case kept:
 				holds = append(holds, h)
-			} else {
+			case confirmingAck:
+				confirming++
+			default:
 				sum.count(o)
 			}
 		}
 	}
 }
 
+// fate is what settle did with a message.
+type fate int
+
+const (
+	// settled: acked, naked or terminated; count its outcome now.
+	settled fate = iota
+	// kept: NotYet and still held; offer it again when due.
+	kept
+	// confirmingAck: accepted and acked, the server's confirmation under
+	// way; its outcome arrives on settle's channel.
+	confirmingAck
+)
+
 // settle offers h's message to the handler and settles it by the outcome,
-// or keeps it (keep true) when it is NotYet and may still be held.
-func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
+// or keeps it when it is NotYet and may still be held. An accepted message
+// is acked with the server's confirmation awaited in the background
+// (confirmingAck): its outcome, Accepted once confirmed, else Failed, is
+// sent on confirmed.
+func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Outcome, fate) {
 	log := j.Handler.log()
 	msg := h.msg
 	attrs := []any{slog.String("subject", msg.Subject())}
@@ -238,7 +266,7 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		a, _, _ := j.Handler.decode(msg.Data())
 		j.nak(log, msg, 0, a.ID, attrs)
 		log.Info("assignment handed back", append(attrs, slog.String("reason", errShutdown.Error()))...)
-		return Failed, false
+		return Failed, settled
 	}
 	a, outcome, err := j.Handler.Handle(ctx, msg.Data())
 	if a.ID != "" {
@@ -252,15 +280,22 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		// back would only cost a redelivery). An ack that is not confirmed
 		// (NATS restarting) costs a redelivery after AckWait, which Accept
 		// answers by finding the executor, or its task's end mark, never by
-		// creating a second one.
-		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
-		err := msg.DoubleAck(ackCtx)
-		cancel()
-		if err != nil {
-			log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
-			return Failed, false
-		}
-		log.Info("assignment accepted", attrs...)
+		// creating a second one. The answer is awaited here, in the
+		// background, so that the round trip does not hold up the next
+		// message; Run returns only once it came.
+		go func() {
+			ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+			err := msg.DoubleAck(ackCtx)
+			cancel()
+			if err != nil {
+				log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
+				confirmed <- Failed
+				return
+			}
+			log.Info("assignment accepted", attrs...)
+			confirmed <- Accepted
+		}()
+		return Accepted, confirmingAck
 	case NotYet:
 		delay := orDefault(j.NakDelay, DefaultNakDelay)
 		starts := h.deadline.IsZero()
@@ -274,7 +309,7 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 				// AckWait, whose Accept finds this very executor.
 				log.Warn("assignment held, in-progress signal not sent", append(attrs, slog.Any("error", err))...)
 			}
-			return NotYet, true
+			return NotYet, kept
 		}
 		if ctx.Err() != nil {
 			delay = 0
@@ -307,7 +342,7 @@ func (j Job) settle(ctx context.Context, h *held) (o Outcome, keep bool) {
 		}
 		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", err))...)
 	}
-	return outcome, false
+	return outcome, settled
 }
 
 // hold schedules h's next offer delay from now and reports true, or reports
