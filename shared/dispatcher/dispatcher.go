@@ -28,6 +28,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
 
 // Runner is what dispatch needs of a pool's Gitea registration (gitea.Client).
@@ -296,7 +297,7 @@ func (d *Dispatcher) finalize(ctx context.Context, p Pool, taskID int64, reason 
 }
 
 func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {
-	return taskassignment.FromTask(d.TrustDomain, p.Backend, p.Name, task)
+	return taskworkflow.FromTask(d.TrustDomain, p.Backend, p.Name, task)
 }
 
 // keepAlive heartbeats one waiting task of the pool, at most every

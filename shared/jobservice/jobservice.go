@@ -2,7 +2,8 @@
 // the workflow declares them, and the readiness the runner waits for.
 //
 // dispatch and recover read the services from the task's workflow payload
-// (FromWorkflow) into the signed assignment; a backend that runs them (the
+// (taskworkflow.FromWorkflow, with act's workflow model) into the signed
+// assignment; a backend that runs them (the
 // Pod backend, as sidecars sharing the executor's network namespace) maps
 // them onto its executor, and the runner, which reads the same payload from
 // the gateway, waits until their ports accept connections (WaitReady).
@@ -11,7 +12,6 @@
 package jobservice
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -20,8 +20,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/nektos/act/pkg/model"
 )
 
 // Service is one entry of a job's `services:`, as written in the workflow.
@@ -39,40 +37,6 @@ type Service struct {
 	Options string
 	// Credentials says the entry sets `credentials:`.
 	Credentials bool
-}
-
-// FromWorkflow returns the services of the single job of a task's workflow
-// payload, sorted by ID; none when the job has no `services:`. It uses act's
-// workflow model, as the runner does.
-func FromWorkflow(payload []byte) ([]Service, error) {
-	wf, err := model.ReadWorkflow(bytes.NewReader(payload))
-	if err != nil {
-		return nil, fmt.Errorf("workflow payload: %w", err)
-	}
-	ids := wf.GetJobIDs()
-	if len(ids) != 1 {
-		return nil, fmt.Errorf("workflow payload has %d jobs, want exactly 1", len(ids))
-	}
-	return FromJob(wf.GetJob(ids[0]))
-}
-
-// FromJob returns the services of job, sorted by ID.
-func FromJob(job *model.Job) ([]Service, error) {
-	var out []Service
-	for id, spec := range job.Services {
-		if spec == nil {
-			return nil, fmt.Errorf("service %q: empty", id)
-		}
-		if spec.Image == "" {
-			return nil, fmt.Errorf("service %q: no image", id)
-		}
-		out = append(out, Service{
-			ID: id, Image: spec.Image, Env: spec.Env, Ports: spec.Ports, Volumes: spec.Volumes,
-			Cmd: spec.Cmd, Options: spec.Options, Credentials: len(spec.Credentials) > 0,
-		})
-	}
-	slices.SortFunc(out, func(a, b Service) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
 }
 
 // IDs returns the services' IDs, in order.

@@ -11,61 +11,6 @@ import (
 	"time"
 )
 
-const twoServices = `on: push
-jobs:
-  test:
-    runs-on: ubuntu-latest
-    services:
-      redis:
-        image: redis:7
-        ports: ["6379"]
-      postgres:
-        image: postgres:17
-        env:
-          POSTGRES_PASSWORD: postgres
-        ports: ["5432:5432"]
-        options: --health-cmd "pg_isready -U postgres" --health-interval 2s
-        credentials:
-          username: u
-          password: ${{ secrets.REGISTRY_PASSWORD }}
-        cmd: [postgres, -c, fsync=off]
-    steps:
-      - run: true
-`
-
-func TestFromWorkflow(t *testing.T) {
-	got, err := FromWorkflow([]byte(twoServices))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Service{
-		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}, Ports: []string{"5432:5432"},
-			Cmd: []string{"postgres", "-c", "fsync=off"}, Options: `--health-cmd "pg_isready -U postgres" --health-interval 2s`, Credentials: true},
-		{ID: "redis", Image: "redis:7", Ports: []string{"6379"}},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("FromWorkflow =\n%+v\nwant\n%+v", got, want)
-	}
-	if ids := IDs(got); !reflect.DeepEqual(ids, []string{"postgres", "redis"}) {
-		t.Fatalf("IDs = %v", ids)
-	}
-
-	none, err := FromWorkflow([]byte("on: push\njobs:\n  a:\n    runs-on: x\n    steps:\n      - run: true\n"))
-	if err != nil || none != nil {
-		t.Fatalf("no services: %v, %v", none, err)
-	}
-	for name, wf := range map[string]string{
-		"no image":  "on: push\njobs:\n  a:\n    runs-on: x\n    services:\n      db:\n        ports: [1]\n",
-		"two jobs":  "on: push\njobs:\n  a:\n    runs-on: x\n  b:\n    runs-on: x\n",
-		"not YAML":  "jobs: [",
-		"empty one": "on: push\njobs:\n  a:\n    runs-on: x\n    services:\n      db:\n",
-	} {
-		if _, err := FromWorkflow([]byte(wf)); err == nil {
-			t.Errorf("%s: no error", name)
-		}
-	}
-}
-
 func TestParsePorts(t *testing.T) {
 	for _, tc := range []struct {
 		in   []string

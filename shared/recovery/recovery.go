@@ -54,6 +54,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
 
 // Backend is a backend recover can scan.
@@ -378,7 +379,7 @@ func (r *Recovery) rebuild(ctx context.Context, pool Pool, id string) (taskassig
 	if err != nil {
 		return taskassignment.Assignment{}, err
 	}
-	a, err := taskassignment.FromTask(r.TrustDomain, pool.Backend, pool.Name, task)
+	a, err := taskworkflow.FromTask(r.TrustDomain, pool.Backend, pool.Name, task)
 	if err != nil {
 		return taskassignment.Assignment{}, err
 	}

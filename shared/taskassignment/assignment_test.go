@@ -7,9 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
@@ -164,28 +162,6 @@ func TestWireServices(t *testing.T) {
 		if _, err := Decode([]byte(msg), td); err == nil || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("Decode(services %s) = %v, want %q", tc.services, err, tc.wantErr)
 		}
-	}
-}
-
-func TestFromTaskCarriesServices(t *testing.T) {
-	task := &runnerv1.Task{Id: 42, WorkflowPayload: []byte("on: push\njobs:\n  build:\n    runs-on: x\n    container: golang:1.26\n" +
-		"    services:\n      redis:\n        image: redis:7\n        ports: ['6379']\n      db:\n        image: postgres:17\n" +
-		"        env: {POSTGRES_PASSWORD: postgres}\n    steps:\n      - run: true\n")}
-	task.Context, _ = structpb.NewStruct(map[string]any{"repository": "alice/repo", "job": "build"})
-	a, err := FromTask(td, BackendPod, "linux", task)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []jobservice.Service{
-		{ID: "db", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}},
-		{ID: "redis", Image: "redis:7", Ports: []string{"6379"}},
-	}
-	if a.Task.Image != "golang:1.26" || !reflect.DeepEqual(a.Task.Services, want) {
-		t.Fatalf("FromTask: image %q, services %+v", a.Task.Image, a.Task.Services)
-	}
-	task.WorkflowPayload = []byte("on: push\njobs:\n  build:\n    runs-on: x\n    services:\n      db:\n        ports: ['1']\n")
-	if _, err := FromTask(td, BackendPod, "linux", task); err == nil || !strings.Contains(err.Error(), `service "db": no image`) {
-		t.Fatalf("a service without an image: %v", err)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
 
 // Version is what the runner tells steps it is (GITEA_ACTIONS_RUNNER_VERSION).
@@ -161,7 +162,7 @@ func (h Host) services(job *model.Job) ([]jobservice.Service, error) {
 	if len(h.Services) == 0 {
 		return nil, &UnsupportedError{Reason: "this job uses `services:`, which this executor does not run (no Docker daemon; only the pod backend runs services, as sidecars); use a pod pool, or run the services elsewhere"}
 	}
-	services, err := jobservice.FromJob(job)
+	services, err := taskworkflow.FromJob(job)
 	if err != nil {
 		return nil, &UnsupportedError{Reason: "`services:`: " + err.Error()}
 	}
