@@ -34,6 +34,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -207,7 +208,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	}
 	reg := metrics.NewRegistry()
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: send, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive,
-		Observer: metrics.NewDispatch(reg)}
+		Observer: dispatchmetrics.NewDispatch(reg)}
 	if !cfg.CloudEvents() {
 		reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
 	}

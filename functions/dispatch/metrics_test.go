@@ -19,6 +19,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
@@ -50,7 +51,7 @@ func TestMetricsCountARound(t *testing.T) {
 		WorkflowPayload: []byte("name: ci\non: push\njobs:\n  build:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo hi\n")}}
 	reg := metrics.NewRegistry()
 	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: env.Queue, Payloads: env.Payloads,
-		KeepAlive: time.Minute, Observer: metrics.NewDispatch(reg)}
+		KeepAlive: time.Minute, Observer: dispatchmetrics.NewDispatch(reg)}
 	pools := runnerpool.Pools{{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 3}}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(env.JetStream), env.Queue.Stream(), consumersOf(pools), nil))
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{{Pool: pools[0], Runner: runner, Tasks: runner}},

@@ -14,7 +14,7 @@ import (
 
 // A build links every backend unless its tags name some; a handle for the
 // process backend (-tags gdr_process) links neither client-go nor gRPC,
-// whose package initialisation dominated its cold start.
+// whose package initialisation and code dominated its cold start.
 func TestBuildTagsSelectBackends(t *testing.T) {
 	for _, kind := range []taskassignment.Backend{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
 		if err := linkedBackends().Linked(kind); err != nil {
@@ -41,6 +41,14 @@ func TestBuildTagsSelectBackends(t *testing.T) {
 	}
 	if !slices.Contains(process, "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend") {
 		t.Error("-tags gdr_process does not link the process backend")
+	}
+	// Nor does any build of handle link what only dispatch and recover use:
+	// act's workflow model (go-git, OpenPGP), the dispatcher, recovery.
+	for _, p := range []string{"github.com/nektos/act/pkg/model", "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher",
+		"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"} {
+		if slices.Contains(all, p) {
+			t.Errorf("handle links %s", p)
+		}
 	}
 }
 

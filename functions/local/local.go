@@ -35,6 +35,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
@@ -68,7 +70,7 @@ type local struct {
 	reg  *prometheus.Registry
 	// statusSource is what writeStatus reads the status file from.
 	statusSource poolstatus.Source
-	passes       *metrics.Recover
+	passes       *recovermetrics.Recover
 	loops        sync.WaitGroup
 	d            *dispatcher.Dispatcher
 	pool         dispatcher.Pool
@@ -86,7 +88,7 @@ type local struct {
 // nothing to the state directory before Gitea has accepted the registration.
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg := metrics.NewRegistry()
-	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1), reg: reg, passes: metrics.NewRecover(reg)}
+	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1), reg: reg, passes: recovermetrics.NewRecover(reg)}
 	giteaClient, err := l.registration(ctx)
 	if err != nil {
 		return nil, err
@@ -160,7 +162,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
 		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
-	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: metrics.NewDispatch(reg)}
+	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
 	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
 		OnEvent: func(e taskworker.Event) {

@@ -12,6 +12,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -30,7 +31,7 @@ func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	}
 	reg := metrics.NewRegistry()
 	probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(env.Conn)}}}
-	h, err := handler(t.Context(), function.Ticks{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, metrics.NewRecover(reg), slog.New(slog.DiscardHandler))
+	h, err := handler(t.Context(), function.Ticks{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

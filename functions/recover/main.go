@@ -42,6 +42,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -163,14 +164,14 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		dead := assignmentevents.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
-		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, dead, probes, reg, metrics.NewRecover(reg), log)
+		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
 	return pass(ctx, r, nil, log)
 }
 
-// passObserver hears of every pass (metrics.Recover).
+// passObserver hears of every pass (recovermetrics.Recover).
 type passObserver interface {
 	Pass(sum recovery.Summary, err error)
 }

@@ -2,7 +2,9 @@
 // components (dispatch serve, handle http mode, recover http mode, the
 // gateway, local mode). Each process makes its own Registry (NewRegistry)
 // and hands it to the collectors it uses; there is no global registry and
-// nothing registers itself at init.
+// nothing registers itself at init. The observers of dispatch's rounds and
+// recover's passes are in dispatchmetrics and recovermetrics, so that this
+// package links neither the dispatcher nor the recovery package.
 //
 // Invariants: every label value comes from a small, fixed set (a pool or
 // backend name from configuration, an outcome, an RPC method, an HTTP

@@ -7,15 +7,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
@@ -73,42 +70,13 @@ func TestRequests(t *testing.T) {
 	}
 }
 
-func TestDispatch(t *testing.T) {
-	reg := NewRegistry()
-	m := NewDispatch(reg)
-	var obs dispatcher.Observer = m
-	obs.Round(dispatcher.Result{Pool: "linux", InFlight: 1, Rejected: 1, KeptAlive: 2}, nil)
-	obs.Queued("linux", 300*time.Millisecond)
-	obs.Round(dispatcher.Result{Pool: "linux"}, errors.New("gitea down"))
-	for _, want := range []struct {
-		name   string
-		labels []string
-		v      float64
-	}{
-		{"gdr_dispatch_rounds_total", []string{"pool", "linux", "result", "ok"}, 1},
-		{"gdr_dispatch_rounds_total", []string{"pool", "linux", "result", "error"}, 1},
-		{"gdr_dispatch_claim_errors_total", []string{"pool", "linux"}, 1},
-		{"gdr_dispatch_tasks_rejected_total", []string{"pool", "linux"}, 1},
-		{"gdr_dispatch_keepalives_total", []string{"pool", "linux"}, 2},
-		{"gdr_dispatch_tasks_claimed_total", []string{"pool", "linux"}, 1},
-		{"gdr_dispatch_pickup_seconds", []string{"pool", "linux"}, 1},
-	} {
-		if v, ok := gather(t, reg).Value(want.name, want.labels...); !ok || v != want.v {
-			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
-		}
-	}
-}
-
-func TestAssignmentsAndRecover(t *testing.T) {
+func TestAssignments(t *testing.T) {
 	reg := NewRegistry()
 	a := NewAssignments(reg)
 	var obs intake.Observer = a
 	obs.Handled("pod", intake.Accepted)
 	obs.Handled("pod", intake.NotYet)
 	obs.Handled("not-a-backend", intake.Poison)
-	r := NewRecover(reg)
-	r.Pass(recovery.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
-	r.Pass(recovery.Summary{}, errors.New("backend down"))
 	fams := gather(t, reg)
 	for _, want := range []struct {
 		name   string
@@ -118,11 +86,6 @@ func TestAssignmentsAndRecover(t *testing.T) {
 		{"gdr_assignments_total", []string{"backend", "pod", "outcome", "accepted"}, 1},
 		{"gdr_assignments_total", []string{"backend", "pod", "outcome", "not_yet"}, 1},
 		{"gdr_assignments_total", []string{"backend", "unknown", "outcome", "poison"}, 1},
-		{"gdr_recover_passes_total", []string{"result", "ok"}, 1},
-		{"gdr_recover_passes_total", []string{"result", "error"}, 1},
-		{"gdr_recover_executors_total", []string{"outcome", "done"}, 2},
-		{"gdr_recover_payloads_total", []string{"action", "republished"}, 1},
-		{"gdr_recover_tasks_failed_total", []string{"reason", "rejected"}, 1},
 	} {
 		if v, ok := fams.Value(want.name, want.labels...); !ok || v != want.v {
 			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)

@@ -1,4 +1,9 @@
-package metrics
+// Package dispatchmetrics is the Prometheus instrumentation of dispatch's
+// rounds (dispatcher.Observer), apart from shared/metrics so that what does
+// not dispatch (handle, the gateway) does not link the dispatcher. The
+// invariants of shared/metrics hold: a registry per process, nothing
+// registered at init, label values from small fixed sets.
+package dispatchmetrics
 
 import (
 	"time"
@@ -6,11 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 )
-
-// PickupBuckets are the buckets of the pickup histograms, in seconds: from
-// a fast claim (tens of milliseconds) to an executor that took minutes.
-var PickupBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 
 // Dispatch is dispatcher.Observer: what dispatch rounds do, per pool.
 type Dispatch struct {
@@ -22,7 +24,7 @@ type Dispatch struct {
 // NewDispatch registers dispatch's metrics with reg.
 func NewDispatch(reg prometheus.Registerer) *Dispatch {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: "dispatch", Name: name, Help: help}, labels)
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: name, Help: help}, labels)
 	}
 	m := &Dispatch{
 		rounds:      counter("rounds_total", "Dispatch rounds, by pool and result (ok, error).", "pool", "result"),
@@ -30,10 +32,10 @@ func NewDispatch(reg prometheus.Registerer) *Dispatch {
 		claimErrors: counter("claim_errors_total", "Dispatch rounds that stopped on an error (Gitea, NATS or the payload store), by pool.", "pool"),
 		rejected:    counter("tasks_rejected_total", "Claimed tasks that cannot run here, failed in Gitea with the reason, by pool.", "pool"),
 		keptAlive:   counter("keepalives_total", "Heartbeats sent for claimed tasks that wait for their executor, by pool.", "pool"),
-		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: "dispatch", Name: "tasks_in_flight",
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: "tasks_in_flight",
 			Help: "Tasks of the pool claimed and not finished, as its last round counted them."}, []string{"pool"}),
-		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "dispatch", Name: "pickup_seconds",
-			Help: "From the claim (the FetchTask that returned the task) to its assignment published on the queue, by pool.", Buckets: PickupBuckets}, []string{"pool"}),
+		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: "pickup_seconds",
+			Help: "From the claim (the FetchTask that returned the task) to its assignment published on the queue, by pool.", Buckets: metrics.PickupBuckets}, []string{"pool"}),
 	}
 	reg.MustRegister(m.rounds, m.claimed, m.claimErrors, m.rejected, m.keptAlive, m.inFlight, m.pickup)
 	return m
@@ -56,23 +58,4 @@ func (m *Dispatch) Round(res dispatcher.Result, err error) {
 func (m *Dispatch) Queued(pool string, pickup time.Duration) {
 	m.claimed.WithLabelValues(pool).Inc()
 	m.pickup.WithLabelValues(pool).Observe(pickup.Seconds())
-}
-
-// Started is gateway.Observer: how long tasks waited for their executor.
-type Started struct {
-	waited *prometheus.HistogramVec
-}
-
-// NewStarted registers the gateway's pickup histogram with reg.
-func NewStarted(reg prometheus.Registerer) *Started {
-	m := &Started{waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "gateway", Name: "pickup_seconds",
-		Help:    "From the claim (the task's payload stored) to its executor fetching it from the gateway, by pool: queue, executor creation and start-up.",
-		Buckets: PickupBuckets}, []string{"pool"})}
-	reg.MustRegister(m.waited)
-	return m
-}
-
-// Started observes one task handed to its executor.
-func (m *Started) Started(pool string, waited time.Duration) {
-	m.waited.WithLabelValues(pool).Observe(waited.Seconds())
 }

@@ -1,8 +1,14 @@
-package metrics
+// Package recovermetrics is the Prometheus instrumentation of recover's
+// passes, apart from shared/metrics so that what does not recover (handle,
+// the gateway) does not link the recovery package. The invariants of
+// shared/metrics hold: a registry per process, nothing registered at init,
+// label values from small fixed sets.
+package recovermetrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 )
 
@@ -14,7 +20,7 @@ type Recover struct {
 // NewRecover registers recover's metrics with reg.
 func NewRecover(reg prometheus.Registerer) *Recover {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: "recover", Name: name, Help: help}, labels)
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metrics.Namespace, Subsystem: "recover", Name: name, Help: help}, labels)
 	}
 	m := &Recover{
 		passes:      counter("passes_total", "Recover passes, by result (ok, error).", "result"),

@@ -1,0 +1,50 @@
+package recovermetrics
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+)
+
+func TestRecover(t *testing.T) {
+	reg := metrics.NewRegistry()
+	r := NewRecover(reg)
+	r.Pass(recovery.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
+	r.Pass(recovery.Summary{}, errors.New("backend down"))
+	fams := gather(t, reg)
+	for _, want := range []struct {
+		name   string
+		labels []string
+		v      float64
+	}{
+		{"gdr_recover_passes_total", []string{"result", "ok"}, 1},
+		{"gdr_recover_passes_total", []string{"result", "error"}, 1},
+		{"gdr_recover_executors_total", []string{"outcome", "done"}, 2},
+		{"gdr_recover_payloads_total", []string{"action", "republished"}, 1},
+		{"gdr_recover_tasks_failed_total", []string{"reason", "rejected"}, 1},
+	} {
+		if v, ok := fams.Value(want.name, want.labels...); !ok || v != want.v {
+			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
+		}
+	}
+}
+
+// gather scrapes reg over HTTP, as Prometheus does.
+func gather(t *testing.T, reg prometheus.Gatherer) metrics.Families {
+	t.Helper()
+	mux := http.NewServeMux()
+	metrics.Register(mux, reg)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	fams, err := metrics.Scrape(t.Context(), http.DefaultClient, srv.URL+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
