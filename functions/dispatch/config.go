@@ -3,8 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -25,6 +27,7 @@ type Config struct {
 	runnerpool.Source
 	assignmentqueue.PayloadStore
 	assignmentsig.SigningSettings
+	assignmentevents.Publishing
 
 	Stream            string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
@@ -46,5 +49,5 @@ func (c *Config) Check() error {
 	}
 	pools, err := c.Source.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), keepAlive, err)
+	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), c.Publishing.Check(os.Getenv("K_SINK")), keepAlive, err)
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -179,12 +180,21 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		closeFn()
 		return nil, nil, err
 	}
-	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
-	if err := errors.Join(q.EnsureStream(ctx), assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx)); err != nil {
+	// The finish notices' stream is the gateway's on both paths.
+	if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx); err != nil {
 		closeFn()
 		return nil, nil, err
 	}
-	if err := q.EnsureRejections(ctx); err != nil {
+	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
+	var send dispatcher.Queue = q
+	if cfg.CloudEvents() {
+		// The Knative path: the channel keeps the messages in a stream of
+		// its own; no queue stream, no rejection stream, no consumer lag.
+		if send, err = assignmentevents.NewSender(cfg.EventSink, "/gitea-dynamic-runner/dispatch", signer); err != nil {
+			closeFn()
+			return nil, nil, err
+		}
+	} else if err := errors.Join(q.EnsureStream(ctx), q.EnsureRejections(ctx)); err != nil {
 		closeFn()
 		return nil, nil, err
 	}
@@ -196,9 +206,11 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		return nil, nil, err
 	}
 	reg := metrics.NewRegistry()
-	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive,
+	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: send, Payloads: payloads, Log: log, KeepAlive: cfg.KeepAlive,
 		Observer: metrics.NewDispatch(reg)}
-	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
+	if !cfg.CloudEvents() {
+		reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
+	}
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg

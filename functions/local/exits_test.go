@@ -139,7 +139,7 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	l.recover = &recovery.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: l.backend},
 		Pools:    map[string]recovery.Pool{poolName: {Pool: pool, Tasks: g}},
-		Queue:    env.Queue, Payloads: env.Payloads}
+		Queue:    env.Queue, Sender: env.Queue, Payloads: env.Payloads}
 	id, err := taskidentity.New(td, "alice/repo", "build", 7)
 	if err != nil {
 		t.Fatal(err)

@@ -177,7 +177,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
-		Queue:    q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
+		Queue:    q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
 	}
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {

@@ -126,7 +126,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	r := &recovery.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendPod: backend},
 		Pools:    map[string]recovery.Pool{"linux": {Pool: pool, Tasks: gitea}},
-		Queue:    q.Queue, Payloads: q.Payloads}
+		Queue:    q.Queue, Sender: q.Queue, Payloads: q.Payloads}
 
 	// The executors, as handle leaves them: created, scheduled, bound, running.
 	node, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ns + "-node"}}, metav1.CreateOptions{})

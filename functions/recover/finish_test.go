@@ -24,7 +24,7 @@ func TestFinishModeBindsHandleSetupsConsumer(t *testing.T) {
 	r := &recovery.Recovery{
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: taskworkertest.NewMemory("")},
 		Pools:    map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
-		Payloads: env.Payloads, Queue: env.Queue,
+		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	cfg := Config{Stream: assignmentqueue.DefaultStream, Batch: 4, FetchWait: 300 * time.Millisecond, Retry: time.Second}
 	log := slog.New(slog.DiscardHandler)

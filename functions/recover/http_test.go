@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
@@ -25,11 +26,15 @@ func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	r := &recovery.Recovery{
 		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: taskworkertest.NewMemory("")},
 		Pools:    map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
-		Payloads: env.Payloads, Queue: env.Queue,
+		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	reg := metrics.NewRegistry()
 	probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(env.Conn)}}}
-	srv := httptest.NewServer(handler(function.Ticks{TickToken: "t1ck"}, r, probes, reg, metrics.NewRecover(reg), slog.New(slog.DiscardHandler)))
+	h, err := handler(t.Context(), function.Ticks{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, metrics.NewRecover(reg), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	get := func(path string) int {
 		t.Helper()

@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
@@ -60,10 +61,13 @@ type Config struct {
 	assignmentsig.SigningSettings
 	bootstrap.Settings
 	backends.Setup
+	assignmentevents.Publishing
 
 	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
 	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
+	// OrphanGrace is the Knative path's orphan rule (recovery.Recovery).
+	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"45m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago; must exceed the channel's whole redelivery span (deploy/knative/10-channel.yaml)"`
 
 	// Finish mode.
 	Batch     int           `envconfig:"RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`
@@ -83,11 +87,16 @@ func (c *Config) Check() error {
 		mode = errors.New("GDR_TICK_TOKEN is required in http mode: every pass must be asked for by a known caller")
 	case c.Mode == modeFinish && (c.Batch < 1 || c.FetchWait <= 0 || c.Retry <= 0):
 		mode = errors.New("GDR_RECOVER_BATCH must be at least 1, GDR_RECOVER_FETCH_WAIT and GDR_RECOVER_RETRY above 0")
+	case c.Mode == modeFinish && c.Publish == assignmentevents.PublishCloudEvents:
+		mode = errors.New("GDR_RECOVER_MODE=finish reads the finish notices of the KEDA path: not with GDR_PUBLISH=cloudevents")
+	case c.OrphanGrace <= 0:
+		mode = fmt.Errorf("GDR_ORPHAN_GRACE %v: want a positive duration", c.OrphanGrace)
 	}
 	td, _, _ := c.Parse()
 	pools, err := c.Source.Load()
 	c.pools = pools
-	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(), mode, err}
+	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(),
+		c.Publishing.Check(os.Getenv("K_SINK")), mode, err}
 	checked := map[taskassignment.Backend]bool{}
 	for _, p := range pools {
 		if !checked[p.Backend] {
@@ -134,7 +143,14 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		reg.MustRegister(metrics.NewExecutors(listers, log))
 		probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(js.Conn())}}, Log: log}
-		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, probes, reg, metrics.NewRecover(reg), log)
+		// A dead letter's assignment was signed by dispatch or by recover,
+		// with the one key they share (GDR_ASSIGNMENT_SIGNING_KEY).
+		signer, err := cfg.Signer()
+		if err != nil {
+			return err
+		}
+		dead := assignmentevents.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
+		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, dead, probes, reg, metrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
@@ -210,23 +226,48 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		return nil, nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
-	return &recovery.Recovery{
+	r := &recovery.Recovery{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
-	}, js, closeAll, nil
+		Queue: q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
+	}
+	if cfg.CloudEvents() {
+		// The Knative path: the channel's stream cannot be asked per
+		// assignment, and its terminations carry no reason; orphans go by
+		// the time they were last sent, and the channel's dead letters and
+		// handle's rejection replies arrive at POST /dead-letter.
+		sender, err := assignmentevents.NewSender(cfg.EventSink, "/gitea-dynamic-runner/recover", signer)
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		r.Queue, r.Rejections, r.Sender = nil, nil, sender
+		r.SendMarks, r.OrphanGrace = payloads, cfg.OrphanGrace
+	}
+	return r, js, closeAll, nil
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
-	log.Info("serving ticks", slog.String("addr", addr))
-	return function.ListenAndServe(ctx, function.Server(handler(ticks, r, probes, g, obs, log), tickMaxBytes), addr)
+func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
+	h, err := handler(ctx, ticks, r, dead, probes, g, obs, log)
+	if err != nil {
+		return err
+	}
+	log.Info("serving ticks and dead letters", slog.String("addr", addr))
+	return function.ListenAndServe(ctx, function.Server(h, tickMaxBytes), addr)
 }
 
-// handler runs a pass per authorized POST / (a PingSource tick), answers
-// probes at GET /healthz (NATS connected) and GET /livez, and g's metrics
-// at GET /metrics.
-func handler(ticks function.Ticks, r *recovery.Recovery, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) http.Handler {
+// handler runs a pass per authorized POST / (a PingSource tick), hands each
+// CloudEvent at POST /dead-letter to dead (the Knative path's dead letters
+// and handle's rejection replies: each must carry an authentic assignment),
+// answers probes at GET /healthz (NATS connected) and GET /livez, and g's
+// metrics at GET /metrics.
+func handler(ctx context.Context, ticks function.Ticks, r *recovery.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
+	events, err := dead.NewHTTPHandler(ctx)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
+	mux.Handle("POST /dead-letter", events)
 	mux.Handle("POST /{$}", ticks.Authorized(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if err := pass(req.Context(), r, obs, log); err != nil {
 			http.Error(w, "recover pass incomplete; see the log", http.StatusServiceUnavailable)
@@ -236,9 +277,10 @@ func handler(ticks function.Ticks, r *recovery.Recovery, probes health.Probes, g
 	})))
 	probes.Register(mux)
 	metrics.Register(mux, g)
-	return mux
+	return mux, nil
 }
 
-// tickMaxBytes caps a tick's body: a PingSource CloudEvent is small, and
-// its body is never read.
+// tickMaxBytes caps a request's body: a PingSource tick is small (its body
+// is never read), and so is a dead letter (a signed assignment of a few
+// KiB).
 const tickMaxBytes = 64 << 10

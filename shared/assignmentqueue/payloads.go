@@ -192,7 +192,7 @@ func (p *Payloads) Delete(ctx context.Context, assignmentID string) error {
 	if assignmentID == "" {
 		return fmt.Errorf("payload store %q: delete: empty assignment ID", p.bucket)
 	}
-	for _, key := range []string{startedPrefix + assignmentID, assignmentID} {
+	for _, key := range []string{startedPrefix + assignmentID, sentPrefix + assignmentID, assignmentID} {
 		if err := p.kv.Purge(ctx, key); err != nil {
 			return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
 		}
@@ -229,6 +229,50 @@ func (p *Payloads) Started(ctx context.Context, assignmentID string) (bool, erro
 		return false, fmt.Errorf("payload store %q: assignment %s started: %w", p.bucket, assignmentID, err)
 	}
 	return true, nil
+}
+
+// sentPrefix marks, beside a payload, when recover last sent its assignment
+// again (the Knative path, whose channel cannot be asked what it holds).
+const sentPrefix = "sent."
+
+// MarkSent records that the assignment of assignmentID was sent again now.
+// A later pass takes the mark's time, not the payload's, as the start of the
+// orphan grace, so an assignment that still waits is re-sent once per grace,
+// never once per pass. Delete removes the mark with the payload.
+func (p *Payloads) MarkSent(ctx context.Context, assignmentID string) error {
+	if assignmentID == "" {
+		return fmt.Errorf("payload store %q: mark sent: empty assignment ID", p.bucket)
+	}
+	if _, err := p.kv.Put(ctx, sentPrefix+assignmentID, []byte{1}); err != nil {
+		return fmt.Errorf("payload store %q: mark assignment %s sent: %w", p.bucket, assignmentID, err)
+	}
+	return nil
+}
+
+// LastSent returns when the assignment of assignmentID was last sent: the
+// time of its MarkSent, else when its payload was stored (dispatch sends
+// right after the store). It wraps ErrPayloadNotFound when there is no
+// payload.
+func (p *Payloads) LastSent(ctx context.Context, assignmentID string) (time.Time, error) {
+	stored, err := p.StoredAt(ctx, assignmentID)
+	if err != nil {
+		return time.Time{}, err
+	}
+	e, err := p.kv.Get(ctx, sentPrefix+assignmentID)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return stored, nil
+	case err != nil:
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s last sent: %w", p.bucket, assignmentID, err)
+	}
+	return later(stored, e.Created()), nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // IDs returns the assignment ID of every stored payload, sorted and without

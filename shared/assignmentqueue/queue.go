@@ -239,6 +239,15 @@ func (q *Queue) Publish(ctx context.Context, a taskassignment.Assignment) (*jets
 	return ack, nil
 }
 
+// Send is Publish for callers that need only to know the assignment is
+// queued (dispatch and recover, through a narrow interface they share with
+// the CloudEvents sender of the Knative path): a duplicate within the window
+// is queued already, hence no error.
+func (q *Queue) Send(ctx context.Context, a taskassignment.Assignment) error {
+	_, err := q.Publish(ctx, a)
+	return err
+}
+
 // Outstanding returns how many messages backend b's consumer has not yet
 // finished: those not yet delivered plus those delivered and not yet
 // acknowledged. Capacity minus Outstanding is what the backend can still take.

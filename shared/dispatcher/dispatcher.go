@@ -23,7 +23,6 @@ import (
 	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -45,9 +44,12 @@ type Tasks interface {
 	Finalize(ctx context.Context, taskID int64, result runnerv1.Result, reason string) error
 }
 
-// Queue is where assignments go (assignmentqueue.Queue).
+// Queue is where assignments go: the JetStream queue
+// (assignmentqueue.Queue) on the KEDA path, a CloudEvents sink
+// (assignmentevents.Sender) on the Knative path. Send must be safe to repeat
+// for one assignment: both de-duplicate by assignment ID.
 type Queue interface {
-	Publish(ctx context.Context, a taskassignment.Assignment) (*jetstream.PubAck, error)
+	Send(ctx context.Context, a taskassignment.Assignment) error
 }
 
 // Payloads is where claimed tasks are kept (assignmentqueue.Payloads).
@@ -274,7 +276,7 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 		return a, fmt.Errorf("pool %s: store task %d: %w", p.Name, task.GetId(), err)
 	}
 	pubCtx, cancel := detached(ctx)
-	_, err = d.Queue.Publish(pubCtx, a)
+	err = d.Queue.Send(pubCtx, a)
 	cancel()
 	if err != nil {
 		// The payload is stored: recover re-publishes it.

@@ -546,7 +546,7 @@ func TestReceiverStatusCodes(t *testing.T) {
 		{"failed", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, http.StatusInternalServerError},
 		{"rejected", taskassignment.EventType, good, func(context.Context, taskassignment.Assignment) (bool, error) {
 			return false, taskworker.Permanent(errors.New("invalid spec"))
-		}, http.StatusBadRequest},
+		}, http.StatusOK}, // with a reply: TestReceiverRepliesToARejection
 		{"poison", taskassignment.EventType, seal(t, jetstreamenv.Signer(), []byte(`{"version":1}`)), nil, http.StatusBadRequest},
 		{"unsigned", taskassignment.EventType, raw(t, assignment(t, 11)), nil, http.StatusBadRequest},
 		{"another type", "dev.example.other", good, nil, http.StatusBadRequest},
@@ -604,6 +604,64 @@ func TestReceiverAcceptsEndToEnd(t *testing.T) {
 	}
 	if backend.Creates() != 1 {
 		t.Fatalf("%d creates for one assignment delivered twice", backend.Creates())
+	}
+}
+
+// TestReceiverRepliesToARejection: an assignment the backend can never
+// accept is acknowledged with a reply event that carries the signed
+// assignment as it came and the reason, for the Subscription's reply to
+// take to recover; nothing else answers with an event.
+func TestReceiverRepliesToARejection(t *testing.T) {
+	good := encode(t, assignment(t, 13))
+	for _, tc := range []struct {
+		name   string
+		accept acceptFunc
+		reply  bool
+	}{
+		{"rejected", func(context.Context, taskassignment.Assignment) (bool, error) {
+			return false, taskworker.Permanent(errors.New("pool linux has no profile\nPod spec invalid"))
+		}, true},
+		{"accepted", func(context.Context, taskassignment.Assignment) (bool, error) { return true, nil }, false},
+		{"failed", func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := Receiver{Handler: Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			client, err := cloudevents.NewClientHTTP()
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := cloudevents.NewEvent()
+			e.SetID("linux-13")
+			e.SetSource("dispatch/linux")
+			e.SetType(taskassignment.EventType)
+			if err := e.SetData(cloudevents.ApplicationJSON, good); err != nil {
+				t.Fatal(err)
+			}
+			resp, res := client.Request(cloudevents.ContextWithTarget(context.Background(), srv.URL), e)
+			if !tc.reply {
+				if resp != nil {
+					t.Fatalf("reply %v to an assignment that was not rejected", resp)
+				}
+				return
+			}
+			if !cloudevents.IsACK(res) || resp == nil {
+				t.Fatalf("no acknowledged reply: %v, %v", resp, res)
+			}
+			if resp.Type() != taskassignment.RejectionType {
+				t.Errorf("reply type %q, want %q", resp.Type(), taskassignment.RejectionType)
+			}
+			if !bytes.Equal(resp.Data(), good) {
+				t.Errorf("reply data is not the signed assignment as it came")
+			}
+			if got := fmt.Sprint(resp.Extensions()[taskassignment.ReasonExtension]); !strings.Contains(got, "pool linux has no profile") {
+				t.Errorf("reply reason %q does not say why", got)
+			}
+		})
 	}
 }
 

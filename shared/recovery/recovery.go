@@ -40,11 +40,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -71,10 +72,26 @@ type Pool struct {
 	Tasks taskworker.TaskState
 }
 
-// Queue is the assignment queue (assignmentqueue.Queue).
+// Queue is the assignment queue (assignmentqueue.Queue), read to tell an
+// orphan from a payload whose message still waits.
 type Queue interface {
 	Queued(ctx context.Context, b taskassignment.Backend, td spiffeid.TrustDomain) (map[string]bool, int, error)
-	Publish(ctx context.Context, a taskassignment.Assignment) (*jetstream.PubAck, error)
+}
+
+// Sender sends an orphan's assignment again: the JetStream queue
+// (assignmentqueue.Queue) or, on the Knative path, the CloudEvents sink
+// (assignmentevents.Sender). Both de-duplicate by assignment ID.
+type Sender interface {
+	Send(ctx context.Context, a taskassignment.Assignment) error
+}
+
+// SendMarks remember when an assignment was last sent
+// (assignmentqueue.Payloads): on the Knative path the channel that holds the
+// messages cannot be asked whether it still holds one, so the orphan step
+// goes by time instead.
+type SendMarks interface {
+	LastSent(ctx context.Context, assignmentID string) (time.Time, error)
+	MarkSent(ctx context.Context, assignmentID string) error
 }
 
 // Payloads is the payload store (assignmentqueue.Payloads).
@@ -91,8 +108,24 @@ type Recovery struct {
 	Bootstrap   taskworker.Bootstrap
 	Backends    map[taskassignment.Backend]Backend
 	Pools       map[string]Pool
-	Queue       Queue
-	Payloads    Payloads
+	// Queue, when set, says which assignments still have a message: a
+	// payload whose assignment is queued is no orphan. Nil is the Knative
+	// path (SendMarks and OrphanGrace decide instead).
+	Queue Queue
+	// Sender re-sends orphans.
+	Sender   Sender
+	Payloads Payloads
+	// SendMarks and OrphanGrace are the Knative path's orphan rule, used
+	// when Queue is nil: a payload without an executor is an orphan once its
+	// assignment was last sent more than OrphanGrace ago; re-sending marks it
+	// sent. OrphanGrace must exceed the longest the channel keeps
+	// redelivering one message (its delivery retries and backoff), or a
+	// message still held is sent twice (harmless: Accept is idempotent, and
+	// the channel de-duplicates by event ID within its window).
+	SendMarks   SendMarks
+	OrphanGrace time.Duration
+	// Now is the clock of the orphan grace; nil is time.Now.
+	Now func() time.Time
 	// Rejections is the queue's rejection stream (Drain); nil skips the
 	// drain.
 	Rejections Rejections
@@ -253,19 +286,26 @@ func (r *Recovery) orphans(ctx context.Context, withExecutor map[string]bool, su
 		if !ok {
 			continue
 		}
-		if queued[pool.Backend] == nil {
-			q, _, err := r.Queue.Queued(ctx, pool.Backend, r.TrustDomain)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("queued assignments of %s: %w", pool.Backend, err))
-				continue
-			}
-			queued[pool.Backend] = q
-		}
-		if queued[pool.Backend][id] {
-			continue
-		}
 		backend, ok := r.Backends[pool.Backend]
 		if !ok {
+			continue
+		}
+		if r.Queue != nil {
+			if queued[pool.Backend] == nil {
+				q, _, err := r.Queue.Queued(ctx, pool.Backend, r.TrustDomain)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("queued assignments of %s: %w", pool.Backend, err))
+					continue
+				}
+				queued[pool.Backend] = q
+			}
+			if queued[pool.Backend][id] {
+				continue
+			}
+		} else if due, err := r.graceOver(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		} else if !due {
 			continue
 		}
 		// The listing may be stale: an executor created since is no orphan.
@@ -289,14 +329,41 @@ func (r *Recovery) orphans(ctx context.Context, withExecutor map[string]bool, su
 			log.Error("orphan payload cannot be rebuilt", slog.Any("error", err))
 			continue
 		}
-		if _, err := r.Queue.Publish(ctx, a); err != nil {
+		if err := r.Sender.Send(ctx, a); err != nil {
 			errs = append(errs, fmt.Errorf("re-publish %s: %w", id, err))
 			continue
+		}
+		if r.Queue == nil {
+			if err := r.SendMarks.MarkSent(ctx, id); err != nil {
+				// Sent, not marked: the next pass after the grace sends it
+				// once more, which is harmless.
+				log.Warn("mark a re-sent orphan", slog.Any("error", err))
+			}
 		}
 		log.Info("orphan payload re-published")
 		sum.Republished++
 	}
 	return errors.Join(errs...)
+}
+
+// graceOver reports whether the assignment of id was last sent more than
+// OrphanGrace ago (the Knative path's orphan rule).
+func (r *Recovery) graceOver(ctx context.Context, id string) (bool, error) {
+	if r.SendMarks == nil {
+		return false, fmt.Errorf("orphan %s: no queue to read and no send marks: recover cannot tell an orphan", id)
+	}
+	last, err := r.SendMarks.LastSent(ctx, id)
+	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+		return false, nil // deleted since the listing
+	}
+	if err != nil {
+		return false, fmt.Errorf("orphan %s: last sent: %w", id, err)
+	}
+	now := time.Now
+	if r.Now != nil {
+		now = r.Now
+	}
+	return now().Sub(last) > r.OrphanGrace, nil
 }
 
 // rebuild makes the assignment of a stored payload, as dispatch did.

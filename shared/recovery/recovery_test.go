@@ -69,7 +69,7 @@ func setup(t *testing.T) fixture {
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.Backend]Backend{taskassignment.BackendProcess: mem},
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
-		Queue:    q, Payloads: payloads, Endings: payloads.Endings(),
+		Queue:    q, Sender: q, Payloads: payloads, Endings: payloads.Endings(),
 	}
 	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot, js: env.JetStream}
 }

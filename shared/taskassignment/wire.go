@@ -21,6 +21,15 @@ const WireVersion = 1
 // Knative path); the event's data is the Encode form, as application/json.
 const EventType = "io.gitea-dynamic-runner.assignment.v1"
 
+// RejectionType is the CloudEvents type of handle's reply to an assignment
+// event it can never accept (the Knative path): the data is the signed
+// assignment as it came, the extension ReasonExtension says why, and the
+// Subscription's reply takes it to recover, which fails the task.
+const RejectionType = "io.gitea-dynamic-runner.rejection.v1"
+
+// ReasonExtension is the CloudEvents extension of a rejection's reason.
+const ReasonExtension = "gdrreason"
+
 // ErrMalformed marks a message that can never decode, whatever is retried:
 // its consumer should terminate it rather than redeliver it.
 var ErrMalformed = errors.New("malformed assignment message")
