@@ -31,6 +31,7 @@ import (
 	"k8s.io/kube-openapi/pkg/validation/validate"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/channelenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
@@ -568,6 +569,14 @@ func isoDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// minSchedulingWait is the least time the Knative path keeps offering an assignment whose
+// executor waits for a node (a node added by an autoscaler, a large image pulled), and
+// maxOfferGap the longest a scheduled Pod may then wait for the next offer (10-channel.yaml).
+const (
+	minSchedulingWait = time.Hour
+	maxOfferGap       = 5 * time.Minute
+)
+
 func TestKnativeContract(t *testing.T) {
 	docs := under(loadManifests(t), "knative")
 	ch := one(t, docs, "NatsJetStreamChannel", "")
@@ -611,10 +620,51 @@ func TestKnativeContract(t *testing.T) {
 		}
 	}
 
+	// What the channel gives up on, and handle's rejection replies, reach recover's dead-letter
+	// sink; a Subscription without them would drop both without a reason anyone reads.
+	recoverSink := map[string]any{"ref": map[string]any{"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "recover"}, "uri": "/dead-letter"}
+	for _, d := range []doc{sub, ch} {
+		if got := path(d.obj, "spec", "delivery", "deadLetterSink"); !reflect.DeepEqual(got, recoverSink) {
+			t.Errorf("%s: delivery.deadLetterSink %v, want %v", d, got, recoverSink)
+		}
+	}
+	if got := path(sub.obj, "spec", "reply"); !reflect.DeepEqual(got, recoverSink) {
+		t.Errorf("%s: reply %v, want %v (handle's rejection replies)", sub, got, recoverSink)
+	}
+	if !reflect.DeepEqual(path(sub.obj, "spec", "delivery"), path(ch.obj, "spec", "delivery")) {
+		t.Errorf("the Subscription's delivery %v differs from the channel's %v", path(sub.obj, "spec", "delivery"), path(ch.obj, "spec", "delivery"))
+	}
+	// The delivery the stand-in channel runs with (one source of truth: this file) keeps a
+	// waiting assignment offered for at least minSchedulingWait, with no gap between two offers
+	// longer than maxOfferGap.
+	del, err := channelenv.LoadDelivery(filepath.Join("knative", "10-channel.yaml"), sub.name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del.Span() < minSchedulingWait {
+		t.Errorf("delivery %+v offers a waiting assignment for %v in all, want at least %v", del, del.Span(), minSchedulingWait)
+	}
+	if gap := del.Backoff(del.Retry); gap > maxOfferGap {
+		t.Errorf("delivery %+v: the last gap between two offers is %v, want at most %v", del, gap, maxOfferGap)
+	}
+	for _, subject := range []string{"dispatch", "recover"} {
+		ok := false
+		for _, sb := range find(docs, "SinkBinding", "") {
+			if path(sb.obj, "spec", "subject", "kind") == "Service" && path(sb.obj, "spec", "subject", "name") == subject &&
+				path(sb.obj, "spec", "subject", "apiVersion") == "serving.knative.dev/v1" &&
+				path(sb.obj, "spec", "sink", "ref", "kind") == ch.kind() && path(sb.obj, "spec", "sink", "ref", "name") == ch.name() {
+				ok = true
+			}
+		}
+		if !ok {
+			t.Errorf("no SinkBinding gives the Knative Service %s the channel %s as K_SINK", subject, ch)
+		}
+	}
+
 	wantEnv := map[string]map[string]string{
 		"handle":   {"GDR_MODE": "http", "GDR_BACKEND": "pod"},
-		"recover":  {"GDR_RECOVER_MODE": "http"},
-		"dispatch": {},
+		"recover":  {"GDR_RECOVER_MODE": "http", "GDR_PUBLISH": "cloudevents"},
+		"dispatch": {"GDR_PUBLISH": "cloudevents"},
 	}
 	for name, want := range wantEnv {
 		svc := one(t, docs, "Service", name)

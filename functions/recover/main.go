@@ -67,7 +67,7 @@ type Config struct {
 	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
 	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
 	// OrphanGrace is the Knative path's orphan rule (recovery.Recovery).
-	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"45m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago; must exceed the channel's whole redelivery span (deploy/knative/10-channel.yaml)"`
+	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"30m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago (a send lost between dispatch and the channel); a repeat of a message the channel still offers is harmless"`
 
 	// Finish mode.
 	Batch     int           `envconfig:"RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`

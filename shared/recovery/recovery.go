@@ -14,7 +14,12 @@
 //     terminated without naming its assignment) is re-published, unless
 //     Gitea says the task is over, in which case the payload is deleted. A
 //     payload whose rejection entry is still pending (step 0 failed for it)
-//     is no orphan: it is left for the next drain.
+//     is no orphan: it is left for the next drain. On the Knative path
+//     (no Queue: the channel's stream cannot be asked) a payload without an
+//     executor is an orphan once its last send is OrphanGrace old.
+//
+// The Knative path has no rejection stream: what its channel gives up on
+// reaches DeadLetter instead.
 //
 // Finish does step 1 for one executor, by its assignment ID, through the same
 // code: the fast path for a caller that learns of an executor's end (local
@@ -118,10 +123,11 @@ type Recovery struct {
 	// SendMarks and OrphanGrace are the Knative path's orphan rule, used
 	// when Queue is nil: a payload without an executor is an orphan once its
 	// assignment was last sent more than OrphanGrace ago; re-sending marks it
-	// sent. OrphanGrace must exceed the longest the channel keeps
-	// redelivering one message (its delivery retries and backoff), or a
-	// message still held is sent twice (harmless: Accept is idempotent, and
-	// the channel de-duplicates by event ID within its window).
+	// sent, so a task that waits is re-sent once per grace. A grace shorter
+	// than the channel's redelivery span repairs a lost send sooner and may
+	// send a message the channel still offers again: harmless, since Accept
+	// is idempotent (one executor) and the channel drops a repeat within
+	// its duplicate window.
 	SendMarks   SendMarks
 	OrphanGrace time.Duration
 	// Now is the clock of the orphan grace; nil is time.Now.
