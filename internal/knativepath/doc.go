@@ -12,9 +12,12 @@
 // binary). No real Knative can be built here (the module proxy refuses
 // knative.dev/*), so the channel is played by a stand-in: the harness of
 // internal/testenv/channelenv, which stores every event it accepts
-// in JetStream (Nats-Msg-Id = the event's id) and delivers it with the
-// delivery numbers of deploy/knative/10-channel.yaml, as eventing-natss's
-// dispatcher does.
+// in JetStream (Nats-Msg-Id = the event's id) and delivers it as
+// eventing-natss's dispatcher does, with the delivery numbers of
+// deploy/knative/10-channel.yaml (channelenv.LoadDelivery) unless a test
+// says otherwise. Where handle would answer "not yet" (a Pod waiting for a
+// node), a relay of the test's stands between the channel and handle and
+// answers 503 itself: the process backend's executors never wait.
 //
 // The tests carry the build tag e2e and are named TestE2EKnative...; they
 // need the Gitea peer `make peers` builds (skipped without it on a developer

@@ -489,25 +489,9 @@ func (e *env) payloadIDs() []string {
 	return ids
 }
 
-// tick runs one recover pass as a PingSource would: POST / with the token in
-// Ce-Gdrtoken. It returns the status (202: the pass completed).
-func (e *env) tick(recover *proc) int {
-	e.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, recover.url+"/", strings.NewReader(`{"tick":"recover"}`))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(function.HeaderTickToken, e.tickToken)
-	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
-	if err != nil {
-		e.t.Fatalf("tick recover: %v", err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
-// ticking ticks recover every interval until the test ends.
+// ticking ticks recover every interval until the test ends, as its
+// PingSource does (every minute in the cluster): POST / with the token in
+// Ce-Gdrtoken.
 func (e *env) ticking(recover *proc, interval time.Duration) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -520,7 +504,10 @@ func (e *env) ticking(recover *proc, interval time.Duration) {
 				return
 			case <-time.After(interval):
 			}
-			req, _ := http.NewRequest(http.MethodPost, recover.url+"/", strings.NewReader(`{"tick":"recover"}`))
+			req, err := http.NewRequest(http.MethodPost, recover.url+"/", strings.NewReader(`{"tick":"recover"}`))
+			if err != nil {
+				panic(err) // a constant request
+			}
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set(function.HeaderTickToken, e.tickToken)
 			if resp, err := client.Do(req); err == nil {
