@@ -246,13 +246,13 @@ func (e *env) startGateway() {
 	e.waitHealthy(p)
 }
 
-// startHandle starts handle in http mode on the process backend and
-// returns it once it serves.
-func (e *env) startHandle() *proc {
-	p := e.start("handle", bins.handle, []string{
+// startHandle starts handle in http mode on the process backend, with
+// extra environment over the common one, and returns it once it serves.
+func (e *env) startHandle(extra ...string) *proc {
+	p := e.start("handle", bins.handle, append([]string{
 		"GDR_MODE=http", "GDR_BACKEND=process", "GDR_CAPACITY=2", "GDR_HTTP_ADDR=" + strings.TrimPrefix(e.handleURL, "http://"),
 		e.secret("GDR_BOOTSTRAP_KEY"),
-	})
+	}, extra...))
 	p.url = e.handleURL
 	e.waitHealthy(p)
 	return p

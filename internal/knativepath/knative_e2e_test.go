@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -56,8 +57,9 @@ type knative struct {
 }
 
 // startKnative starts the path. subscriber is where the channel delivers
-// (handle's URL, or a relay's in front of it).
-func startKnative(t *testing.T, e *env, subscriber string, delivery channelenv.Delivery) *knative {
+// (handle's URL, or a relay's in front of it); handleEnv is added to
+// handle's environment.
+func startKnative(t *testing.T, e *env, subscriber string, delivery channelenv.Delivery, handleEnv ...string) *knative {
 	t.Helper()
 	k := &knative{env: e}
 	deadLetter := e.recoverURL + "/dead-letter"
@@ -69,7 +71,7 @@ func startKnative(t *testing.T, e *env, subscriber string, delivery channelenv.D
 	// (the channel's delivery is what is tested).
 	e.startDispatch("GDR_PUBLISH=cloudevents", "GDR_EVENT_SINK="+k.tap.URL)
 	k.recover = e.startRecover("GDR_PUBLISH=cloudevents", "GDR_EVENT_SINK="+k.channel.URL(), "GDR_ORPHAN_GRACE=10m")
-	k.handle = e.startHandle()
+	k.handle = e.startHandle(handleEnv...)
 	return k
 }
 
@@ -355,6 +357,49 @@ func TestE2EKnativeDeadLetterIsRecovered(t *testing.T) {
 	})
 	if n := len(gate.requests(a.ID)); n != delivery.MaxDeliver() {
 		t.Errorf("the relay saw %d deliveries, want %d", n, delivery.MaxDeliver())
+	}
+	t.Logf("push to clean: %v", time.Since(started).Round(time.Millisecond))
+}
+
+// TestE2EKnativeRejectedTaskFailsAtOnce: an assignment handle's backend can
+// never take (here: the process backend's runner binary does not exist, a
+// permanent error) is answered 200 with a rejection reply; the channel acks
+// it and takes the reply to recover's POST /dead-letter (the Subscription's
+// reply), and recover fails the task with handle's reason at once: one
+// delivery, no retry, no tick, nothing left.
+func TestE2EKnativeRejectedTaskFailsAtOnce(t *testing.T) {
+	started := time.Now()
+	e := newEnv(t)
+	k := startKnative(t, e, e.handleURL, shippedDelivery(t), "GDR_RUNNER_BIN="+filepath.Join(t.TempDir(), "no-such-runner"))
+	e.gitea.PushWorkflow(t, e.repo, ".gitea/workflows/ci.yml",
+		"name: ci\non: [push]\njobs:\n  build:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo never-runs\n")
+	_, a := k.published(60 * time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	as, err := k.channel.WaitDeliveries(ctx, a.ID, 1)
+	t.Logf("the channel's deliveries of %s:\n%s", a.ID, timeline(as))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := as[0]
+	if first.Status != http.StatusOK || first.Reply == nil || first.Reply.Status/100 != 2 {
+		t.Fatalf("first delivery: status %d, reply %+v; want 200 with a reply recover took (2xx)", first.Status, first.Reply)
+	}
+	job := e.waitJob("build", 30*time.Second)
+	if job.Conclusion != "failure" {
+		t.Fatalf("job %+v, want failure", job)
+	}
+	logs := e.gitea.JobLogs(t, e.repo, job.ID)
+	if strings.Contains(logs, "never-runs") || !strings.Contains(logs, "handle refused its assignment") || !strings.Contains(logs, "no-such-runner") {
+		t.Fatalf("want the job's log to carry handle's reason (the missing runner), and no step run:\n%s", logs)
+	}
+	t.Logf("the job's log:\n%s", logs)
+	e.waitFor("no executor and no payload left", 30*time.Second, func() bool {
+		return len(e.executors()) == 0 && len(e.payloadIDs()) == 0
+	})
+	if n := len(k.channel.Deliveries(a.ID)); n != 1 {
+		t.Errorf("%d deliveries of a rejected assignment, want 1 (acknowledged, never retried)", n)
 	}
 	t.Logf("push to clean: %v", time.Since(started).Round(time.Millisecond))
 }
