@@ -93,17 +93,9 @@ func (r *Recovery) taken(ctx context.Context, id string) (bool, error) {
 	if started {
 		return true, nil
 	}
-	pool, _, err := r.poolOf(id)
+	e, err := r.executorOf(ctx, id)
 	if err != nil {
-		return false, nil // failTask says why
-	}
-	backend, ok := r.Backends[pool.Backend]
-	if !ok {
-		return false, nil
-	}
-	e, err := backend.Find(ctx, id)
-	if err != nil {
-		return false, fmt.Errorf("find executor of assignment %s: %w", id, err)
+		return false, err
 	}
 	return e != nil && e.Phase != taskworker.PhasePending, nil
 }
