@@ -297,7 +297,7 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 		ObjectMeta: metav1.ObjectMeta{Name: "dispatch-webhook"},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeNodePort,
-			Selector: map[string]string{"app.kubernetes.io/name": "dispatch"},
+			Selector: map[string]string{"app.kubernetes.io/name": "dispatch", "app.kubernetes.io/component": "serve"},
 			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), NodePort: dispatchNodePort}},
 		},
 	}, metav1.CreateOptions{}); err != nil {

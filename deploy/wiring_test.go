@@ -163,3 +163,54 @@ func TestTickTokenWiring(t *testing.T) {
 		t.Errorf("PingSources tick %v, want recover and dispatch", ticked)
 	}
 }
+
+// TestServicesSelectOnlyServingPods: a Service's selector matches the Pods of the workload that
+// serves its port and no Pod of a Job or CronJob (dispatch-run's Pods carry dispatch's name but
+// listen on nothing: a webhook routed to one is lost).
+func TestServicesSelectOnlyServingPods(t *testing.T) {
+	docs := under(loadManifests(t), "keda")
+	docs = append(docs, under(loadManifests(t), "base")...)
+	type pods struct {
+		owner  doc
+		labels map[string]any
+	}
+	var all []pods
+	for _, d := range docs {
+		var tmpl any
+		switch d.kind() {
+		case "Deployment", "Job", "StatefulSet", "DaemonSet":
+			tmpl = path(d.obj, "spec", "template", "metadata", "labels")
+		case "CronJob":
+			tmpl = path(d.obj, "spec", "jobTemplate", "spec", "template", "metadata", "labels")
+		case "ScaledJob":
+			tmpl = path(d.obj, "spec", "jobTargetRef", "template", "metadata", "labels")
+		default:
+			continue
+		}
+		labels, _ := tmpl.(map[string]any)
+		all = append(all, pods{d, labels})
+	}
+	for _, svc := range find(docs, "Service", "") {
+		sel, _ := path(svc.obj, "spec", "selector").(map[string]any)
+		if len(sel) == 0 {
+			continue
+		}
+		var matched []string
+		for _, p := range all {
+			ok := true
+			for k, v := range sel {
+				ok = ok && p.labels[k] == v
+			}
+			if !ok {
+				continue
+			}
+			matched = append(matched, p.owner.String())
+			if k := p.owner.kind(); k != "Deployment" && k != "StatefulSet" && k != "DaemonSet" {
+				t.Errorf("%s selects the Pods of %s, which serve nothing", svc, p.owner)
+			}
+		}
+		if len(matched) == 0 {
+			t.Errorf("%s selects no Pod of the manifests", svc)
+		}
+	}
+}

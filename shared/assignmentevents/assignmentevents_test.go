@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
@@ -229,6 +230,65 @@ func TestDeadLetters(t *testing.T) {
 				t.Fatalf("Failer got %v %q, want %s with %q", f.ids, f.reasons, a.ID, tc.wantReason)
 			}
 		})
+	}
+}
+
+// blockingFailer holds each DeadLetter until release, and records whether
+// its context was cancelled meanwhile.
+type blockingFailer struct {
+	started, release chan struct{}
+	cancelled        chan bool
+}
+
+func (f blockingFailer) DeadLetter(ctx context.Context, _ taskassignment.Assignment, _ string) (recovery.DeadLetterOutcome, error) {
+	close(f.started)
+	<-f.release
+	f.cancelled <- ctx.Err() != nil
+	return recovery.DeadLetterFailed, nil
+}
+
+// TestDeadLetterOutlivesItsRequest: a sender that goes away while recover
+// fails the task does not cut the work off half done.
+func TestDeadLetterOutlivesItsRequest(t *testing.T) {
+	f := blockingFailer{started: make(chan struct{}), release: make(chan struct{}), cancelled: make(chan bool, 1)}
+	h, err := DeadLetters{Failer: f, Keys: jetstreamenv.Signer(), TrustDomain: td}.NewHTTPHandler(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	msg, err := taskassignment.Encode(assignment(t, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := jetstreamenv.Signer().Seal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := cloudevents.NewEvent()
+	e.SetID("linux-10")
+	e.SetSource("/channel")
+	e.SetType(taskassignment.EventType)
+	if err := e.SetData(cloudevents.ApplicationJSON, sealed); err != nil {
+		t.Fatal(err)
+	}
+	c, err := cloudevents.NewClientHTTP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Send(cloudevents.ContextWithTarget(ctx, srv.URL), e)
+	}()
+	<-f.started
+	cancel() // the sender gives up
+	<-done
+	time.Sleep(50 * time.Millisecond) // the server sees the connection close
+	close(f.release)
+	if <-f.cancelled {
+		t.Fatal("DeadLetter's context was cancelled with its request")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -35,6 +36,10 @@ type Opener interface {
 type Failer interface {
 	DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (recovery.DeadLetterOutcome, error)
 }
+
+// FailTimeout bounds the work on one dead letter (a Gitea report, a
+// backend lookup and delete, a payload delete), detached from its request.
+const FailTimeout = 30 * time.Second
 
 // DeadLetters receives what the Knative path will deliver no more, and hands
 // each to Failer: recover's dead-letter sink (POST /dead-letter). Two kinds
@@ -102,7 +107,13 @@ func (d DeadLetters) receive(ctx context.Context, e cloudevents.Event) protocol.
 		return cehttp.NewResult(http.StatusBadRequest, "assignment: %v", err)
 	}
 	log = log.With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
-	outcome, err := d.Failer.DeadLetter(ctx, a, reason)
+	// Failing the task runs to its end even if the sender goes away (its
+	// request timed out, the channel's dispatcher restarted): a report cut
+	// off after Gitea took it would leave the payload, and its capacity,
+	// until the orphan step.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FailTimeout)
+	defer cancel()
+	outcome, err := d.Failer.DeadLetter(fctx, a, reason)
 	if err != nil {
 		log.Warn("dead letter not handled; deliver it again", slog.Any("error", err))
 		return cehttp.NewResult(http.StatusInternalServerError, "assignment %s: %v", a.ID, err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // DeadLetterOutcome is what DeadLetter made of an assignment the Knative
@@ -17,8 +18,9 @@ const (
 	// DeadLetterFailed: the task was reported failed with the reason, its
 	// executor (none, normally) and payload deleted.
 	DeadLetterFailed DeadLetterOutcome = iota
-	// DeadLetterHeld: an executor holds the assignment (accepted, its answer
-	// lost): the pass owns its end; nothing was failed.
+	// DeadLetterHeld: an executor has taken the assignment (its runner
+	// fetched the task, or it runs or has ended): the pass owns its end;
+	// nothing was failed.
 	DeadLetterHeld
 	// DeadLetterLeft: the assignment's pool is not configured here, or its
 	// backend is not the pool's; nothing was done.
@@ -40,14 +42,19 @@ func (o DeadLetterOutcome) String() string {
 // DeadLetter ends the task of an assignment the Knative path will deliver no
 // more: the channel dead-lettered it after its last retry, or handle refused
 // it for good and said so in a reply event. It is the Knative path's
-// counterpart of Drain, with the same steps (Drain's 1-3) and the same guard:
+// counterpart of Drain, with the same steps (Drain's 1-3), guarded because
+// neither event is signed by whoever says the assignment failed (the channel
+// relays them; only the assignment inside is authenticated):
 //
-//   - an assignment an executor holds is left to the pass (DeadLetterHeld),
-//     so that a lost answer, or a forged dead letter replaying an authentic
-//     assignment, never ends a job that runs;
+//   - a task whose executor has fetched it (the payload's started mark), or
+//     whose executor is running or has ended, is left to the pass
+//     (DeadLetterHeld): a lost answer, or a forged dead letter replaying an
+//     authentic assignment, never ends a job that runs;
 //   - otherwise the task is reported failed with reason as the job's last
 //     log row (a task Gitea already ended is left as it is), marked ended,
-//     and its payload deleted, which frees its capacity.
+//     its executor deleted if one waits (a Pod still pending, a process
+//     record whose runner never started) and its payload deleted, which
+//     frees its capacity.
 //
 // a must be authenticated and decoded by the caller. reason is shown to the
 // job's users: it must hold no credential. Every step is idempotent: an
@@ -56,12 +63,12 @@ func (o DeadLetterOutcome) String() string {
 // assignment once its grace is over.
 func (r *Recovery) DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (DeadLetterOutcome, error) {
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
-	held, err := r.heldByBackend(ctx, a.ID)
+	held, err := r.taken(ctx, a.ID)
 	if err != nil {
 		return 0, fmt.Errorf("dead letter %s: %w", a.ID, err)
 	}
 	if held {
-		log.Info("dead-lettered assignment has an executor: left to the pass")
+		log.Info("dead-lettered assignment is in an executor's hands: left to the pass")
 		return DeadLetterHeld, nil
 	}
 	err = r.failTask(ctx, a.ID, string(a.Backend), reason)
@@ -74,4 +81,21 @@ func (r *Recovery) DeadLetter(ctx context.Context, a taskassignment.Assignment, 
 	}
 	log.Warn("task failed: the Knative path gave up on its assignment", slog.String("reason", reason))
 	return DeadLetterFailed, nil
+}
+
+// taken reports whether an executor has taken assignment id: its runner
+// fetched the task, or the backend holds an executor past pending.
+func (r *Recovery) taken(ctx context.Context, id string) (bool, error) {
+	started, err := r.Payloads.Started(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if started {
+		return true, nil
+	}
+	e, err := r.executorOf(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	return e != nil && e.Phase != taskworker.PhasePending, nil
 }

@@ -112,14 +112,17 @@ func TestKnativeFailedSendIsNotMarked(t *testing.T) {
 	}
 }
 
-// TestDeadLetter: a dead-lettered assignment without an executor fails its
-// task with the reason and frees its payload; one an executor holds is left
-// running; one of a pool not configured here, or whose backend is not its
-// pool's, is left alone; a Gitea failure is an error and leaves the payload.
+// TestDeadLetter: a dead-lettered assignment that no executor has taken
+// fails its task with the reason, deletes an executor still pending and
+// frees the payload; one whose runner fetched its task, or whose executor
+// runs, is left running; one of a pool not configured here, or whose backend
+// is not its pool's, is left alone; a Gitea failure is an error and leaves
+// the payload.
 func TestDeadLetter(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
-		executor    bool
+		executor    taskworker.Phase // "" for none
+		started     bool
 		edit        func(a *taskassignment.Assignment)
 		failReports int
 		want        DeadLetterOutcome
@@ -127,7 +130,10 @@ func TestDeadLetter(t *testing.T) {
 		failed      bool
 	}{
 		{name: "waiting", want: DeadLetterFailed, failed: true},
-		{name: "held by an executor", executor: true, want: DeadLetterHeld},
+		{name: "executor pending (no node yet)", executor: taskworker.PhasePending, want: DeadLetterFailed, failed: true},
+		{name: "executor running", executor: taskworker.PhaseRunning, want: DeadLetterHeld},
+		{name: "executor ended", executor: taskworker.PhaseSucceeded, want: DeadLetterHeld},
+		{name: "task fetched by its runner", executor: taskworker.PhasePending, started: true, want: DeadLetterHeld},
 		{name: "pool not here", edit: func(a *taskassignment.Assignment) { a.ID, a.Task.Pool = "arm-1", "arm" }, want: DeadLetterLeft},
 		{name: "another backend", edit: func(a *taskassignment.Assignment) { a.Backend = taskassignment.BackendPod }, want: DeadLetterLeft},
 		{name: "gitea down", failReports: 1, wantErr: true},
@@ -135,7 +141,15 @@ func TestDeadLetter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f, g := withRejections(t)
 			g.failReports = tc.failReports
-			a := f.claimed(t, 1, tc.executor)
+			a := f.claimed(t, 1, tc.executor != "")
+			if tc.executor != "" {
+				f.setPhase(a, tc.executor)
+			}
+			if tc.started {
+				if err := f.payloads.MarkStarted(context.Background(), a.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if tc.edit != nil {
 				tc.edit(&a)
 			}
@@ -156,6 +170,7 @@ func TestDeadLetter(t *testing.T) {
 			if reported != tc.failed {
 				t.Fatalf("task reported: %v, want %v", reported, tc.failed)
 			}
+			e, _ := f.backend.Find(context.Background(), "linux-1")
 			if tc.failed {
 				if !strings.Contains(reason, "no profile") {
 					t.Errorf("reason %q does not carry the dead letter's", reason)
@@ -166,13 +181,16 @@ func TestDeadLetter(t *testing.T) {
 				if f.hasPayload(t, "linux-1") {
 					t.Error("payload still stored after the task failed")
 				}
-			} else if !f.hasPayload(t, "linux-1") {
+				if e != nil {
+					t.Errorf("executor %s (%s) left after its task failed", e.Name, e.Phase)
+				}
+				return
+			}
+			if !f.hasPayload(t, "linux-1") {
 				t.Error("payload deleted though nothing was failed")
 			}
-			if tc.executor {
-				if e, _ := f.backend.Find(context.Background(), a.ID); e == nil {
-					t.Error("the running executor was deleted by a dead letter")
-				}
+			if tc.executor != "" && e == nil {
+				t.Error("the executor was deleted by a dead letter that failed nothing")
 			}
 		})
 	}

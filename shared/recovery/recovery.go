@@ -105,6 +105,9 @@ type Payloads interface {
 	IDs(ctx context.Context) ([]string, error)
 	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
 	Delete(ctx context.Context, assignmentID string) error
+	// Started reports whether the executor of assignmentID has fetched its
+	// task (the gateway marks it): DeadLetter never fails such a task.
+	Started(ctx context.Context, assignmentID string) (bool, error)
 }
 
 // Recovery scans backends and payloads.

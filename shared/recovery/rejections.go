@@ -209,19 +209,27 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 // executor for it; false for an ID that does not parse or a pool or backend
 // not configured here (failTask then says why).
 func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
+	e, err := r.executorOf(ctx, id)
+	return e != nil, err
+}
+
+// executorOf returns the executor the backend of assignment id's pool holds
+// for it; nil for none, an ID that does not parse, or a pool or backend not
+// configured here (failTask then says why).
+func (r *Recovery) executorOf(ctx context.Context, id string) (*taskworker.Executor, error) {
 	pool, _, err := r.poolOf(id)
 	if err != nil {
-		return false, nil
+		return nil, nil
 	}
 	backend, ok := r.Backends[pool.Backend]
 	if !ok {
-		return false, nil
+		return nil, nil
 	}
 	e, err := backend.Find(ctx, id)
 	if err != nil {
-		return false, fmt.Errorf("find executor of assignment %s: %w", id, err)
+		return nil, fmt.Errorf("find executor of assignment %s: %w", id, err)
 	}
-	return e != nil, nil
+	return e, nil
 }
 
 // poolOf returns the configured pool of assignment id and its task ID: an ID
