@@ -16,6 +16,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
@@ -81,7 +83,7 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := metrics.NewRegistry()
-	d := metrics.NewDispatch(reg)
+	d := dispatchmetrics.NewDispatch(reg)
 	d.Round(dispatcher.Result{Pool: "linux"}, nil)
 	d.Round(dispatcher.Result{Pool: "linux"}, context.DeadlineExceeded)
 	d.Queued("linux", time.Second)
@@ -89,7 +91,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler()).
 		ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
 	metrics.NewStarted(reg).Started("linux", time.Second)
-	r := metrics.NewRecover(reg)
+	r := recovermetrics.NewRecover(reg)
 	r.Pass(recovery.Summary{}, nil)
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
 		return &jetstream.ConsumerInfo{}, nil
