@@ -48,8 +48,16 @@ func Vars(prefix string, spec any) ([]Var, error) {
 }
 
 // Process fills spec from the environment with envconfig.Process. A missing
-// required variable is reported by its full prefixed name, all of them at once.
+// required variable is reported by its full prefixed name, all of them at
+// once, before any value that does not parse. Only when envconfig.Process
+// fails are the variables listed (Vars renders a template over every field:
+// a cost every start would pay otherwise); on error spec may be partly
+// filled.
 func Process(prefix string, spec any) error {
+	perr := envconfig.Process(prefix, spec)
+	if perr == nil {
+		return nil
+	}
 	vars, err := Vars(prefix, spec)
 	if err != nil {
 		return err
@@ -63,7 +71,7 @@ func Process(prefix string, spec any) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("required variables not set: %s", strings.Join(missing, ", "))
 	}
-	return redact(envconfig.Process(prefix, spec))
+	return redact(perr)
 }
 
 // redact rewrites envconfig's parse error, which quotes the value (a key, a

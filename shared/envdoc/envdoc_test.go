@@ -82,6 +82,20 @@ func TestProcessNamesMissingVariables(t *testing.T) {
 	}
 }
 
+// Missing required variables are reported, all of them, before a value that
+// does not parse (which envconfig alone would report first, or alone).
+func TestProcessReportsMissingBeforeMalformed(t *testing.T) {
+	type twoRequired struct {
+		Count int    `envconfig:"COUNT" default:"1"`
+		A     string `envconfig:"A" required:"true"`
+		B     string `envconfig:"B" required:"true"`
+	}
+	t.Setenv("GDR_COUNT", "not a number")
+	if err := Process("GDR", &twoRequired{}); err == nil || err.Error() != "required variables not set: GDR_A, GDR_B" {
+		t.Fatalf("Process() error = %v, want both missing variables named", err)
+	}
+}
+
 // A malformed value is named by its variable, never quoted: the value may be
 // a key or a token.
 func TestProcessNeverEchoesAValue(t *testing.T) {
