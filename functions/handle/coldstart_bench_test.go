@@ -26,24 +26,27 @@ import (
 // is the process backend with /bin/true as the runner: creating the executor
 // is a fork and two small files.
 //
-// Three binaries run side by side, in the same loop, each with a message of
+// Four binaries run side by side, in the same loop, each with a message of
 // its own waiting: handle for the process backend (-tags gdr_process, see
 // linkedBackends: median-ms, peak-RSS-MiB), handle with every backend linked
-// (the image's build: all-median-ms, all-peak-RSS-MiB), and the reference
+// (the image's build: all-median-ms, all-peak-RSS-MiB), the reference
 // testdata/fetchack (connect, bind the consumer, fetch one message, ack,
 // flush, exit: the floor of a one-shot JetStream handler; ref-median-ms,
-// ref-peak-RSS-MiB). All are built as the images build them (buildStatic),
-// and timed and measured by testdata/peakrss, from its exec of the binary to
-// the binary's exit.
+// ref-peak-RSS-MiB), and the same reference linking what the pod backend
+// links (-tags fetchack_pod: client-go and gRPC, initialised and unused;
+// refpod-median-ms, refpod-peak-RSS-MiB). All are built as the images build
+// them (buildStatic), and timed and measured by testdata/peakrss, from its
+// exec of the binary to the binary's exit.
 //
 //	go test -run '^$' -bench ColdStart -benchtime 20x ./functions/handle/
 func BenchmarkColdStart(b *testing.B) {
 	dir := b.TempDir()
 	bin, all := filepath.Join(dir, "handle"), filepath.Join(dir, "handle-all")
-	ref, peakrss := filepath.Join(dir, "fetchack"), filepath.Join(dir, "peakrss")
+	ref, refPod, peakrss := filepath.Join(dir, "fetchack"), filepath.Join(dir, "fetchack-pod"), filepath.Join(dir, "peakrss")
 	buildStatic(b, ".", bin, "gdr_process")
 	buildStatic(b, ".", all, "")
 	buildStatic(b, "./testdata/fetchack", ref, "")
+	buildStatic(b, "./testdata/fetchack", refPod, "fetchack_pod")
 	buildStatic(b, "./testdata/peakrss", peakrss, "")
 	pools := filepath.Join(dir, "pools.yaml")
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: process, capacity: 5}\n"), 0o600); err != nil {
@@ -59,7 +62,7 @@ func BenchmarkColdStart(b *testing.B) {
 		"GDR_GATEWAY_URL=https://gateway.example.org", "GDR_LOG_LEVEL=error", "GDR_FETCH_WAIT=5s",
 		"GDR_CA_DIR="+filepath.Join(dir, "ca"), "GDR_PROCESS_DIR="+filepath.Join(dir, "executors"), "GDR_RUNNER_BIN=/bin/true")
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
-	var handle, handleAll, fetchack coldRuns
+	var handle, handleAll, fetchack, fetchackPod coldRuns
 	publish := func(task int64) {
 		id, _ := taskidentity.New(td, "alice/repo", "build", task)
 		a, _ := taskassignment.New(taskassignment.BackendProcess, taskassignment.Task{ID: task, Pool: "linux"}, id)
@@ -73,7 +76,7 @@ func BenchmarkColdStart(b *testing.B) {
 		for _, r := range []struct {
 			runs *coldRuns
 			bin  string
-		}{{&handle, bin}, {&handleAll, all}, {&fetchack, ref}} {
+		}{{&handle, bin}, {&handleAll, all}, {&fetchack, ref}, {&fetchackPod, refPod}} {
 			b.StopTimer()
 			task++
 			publish(task)
@@ -91,8 +94,12 @@ func BenchmarkColdStart(b *testing.B) {
 	b.ReportMetric(handleAll.peakMiB(), "all-peak-RSS-MiB")
 	b.ReportMetric(fetchack.medianMs(), "ref-median-ms")
 	b.ReportMetric(fetchack.peakMiB(), "ref-peak-RSS-MiB")
-	b.Logf("%d runs each, median exec -> exit and peak RSS: handle -tags gdr_process %.1f ms %.1f MiB; handle, every backend %.1f ms %.1f MiB; fetch+ack reference %.1f ms %.1f MiB",
-		b.N, handle.medianMs(), handle.peakMiB(), handleAll.medianMs(), handleAll.peakMiB(), fetchack.medianMs(), fetchack.peakMiB())
+	b.ReportMetric(fetchackPod.medianMs(), "refpod-median-ms")
+	b.ReportMetric(fetchackPod.peakMiB(), "refpod-peak-RSS-MiB")
+	b.Logf("%d runs each, median exec -> exit and peak RSS: handle -tags gdr_process %.1f ms %.1f MiB; handle, every backend %.1f ms %.1f MiB; "+
+		"fetch+ack reference %.1f ms %.1f MiB; the reference linking the pod backend's clients %.1f ms %.1f MiB",
+		b.N, handle.medianMs(), handle.peakMiB(), handleAll.medianMs(), handleAll.peakMiB(), fetchack.medianMs(), fetchack.peakMiB(),
+		fetchackPod.medianMs(), fetchackPod.peakMiB())
 }
 
 // buildStatic builds pkg into out with build tags tags (none: "") as
