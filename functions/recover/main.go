@@ -49,16 +49,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// linkedBackends are the backends recover builds: all of them, since its
-// pools file may name any.
-func linkedBackends() backends.Builders {
-	return backends.Builders{
-		taskassignment.BackendProcess:     process.New,
-		taskassignment.BackendOpenSandbox: opensandbox.New,
-		taskassignment.BackendPod:         pod.New,
-	}
-}
-
 // program is recover's command line.
 var program = function.Program{Name: "recover", Synopsis: "| status [-o table|json]"}
 
@@ -188,6 +178,16 @@ func pass(ctx context.Context, r *recovery.Recovery, obs passObserver, log *slog
 	}
 	log.Info("recover pass", sum.Attrs()...)
 	return nil
+}
+
+// linkedBackends are the backends recover builds: all of them, since its
+// pools file may name any.
+func linkedBackends() backends.Builders {
+	return backends.Builders{
+		taskassignment.BackendProcess:     process.New,
+		taskassignment.BackendOpenSandbox: opensandbox.New,
+		taskassignment.BackendPod:         pod.New,
+	}
 }
 
 func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recovery, jetstream.JetStream, func(), error) {
