@@ -18,6 +18,8 @@ test: vet unit fuzz
 
 vet:
 	$(GO) vet ./...
+	@# handle's builds for one backend (functions/handle/backends.go) compile too
+	for t in gdr_process gdr_pod gdr_opensandbox; do $(GO) vet -tags $$t ./functions/handle/ || exit 1; done
 
 unit:
 	$(GO) test -race -count=1 ./...
