@@ -9,9 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -549,26 +547,6 @@ func TestPoolsConfigMap(t *testing.T) {
 	}
 }
 
-// isoDuration parses the PT..H..M..S subset of ISO 8601 durations Knative uses.
-func isoDuration(s string) (time.Duration, error) {
-	m := regexp.MustCompile(`^PT(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?$`).FindStringSubmatch(s)
-	if m == nil || s == "PT" {
-		return 0, fmt.Errorf("duration %q: want PT[nH][nM][nS]", s)
-	}
-	var d time.Duration
-	for i, unit := range []time.Duration{time.Hour, time.Minute, time.Second} {
-		if m[i+1] == "" {
-			continue
-		}
-		f, err := strconv.ParseFloat(m[i+1], 64)
-		if err != nil {
-			return 0, err
-		}
-		d += time.Duration(f * float64(unit))
-	}
-	return d, nil
-}
-
 // minSchedulingWait is the least time the Knative path keeps offering an assignment whose
 // executor waits for a node (a node added by an autoscaler, a large image pulled), and
 // maxOfferGap the longest a scheduled Pod may then wait for the next offer (10-channel.yaml).
@@ -603,7 +581,7 @@ func TestKnativeContract(t *testing.T) {
 			}
 			continue
 		}
-		timeout, err := isoDuration(fmt.Sprint(del["timeout"]))
+		timeout, err := channelenv.ParseISODuration(fmt.Sprint(del["timeout"]))
 		if err != nil {
 			t.Errorf("%s delivery.timeout: %v", d, err)
 			continue
@@ -824,19 +802,6 @@ func TestValidatorRejects(t *testing.T) {
 			t.Fatal("accepted")
 		}
 	})
-}
-
-func TestISODuration(t *testing.T) {
-	for in, want := range map[string]time.Duration{"PT30S": 30 * time.Second, "PT1M": time.Minute, "PT1.5S": 1500 * time.Millisecond, "PT1H2M3S": time.Hour + 2*time.Minute + 3*time.Second} {
-		if got, err := isoDuration(in); err != nil || got != want {
-			t.Errorf("%s: %v %v", in, got, err)
-		}
-	}
-	for _, in := range []string{"30s", "PT", "P1D"} {
-		if _, err := isoDuration(in); err == nil {
-			t.Errorf("%s accepted", in)
-		}
-	}
 }
 
 // TestRecoverFinishScaledJob: recover's finish mode runs as a ScaledJob on the finish notices'
