@@ -214,6 +214,7 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 		if task == nil {
 			break
 		}
+		d.log().Debug("task claimed", slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
 		a, err := d.queue(ctx, p, task)
 		if errors.Is(err, errRejected) {
 			res.Rejected++
