@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -82,8 +83,9 @@ const DefaultKeepAlive = time.Minute
 const ClaimTimeout = 30 * time.Second
 
 // Dispatcher claims and queues tasks. Its only memory (per-pool locks, the
-// time of the last heartbeat per task) saves work; losing it loses nothing.
-// Safe for concurrent use: calls for one pool are serialized in-process.
+// time of the last heartbeat per task, the labels last declared per pool)
+// saves work; losing it loses nothing. Safe for concurrent use: calls for one
+// pool are serialized in-process.
 type Dispatcher struct {
 	TrustDomain spiffeid.TrustDomain
 	Queue       Queue
@@ -100,6 +102,9 @@ type Dispatcher struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 	beats map[int64]time.Time
+	// declared holds, per pool, the labels of this process's last
+	// successful Declare, until a call to Gitea fails for that pool.
+	declared map[string][]string
 }
 
 // Observer hears what rounds do (metrics). Its methods are called from
@@ -156,7 +161,8 @@ func (d *Dispatcher) lock(pool string) func() {
 }
 
 // Dispatch runs one round for pool p: keep its waiting tasks alive (dropping
-// those Gitea has ended or no longer has), then claim tasks until Gitea has
+// those Gitea has ended or no longer has), declare its labels unless they
+// are declared already (see declare), then claim tasks until Gitea has
 // none for the pool or the pool is full. Free capacity is the pool's Capacity
 // minus its tasks in flight: every task claimed whose payload is still stored
 // (queued, being started or running; recover deletes payloads of finished
@@ -199,7 +205,7 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 	if res.Free == 0 {
 		return res, nil
 	}
-	if err := p.Runner.Declare(ctx, p.Labels); err != nil {
+	if err := d.declare(ctx, p); err != nil {
 		return res, fmt.Errorf("pool %s: declare: %w", p.Name, err)
 	}
 	for len(res.Claimed) < res.Free {
@@ -209,6 +215,7 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 		claimed := time.Now()
 		task, err := d.fetch(ctx, p)
 		if err != nil {
+			d.undeclare(p.Name)
 			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
 		}
 		if task == nil {
@@ -232,6 +239,40 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 }
 
 var errRejected = errors.New("task rejected")
+
+// declare sends p's labels to Gitea (Declare), unless this process's last
+// successful Declare for p sent the same ones. Only Register and Declare
+// change a registration's labels in Gitea, so once declared they stand: a
+// round need not repeat the call (a write in Gitea's database, as costly as
+// the FetchTask it precedes). A failed FetchTask forgets them (the
+// registration may be gone, or re-created), so the next round declares
+// again; so does a process that starts.
+func (d *Dispatcher) declare(ctx context.Context, p Pool) error {
+	d.mu.Lock()
+	last, ok := d.declared[p.Name]
+	d.mu.Unlock()
+	if ok && slices.Equal(last, p.Labels) {
+		return nil
+	}
+	if err := p.Runner.Declare(ctx, p.Labels); err != nil {
+		d.undeclare(p.Name)
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.declared == nil {
+		d.declared = map[string][]string{}
+	}
+	d.declared[p.Name] = slices.Clone(p.Labels)
+	return nil
+}
+
+// undeclare forgets pool's declared labels: its next round declares them.
+func (d *Dispatcher) undeclare(pool string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.declared, pool)
+}
 
 // detached returns a context that keeps ctx's values but not its
 // cancellation, ending after ClaimTimeout: work on a claimed task must not

@@ -190,6 +190,48 @@ func TestDispatchClaimsQueuesAndStores(t *testing.T) {
 	}
 }
 
+// A round declares the pool's labels only when this process has not
+// declared them yet (Gitea keeps them): again when they change, and after
+// a failed call to Gitea.
+func TestDispatchDeclaresOnlyWhatChanged(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea()
+	p := pool(g, 5)
+	round := func(name string) {
+		t.Helper()
+		if _, err := f.d.Dispatch(context.Background(), p); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	round("first round")
+	round("second round")
+	if len(g.declared) != 1 {
+		t.Fatalf("two rounds with the same labels declared %d times: %v", len(g.declared), g.declared)
+	}
+	p.Labels = []string{"ubuntu-latest", "gpu"}
+	round("round with new labels")
+	if len(g.declared) != 2 || !slices.Equal(g.declared[1], p.Labels) {
+		t.Fatalf("new labels not declared: %v", g.declared)
+	}
+	g.mu.Lock()
+	g.down = true
+	g.mu.Unlock()
+	if _, err := f.d.Dispatch(context.Background(), p); !errors.Is(err, errDown) {
+		t.Fatalf("round with Gitea down: %v", err)
+	}
+	g.mu.Lock()
+	g.down = false
+	g.mu.Unlock()
+	round("round after Gitea failed")
+	round("round after that")
+	if len(g.declared) != 3 {
+		t.Fatalf("after a failed round: declared %d times, want 3: %v", len(g.declared), g.declared)
+	}
+	if g.fetches != 5 {
+		t.Fatalf("%d fetches, want one per round", g.fetches)
+	}
+}
+
 func TestDispatchRespectsCapacity(t *testing.T) {
 	f := newFixture(t)
 	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""), task(t, 3, "a/r", ""))
