@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -53,7 +54,7 @@ import (
 //     assignment arrives on ci.assignment.process (what handle consumes).
 //
 // Every latency starts when the push call (a commit through the contents
-// API) returned. Each job is pushed once the one before is picked up
+// API) returned; each push comes after a random pause (see pushStep). Each job is pushed once the one before is picked up
 // (floor, dispatch: then failed in Gitea through the claiming registration)
 // or has completed (local, so a slot is free). For local it also reports
 // push -> claimed (the "job picked up" line) and push -> first step running
@@ -69,8 +70,9 @@ import (
 // and below it where the time went, and the slowest job's trace.
 // GDR_BENCH_LOCAL_ENV and GDR_BENCH_DISPATCH_ENV add variables (a=b,c=d) to
 // the two processes, GDR_BENCH_LOCAL_BIN and GDR_BENCH_DISPATCH_BIN run
-// other builds of them (another commit's), and GDR_BENCH_LOGS keeps their
-// logs in that directory.
+// other builds of them (another commit's), GDR_BENCH_GITEA_INI is added to
+// Gitea's app.ini (with \n for newlines), GDR_BENCH_LOGS keeps their
+// logs in that directory, and GDR_BENCH_TRACE=1 prints every job's trace.
 //
 //	go test -tags e2e -run '^$' -bench E2EPickupFloor -benchtime 20x -timeout 60m ./internal/pickupfloor/
 func BenchmarkE2EPickupFloor(b *testing.B) {
@@ -175,6 +177,11 @@ func summarize(queue string, results map[string][]sample) []string {
 			split = append(split, fmt.Sprintf("claimed -> picked up p50 %.3f max %.3f", after[len(after)/2].Seconds(), after[len(after)-1].Seconds()))
 		}
 		out = append(out, fmt.Sprintf("  %s %s: %s", path, queue, strings.Join(split, "; ")))
+		if os.Getenv("GDR_BENCH_TRACE") != "" {
+			for _, x := range s {
+				out = append(out, "  # "+x.trace())
+			}
+		}
 		slowest := slices.MaxFunc(s, func(a, b sample) int { return cmp.Compare(a.since(a.pickup), b.since(b.pickup)) })
 		out = append(out, fmt.Sprintf("  %s %s slowest: %s", path, queue, slowest.trace()))
 	}
@@ -239,6 +246,10 @@ type env struct {
 	natsURL, dispatchState, dispatchAddr string
 	nc                                   *nats.Conn
 	webhookAdded                         bool
+	// localHookAddr is local mode's webhook address with
+	// GDR_BENCH_LOCAL_WEBHOOK, the same for its runs.
+	localHookAddr  string
+	localHookAdded bool
 }
 
 const (
@@ -253,7 +264,8 @@ var (
 
 func newEnv(b *testing.B, queue string, channel bool, bins binaries) *env {
 	b.Helper()
-	g := giteaenv.Start(b, giteaenv.Options{ChannelQueue: channel})
+	g := giteaenv.Start(b, giteaenv.Options{ChannelQueue: channel,
+		ExtraINI: strings.ReplaceAll(os.Getenv("GDR_BENCH_GITEA_INI"), `\n`, "\n")})
 	e := &env{queue: queue, gitea: g, bins: bins, repos: map[string]string{}, hc: &http.Client{Timeout: 30 * time.Second}}
 	for _, p := range []string{"floor", "local", "dispatch"} {
 		e.repos[p] = g.CreateRepo(b, p)
@@ -266,6 +278,7 @@ func newEnv(b *testing.B, queue string, channel bool, bins binaries) *env {
 	e.nc, _ = jetstreamenv.Connect(b, e.natsURL)
 	e.dispatchState = b.TempDir()
 	e.dispatchAddr = freeAddr(b)
+	e.localHookAddr = freeAddr(b)
 	return e
 }
 
@@ -276,9 +289,19 @@ func (e *env) push(b *testing.B, path, name, label string) time.Time {
 	return e.pushStep(b, path, name, label, "true")
 }
 
-// pushStep is push with the job's one step running step.
+// pushStep is push with the job's one step running step. It first waits a
+// random time, up to GDR_BENCH_JITTER (default 2s): pushes then come at no
+// fixed phase to a poll interval or to the backoff of Gitea's queues (up
+// to 2 s), as pushes do, instead of locking into step with them.
 func (e *env) pushStep(b *testing.B, path, name, label, step string) time.Time {
 	b.Helper()
+	jitter, err := time.ParseDuration(cmp.Or(os.Getenv("GDR_BENCH_JITTER"), "2s"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if jitter > 0 {
+		time.Sleep(rand.N(jitter))
+	}
 	e.gitea.PushWorkflow(b, e.repos[path], ".gitea/workflows/ci.yml",
 		"name: ci\non: [push]\njobs:\n  "+name+":\n    runs-on: "+label+"\n    steps:\n      - run: "+strconv.Quote(step)+"\n")
 	return time.Now()
@@ -349,7 +372,9 @@ func (e *env) floor(b *testing.B, n int) []sample {
 // from before --log-format: its text lines are read); GDR_BENCH_LOCAL_STEP
 // is the step's command (default true); GDR_BENCH_LOCAL_NEXT=running pushes
 // the next job once this one's first step runs instead of once it
-// completed (so jobs overlap and may wait for a slot).
+// completed (so jobs overlap and may wait for a slot);
+// GDR_BENCH_LOCAL_WEBHOOK=1 serves Gitea's workflow_job webhook too
+// (--webhook-addr, a system webhook to it).
 func (e *env) local(b *testing.B, n int) []sample {
 	bin, args := e.bins.local, []string{"--gitea-url", e.gitea.URL, "--registration-token-file", e.token,
 		"--state-dir", b.TempDir(), "--gateway-addr", freeAddr(b), "--labels", "gdr-local"}
@@ -358,9 +383,18 @@ func (e *env) local(b *testing.B, n int) []sample {
 	} else {
 		args = append(args, "--log-format", "json")
 	}
+	vars := []string{"GDR_LOG_LEVEL=debug"}
+	if os.Getenv("GDR_BENCH_LOCAL_WEBHOOK") != "" {
+		args = append(args, "--webhook-addr", e.localHookAddr)
+		vars = append(vars, "GDR_WEBHOOK_SECRET="+webhookSecret)
+		if !e.localHookAdded {
+			e.gitea.AddSystemWebhook(b, "http://"+e.localHookAddr+"/webhook", webhookSecret)
+			e.localHookAdded = true
+		}
+	}
 	step := cmp.Or(os.Getenv("GDR_BENCH_LOCAL_STEP"), "true")
 	overlap := os.Getenv("GDR_BENCH_LOCAL_NEXT") == "running"
-	lw := e.start(b, "local", bin, []string{"GDR_LOG_LEVEL=debug"}, benchEnv("GDR_BENCH_LOCAL_ENV"), args...)
+	lw := e.start(b, "local", bin, vars, benchEnv("GDR_BENCH_LOCAL_ENV"), args...)
 	var out []sample
 	for i := range n {
 		s := sample{job: fmt.Sprintf("local-n%d-%d", n, i)}
