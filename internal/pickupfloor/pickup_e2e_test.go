@@ -54,7 +54,8 @@ import (
 //     assignment arrives on ci.assignment.process (what handle consumes).
 //
 // Every latency starts when the push call (a commit through the contents
-// API) returned; each push comes after a random pause (see pushStep). Each job is pushed once the one before is picked up
+// API) returned; each push comes after a pause, partly random (see
+// pushStep). Each job is pushed once the one before is picked up
 // (floor, dispatch: then failed in Gitea through the claiming registration)
 // or has completed (local, so a slot is free). For local it also reports
 // push -> claimed (the "job picked up" line) and push -> first step running
@@ -117,6 +118,10 @@ type sample struct {
 	webhook, claimed, published, created, step, pickup time.Time
 	// passes are local mode's recover passes between push and claim.
 	passes []time.Time
+	// polled is the last round of ours that ended between push and claim
+	// without the job: it became fetchable after that round's FetchTask, so
+	// claimed - polled bounds what our polling added to Gitea's own delay.
+	polled time.Time
 }
 
 func (s sample) since(t time.Time) time.Duration {
@@ -131,7 +136,7 @@ func (s sample) trace() string {
 	for _, p := range []struct {
 		name string
 		at   time.Time
-	}{{"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
+	}{{"last empty poll", s.polled}, {"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
 		if !p.at.IsZero() {
 			parts = append(parts, fmt.Sprintf("%s +%.3f s", p.name, s.since(p.at).Seconds()))
 		}
@@ -166,11 +171,18 @@ func summarize(queue string, results map[string][]sample) []string {
 				split = append(split, fmt.Sprintf("%s p50 %.3f p95 %.3f (%d)", p.name, q.p50, q.p95, q.n))
 			}
 		}
-		var after []time.Duration
+		var after, polled []time.Duration
 		for _, x := range s {
 			if !x.claimed.IsZero() {
 				after = append(after, x.pickup.Sub(x.claimed))
+				if !x.polled.IsZero() {
+					polled = append(polled, x.claimed.Sub(x.polled))
+				}
 			}
+		}
+		if len(polled) > 0 {
+			slices.Sort(polled)
+			split = append(split, fmt.Sprintf("last empty poll -> claimed p50 %.3f max %.3f (%d)", polled[len(polled)/2].Seconds(), polled[len(polled)-1].Seconds(), len(polled)))
 		}
 		if len(after) > 0 {
 			slices.Sort(after)
@@ -289,19 +301,21 @@ func (e *env) push(b *testing.B, path, name, label string) time.Time {
 	return e.pushStep(b, path, name, label, "true")
 }
 
-// pushStep is push with the job's one step running step. It first waits a
-// random time, up to GDR_BENCH_JITTER (default 2s): pushes then come at no
-// fixed phase to a poll interval or to the backoff of Gitea's queues (up
-// to 2 s), as pushes do, instead of locking into step with them.
+// pushStep is push with the job's one step running step. It first pauses
+// GDR_BENCH_PAUSE (default 2s) plus a random time up to GDR_BENCH_JITTER
+// (default 2s). Gitea's default queue polls for work backing off from 50 ms
+// to every 2 s once idle (modules/queue), so how soon it takes a push
+// depends on the time since its last item: with the pause every path's
+// pushes find it idle (its 2 s steps reached, whatever the path did in
+// between: a job of local mode runs to its end first), and with the jitter
+// at no fixed phase to those steps or to a poll interval, as pushes come.
 func (e *env) pushStep(b *testing.B, path, name, label, step string) time.Time {
 	b.Helper()
-	jitter, err := time.ParseDuration(cmp.Or(os.Getenv("GDR_BENCH_JITTER"), "2s"))
-	if err != nil {
-		b.Fatal(err)
+	pause := benchDuration(b, "GDR_BENCH_PAUSE", 2*time.Second)
+	if jitter := benchDuration(b, "GDR_BENCH_JITTER", 2*time.Second); jitter > 0 {
+		pause += rand.N(jitter)
 	}
-	if jitter > 0 {
-		time.Sleep(rand.N(jitter))
-	}
+	time.Sleep(pause)
 	e.gitea.PushWorkflow(b, e.repos[path], ".gitea/workflows/ci.yml",
 		"name: ci\non: [push]\njobs:\n  "+name+":\n    runs-on: "+label+"\n    steps:\n      - run: "+strconv.Quote(step)+"\n")
 	return time.Now()
@@ -405,6 +419,7 @@ func (e *env) local(b *testing.B, n int) []sample {
 		s.task, s.created, s.pickup = task, created, created
 		s.claimed = lw.first(task, "task claimed", "job picked up", "task claimed and queued")
 		s.passes = lw.between("recover", s.pushed, s.claimed)
+		s.polled = lw.last("dispatch round", s.pushed, s.claimed)
 		s.step = e.waitJob(b, "local", s.job, func(j giteaenv.Job) bool {
 			return len(j.Steps) > 0 && j.Steps[0].Status != "queued" && j.Steps[0].Status != ""
 		}, 50*time.Millisecond)
@@ -505,6 +520,7 @@ func (e *env) dispatch(b *testing.B, n int) []sample {
 			b.Fatal(err)
 		}
 		s.claimed = lw.wait1(s.task, "task claimed", 5*time.Second)
+		s.polled = lw.last("dispatch round", s.pushed, s.claimed)
 		out = append(out, s)
 	}
 	// Which delivery was whose: Gitea's job IDs, asked once the pickups
@@ -535,6 +551,20 @@ func (e *env) waitHTTP(b *testing.B, url string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// benchDuration is the duration in the variable name, def when it is unset.
+func benchDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return d
 }
 
 // benchEnv reads a=b,c=d from the variable name.
@@ -768,6 +798,15 @@ func (w *logWatch) first(task int64, msgs ...string) time.Time {
 		if at := w.byTask[task][m]; !at.IsZero() {
 			return at
 		}
+	}
+	return time.Time{}
+}
+
+// last is the last time msg (a line of no task) was logged after from and
+// before to, zero if it was not.
+func (w *logWatch) last(msg string, from, to time.Time) time.Time {
+	if at := w.between(msg, from, to); len(at) > 0 {
+		return at[len(at)-1]
 	}
 	return time.Time{}
 }
