@@ -118,10 +118,6 @@ type sample struct {
 	webhook, claimed, published, created, step, pickup time.Time
 	// passes are local mode's recover passes between push and claim.
 	passes []time.Time
-	// polled is the last round of ours that ended between push and claim
-	// without the job: it became fetchable after that round's FetchTask, so
-	// claimed - polled bounds what our polling added to Gitea's own delay.
-	polled time.Time
 }
 
 func (s sample) since(t time.Time) time.Duration {
@@ -136,7 +132,7 @@ func (s sample) trace() string {
 	for _, p := range []struct {
 		name string
 		at   time.Time
-	}{{"last empty poll", s.polled}, {"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
+	}{{"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
 		if !p.at.IsZero() {
 			parts = append(parts, fmt.Sprintf("%s +%.3f s", p.name, s.since(p.at).Seconds()))
 		}
@@ -171,18 +167,11 @@ func summarize(queue string, results map[string][]sample) []string {
 				split = append(split, fmt.Sprintf("%s p50 %.3f p95 %.3f (%d)", p.name, q.p50, q.p95, q.n))
 			}
 		}
-		var after, polled []time.Duration
+		var after []time.Duration
 		for _, x := range s {
 			if !x.claimed.IsZero() {
 				after = append(after, x.pickup.Sub(x.claimed))
-				if !x.polled.IsZero() {
-					polled = append(polled, x.claimed.Sub(x.polled))
-				}
 			}
-		}
-		if len(polled) > 0 {
-			slices.Sort(polled)
-			split = append(split, fmt.Sprintf("last empty poll -> claimed p50 %.3f max %.3f (%d)", polled[len(polled)/2].Seconds(), polled[len(polled)-1].Seconds(), len(polled)))
 		}
 		if len(after) > 0 {
 			slices.Sort(after)
@@ -419,7 +408,6 @@ func (e *env) local(b *testing.B, n int) []sample {
 		s.task, s.created, s.pickup = task, created, created
 		s.claimed = lw.first(task, "task claimed", "job picked up", "task claimed and queued")
 		s.passes = lw.between("recover", s.pushed, s.claimed)
-		s.polled = lw.last("dispatch round", s.pushed, s.claimed)
 		s.step = e.waitJob(b, "local", s.job, func(j giteaenv.Job) bool {
 			return len(j.Steps) > 0 && j.Steps[0].Status != "queued" && j.Steps[0].Status != ""
 		}, 50*time.Millisecond)
@@ -520,7 +508,6 @@ func (e *env) dispatch(b *testing.B, n int) []sample {
 			b.Fatal(err)
 		}
 		s.claimed = lw.wait1(s.task, "task claimed", 5*time.Second)
-		s.polled = lw.last("dispatch round", s.pushed, s.claimed)
 		out = append(out, s)
 	}
 	// Which delivery was whose: Gitea's job IDs, asked once the pickups
@@ -798,15 +785,6 @@ func (w *logWatch) first(task int64, msgs ...string) time.Time {
 		if at := w.byTask[task][m]; !at.IsZero() {
 			return at
 		}
-	}
-	return time.Time{}
-}
-
-// last is the last time msg (a line of no task) was logged after from and
-// before to, zero if it was not.
-func (w *logWatch) last(msg string, from, to time.Time) time.Time {
-	if at := w.between(msg, from, to); len(at) > 0 {
-		return at[len(at)-1]
 	}
 	return time.Time{}
 }
