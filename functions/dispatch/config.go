@@ -33,7 +33,7 @@ type Config struct {
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
 	AllowUnsigned     bool          `envconfig:"ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"serve: accept webhook deliveries without a signature when GDR_WEBHOOK_SECRET is empty"`
-	Interval          time.Duration `envconfig:"INTERVAL" default:"0s" desc:"serve: also dispatch every pool this often (0: only on webhooks and ticks)"`
+	Interval          time.Duration `envconfig:"INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
 	RegistrationToken string        `envconfig:"REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
 	RunnerName        string        `envconfig:"RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
@@ -59,6 +60,11 @@ func TestLoadConfig(t *testing.T) {
 				}
 				if len(ps) != 1 || ps[0].Credentials != filepath.Join(dir, "linux.json") || ps.PayloadTTL() != 3*time.Hour || cfg.KeepAlive != time.Minute {
 					t.Fatalf("config = %+v, pools = %+v", cfg, ps)
+				}
+				// serve polls on its own, at the interval whose cost was
+				// measured, besides the webhook.
+				if cfg.Interval != dispatcher.DefaultPollInterval {
+					t.Fatalf("GDR_INTERVAL defaults to %v, want %v", cfg.Interval, dispatcher.DefaultPollInterval)
 				}
 				return
 			}

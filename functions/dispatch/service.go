@@ -67,7 +67,11 @@ func (s *service) dispatch(ctx context.Context, p dispatcher.Pool) error {
 		s.log.Error("dispatch round failed", append(attrs, slog.Any("error", err))...)
 		return err
 	}
-	s.log.Info("dispatch round", attrs...)
+	level := slog.LevelDebug // polled often: an idle round is no news
+	if len(res.Claimed) > 0 || res.KeptAlive > 0 || res.Ended > 0 || res.Unbeaten > 0 || res.Rejected > 0 {
+		level = slog.LevelInfo
+	}
+	s.log.Log(ctx, level, "dispatch round", attrs...)
 	return nil
 }
 
@@ -100,6 +104,7 @@ func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ignored: no pool has these labels", http.StatusAccepted)
 		return
 	}
+	s.log.Debug("webhook wakes a round", slog.Int64("job_id", job.JobID), slog.Int64("run_id", job.RunID))
 	s.rounds.wake(pools...)
 	w.WriteHeader(http.StatusAccepted)
 }

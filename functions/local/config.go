@@ -28,7 +28,7 @@ type Config struct {
 	GatewayAddr       string        `envconfig:"LOCAL_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
 	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
-	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"2s" desc:"local: how often Gitea is asked for jobs"`
+	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
 	MetricsAddr       string        `envconfig:"LOCAL_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
 	LogFormatName     string        `envconfig:"LOCAL_LOG_FORMAT" default:"text" desc:"local: text (for a person) or json (one JSON object a line, for machines) (flag --log-format)"`

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
@@ -55,6 +56,10 @@ func TestLoadConfig(t *testing.T) {
 				}
 				if c.GiteaURL != "http://127.0.0.1:3000/" || c.Capacity != 3 || strings.Join(c.labels(), "|") != "a|b" || c.StateDir != "./.gdr" {
 					t.Fatalf("config = %+v", c)
+				}
+				// Gitea is polled at the interval whose cost was measured.
+				if c.PollInterval != dispatcher.DefaultPollInterval {
+					t.Fatalf("GDR_LOCAL_POLL_INTERVAL defaults to %v, want %v", c.PollInterval, dispatcher.DefaultPollInterval)
 				}
 				return
 			}

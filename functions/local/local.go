@@ -435,10 +435,12 @@ func (l *local) dispatchOnce(ctx context.Context) {
 		}
 		return
 	}
+	level := slog.LevelDebug // an idle round is no news
 	if len(res.Claimed) > 0 || res.Ended > 0 || res.Rejected > 0 {
-		l.log.Info("dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
-			slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected))
+		level = slog.LevelInfo
 	}
+	l.log.Log(ctx, level, "dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
+		slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected))
 }
 
 func (l *local) handleOnce(ctx context.Context) {

@@ -35,6 +35,8 @@ type fakeGitea struct {
 	resultErr map[int64]error // the answer to a task's heartbeat, when set
 	declared  [][]string
 	fetches   int
+	fetchErr  error    // the answer to FetchTask, when set
+	calls     []string // "fetch" and "beat <task ID>", in order
 	beats     map[int64]int
 	finalized map[int64]string
 	down      bool
@@ -74,7 +76,11 @@ func (f *fakeGitea) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if f.fetchErr != nil {
+		return nil, f.fetchErr
+	}
 	f.fetches++
+	f.calls = append(f.calls, "fetch")
 	if len(f.waiting) == 0 {
 		return nil, nil
 	}
@@ -103,6 +109,7 @@ func (f *fakeGitea) Result(ctx context.Context, taskID int64) (runnerv1.Result, 
 		return 0, fmt.Errorf("task %d: %w", taskID, err)
 	}
 	f.beats[taskID]++
+	f.calls = append(f.calls, fmt.Sprintf("beat %d", taskID))
 	return f.results[taskID], nil
 }
 
@@ -187,6 +194,48 @@ func TestDispatchClaimsQueuesAndStores(t *testing.T) {
 	}
 	if len(g.declared) != 1 || !slices.Equal(g.declared[0], []string{"ubuntu-latest"}) {
 		t.Fatalf("declared = %v", g.declared)
+	}
+}
+
+// A round declares the pool's labels only when this process has not
+// declared them yet (Gitea keeps them): again when they change, and after
+// a failed call to Gitea.
+func TestDispatchDeclaresOnlyWhatChanged(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea()
+	p := pool(g, 5)
+	round := func(name string) {
+		t.Helper()
+		if _, err := f.d.Dispatch(context.Background(), p); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	round("first round")
+	round("second round")
+	if len(g.declared) != 1 {
+		t.Fatalf("two rounds with the same labels declared %d times: %v", len(g.declared), g.declared)
+	}
+	p.Labels = []string{"ubuntu-latest", "gpu"}
+	round("round with new labels")
+	if len(g.declared) != 2 || !slices.Equal(g.declared[1], p.Labels) {
+		t.Fatalf("new labels not declared: %v", g.declared)
+	}
+	g.mu.Lock()
+	g.down = true
+	g.mu.Unlock()
+	if _, err := f.d.Dispatch(context.Background(), p); !errors.Is(err, errDown) {
+		t.Fatalf("round with Gitea down: %v", err)
+	}
+	g.mu.Lock()
+	g.down = false
+	g.mu.Unlock()
+	round("round after Gitea failed")
+	round("round after that")
+	if len(g.declared) != 3 {
+		t.Fatalf("after a failed round: declared %d times, want 3: %v", len(g.declared), g.declared)
+	}
+	if g.fetches != 5 {
+		t.Fatalf("%d fetches, want one per round", g.fetches)
 	}
 }
 
@@ -395,6 +444,50 @@ func TestKeepAliveIsPerTask(t *testing.T) {
 				t.Fatalf("payloads = %v, want %v", ids, tc.wantIDs)
 			}
 		})
+	}
+}
+
+// A round claims before it keeps the tasks already in flight alive: a
+// queued job waits for Gitea alone, not for one heartbeat per waiting task.
+func TestDispatchClaimsBeforeKeepAlive(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""))
+	p := pool(g, 5)
+	ctx := context.Background()
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 2 {
+		t.Fatalf("first round = %+v, %v", res, err)
+	}
+	g.waiting = append(g.waiting, task(t, 3, "a/r", ""))
+	g.calls = nil
+	f.d.KeepAlive = time.Nanosecond // every waiting task is due
+	res, err := f.d.Dispatch(ctx, p)
+	if err != nil || len(res.Claimed) != 1 || res.KeptAlive != 2 {
+		t.Fatalf("second round = %+v, %v", res, err)
+	}
+	if want := []string{"fetch", "fetch", "beat 1", "beat 2"}; !slices.Equal(g.calls, want) {
+		t.Fatalf("calls to Gitea = %v, want %v: claims first", g.calls, want)
+	}
+}
+
+// A round whose claims fail still keeps its waiting tasks alive: a broken
+// claim (Gitea refusing FetchTask, the queue down) must not let them become
+// zombies.
+func TestDispatchKeepsAliveWhenClaimsFail(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea(task(t, 1, "a/r", ""))
+	p := pool(g, 5)
+	ctx := context.Background()
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 1 {
+		t.Fatalf("first round = %+v, %v", res, err)
+	}
+	g.fetchErr = errors.New("fetch refused")
+	f.d.KeepAlive = time.Nanosecond
+	res, err := f.d.Dispatch(ctx, p)
+	if !errors.Is(err, g.fetchErr) {
+		t.Fatalf("Dispatch() error = %v, want the fetch's", err)
+	}
+	if res.KeptAlive != 1 || g.beats[1] != 1 || res.InFlight != 1 {
+		t.Fatalf("result = %+v, heartbeats = %v: want task 1 kept alive", res, g.beats)
 	}
 }
 
