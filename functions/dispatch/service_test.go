@@ -22,28 +22,27 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
-// countingRunner counts the rounds that reached Gitea. With gate set, a
-// round waits in Declare until gate is closed.
+// countingRunner counts the rounds that reached Gitea: each asks for a task
+// once (Gitea has none), while Declare is sent once per process. With gate
+// set, a round waits in FetchTask until gate is closed.
 type countingRunner struct {
-	declares atomic.Int64
+	declares atomic.Int64 // rounds: FetchTask calls
 	gate     chan struct{}
 }
 
-func (c *countingRunner) Declare(ctx context.Context, _ []string) error {
+func (c *countingRunner) Declare(context.Context, []string) error { return nil }
+
+func (c *countingRunner) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 	c.declares.Add(1)
 	if c.gate == nil {
-		return nil
+		return nil, nil
 	}
 	select {
 	case <-c.gate:
-		return nil
+		return nil, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
-}
-
-func (c *countingRunner) FetchTask(context.Context) (*runnerv1.Task, error) {
-	return nil, nil
 }
 func (c *countingRunner) Result(context.Context, int64) (runnerv1.Result, error) { return 0, nil }
 func (c *countingRunner) Finalize(context.Context, int64, runnerv1.Result, string) error {
