@@ -136,8 +136,7 @@ type Result struct {
 	// Claimed are the tasks claimed and queued, in claim order.
 	Claimed []taskassignment.Assignment
 	// InFlight counts the pool's tasks claimed and not finished before the
-	// claims, less those the round's keep-alive found Ended; Free is what
-	// capacity left for the claims.
+	// claims; Free is what capacity left.
 	InFlight, Free int
 	// KeptAlive counts heartbeats sent for waiting tasks; Ended counts
 	// waiting tasks found over (cancelled, reaped) or gone (deleted, another
@@ -172,21 +171,20 @@ func (d *Dispatcher) lock(pool string) func() {
 	return l.Unlock
 }
 
-// Dispatch runs one round for pool p: declare its labels unless they are
-// declared already (see declare) and claim tasks until Gitea has none for
-// the pool or the pool is full, then keep its waiting tasks alive (dropping
-// those Gitea has ended or no longer has). Free capacity is the pool's
-// Capacity minus its tasks in flight when the round starts: every task
-// claimed whose payload is still stored (queued, being started or running;
-// recover deletes payloads of finished tasks).
+// Dispatch runs one round for pool p: keep its waiting tasks alive (dropping
+// those Gitea has ended or no longer has), declare its labels unless they
+// are declared already (see declare), then claim tasks until Gitea has
+// none for the pool or the pool is full. Free capacity is the pool's Capacity
+// minus its tasks in flight: every task claimed whose payload is still stored
+// (queued, being started or running; recover deletes payloads of finished
+// tasks).
 //
 // Keep-alive is per task: one task's failed heartbeat is logged and counted
 // (Unbeaten), and the round goes on, so a single broken task never stops its
-// pool from claiming. An error of a claim stops the claims: tasks claimed
-// before it are queued and in the Result, and the waiting tasks are still
-// kept alive. Nothing is claimed when Gitea or the payload store is
-// unreachable. Once ctx ends no further task is claimed, and the claim in
-// flight still runs to its end (ClaimTimeout).
+// pool from claiming. Any other error stops the round: tasks claimed before
+// it are queued and in the Result. Nothing is claimed when Gitea or the
+// payload store is unreachable. Once ctx ends no further task is claimed,
+// and the claim in flight still runs to its end (ClaimTimeout).
 func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err error) {
 	defer d.lock(p.Name)()
 	if d.Observer != nil {
@@ -198,66 +196,10 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 		return res, fmt.Errorf("pool %s: tasks in flight: %w", p.Name, err)
 	}
 	inFlight := poolIDs(ids, p.Name)
-	res.Free = max(p.Capacity-len(inFlight), 0)
-	// Claims first: a queued job waits for Gitea alone, never for the
-	// heartbeats of tasks already claimed (one call to Gitea each, serial).
-	// The heartbeats follow whatever the claims did, so a round that fails
-	// to claim still keeps its waiting tasks alive; a task they find over
-	// frees its slot for the next round.
-	err = d.claim(ctx, p, &res)
-	if ctx.Err() == nil {
-		d.keepAliveAll(ctx, p, inFlight, &res)
-	}
-	res.InFlight = len(inFlight) - res.Ended
-	return res, err
-}
-
-// claim claims tasks for p until Gitea has none for it, res.Free are
-// claimed or ctx ends, and records them in res.
-func (d *Dispatcher) claim(ctx context.Context, p Pool, res *Result) error {
-	if res.Free == 0 {
-		return nil
-	}
-	if err := d.declare(ctx, p); err != nil {
-		return fmt.Errorf("pool %s: declare: %w", p.Name, err)
-	}
-	for len(res.Claimed) < res.Free {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
-		}
-		claimed := time.Now()
-		task, err := d.fetch(ctx, p)
-		if err != nil {
-			d.undeclare(p.Name)
-			return fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
-		}
-		if task == nil {
-			return nil
-		}
-		d.log().Debug("task claimed", slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
-		a, err := d.queue(ctx, p, task)
-		if errors.Is(err, errRejected) {
-			res.Rejected++
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		res.Claimed = append(res.Claimed, a)
-		if d.Observer != nil {
-			d.Observer.Queued(p.Name, time.Since(claimed))
-		}
-	}
-	return nil
-}
-
-// keepAliveAll heartbeats p's tasks in flight (assignment IDs) that are due,
-// each on its own: a failed one is logged and counted, and the others go on.
-func (d *Dispatcher) keepAliveAll(ctx context.Context, p Pool, inFlight []string, res *Result) {
 	for _, id := range inFlight {
 		kept, ended, err := d.keepAlive(ctx, p, id)
 		if err != nil {
-			// Another task's heartbeat may well succeed.
+			// Another task's heartbeat, and the claims, may well succeed.
 			d.log().Warn("keep-alive failed; trying again next round", slog.String("pool", p.Name),
 				slog.String("assignment", id), slog.Any("error", err))
 			res.Unbeaten++
@@ -269,6 +211,42 @@ func (d *Dispatcher) keepAliveAll(ctx context.Context, p Pool, inFlight []string
 			res.Ended++
 		}
 	}
+	res.InFlight = len(inFlight) - res.Ended
+	res.Free = max(p.Capacity-res.InFlight, 0)
+	if res.Free == 0 {
+		return res, nil
+	}
+	if err := d.declare(ctx, p); err != nil {
+		return res, fmt.Errorf("pool %s: declare: %w", p.Name, err)
+	}
+	for len(res.Claimed) < res.Free {
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
+		}
+		claimed := time.Now()
+		task, err := d.fetch(ctx, p)
+		if err != nil {
+			d.undeclare(p.Name)
+			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
+		}
+		if task == nil {
+			break
+		}
+		d.log().Debug("task claimed", slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
+		a, err := d.queue(ctx, p, task)
+		if errors.Is(err, errRejected) {
+			res.Rejected++
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Claimed = append(res.Claimed, a)
+		if d.Observer != nil {
+			d.Observer.Queued(p.Name, time.Since(claimed))
+		}
+	}
+	return res, nil
 }
 
 var errRejected = errors.New("task rejected")

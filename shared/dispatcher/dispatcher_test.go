@@ -35,8 +35,6 @@ type fakeGitea struct {
 	resultErr map[int64]error // the answer to a task's heartbeat, when set
 	declared  [][]string
 	fetches   int
-	fetchErr  error    // the answer to FetchTask, when set
-	calls     []string // "fetch" and "beat <task ID>", in order
 	beats     map[int64]int
 	finalized map[int64]string
 	down      bool
@@ -76,11 +74,7 @@ func (f *fakeGitea) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if f.fetchErr != nil {
-		return nil, f.fetchErr
-	}
 	f.fetches++
-	f.calls = append(f.calls, "fetch")
 	if len(f.waiting) == 0 {
 		return nil, nil
 	}
@@ -109,7 +103,6 @@ func (f *fakeGitea) Result(ctx context.Context, taskID int64) (runnerv1.Result, 
 		return 0, fmt.Errorf("task %d: %w", taskID, err)
 	}
 	f.beats[taskID]++
-	f.calls = append(f.calls, fmt.Sprintf("beat %d", taskID))
 	return f.results[taskID], nil
 }
 
@@ -444,50 +437,6 @@ func TestKeepAliveIsPerTask(t *testing.T) {
 				t.Fatalf("payloads = %v, want %v", ids, tc.wantIDs)
 			}
 		})
-	}
-}
-
-// A round claims before it keeps the tasks already in flight alive: a
-// queued job waits for Gitea alone, not for one heartbeat per waiting task.
-func TestDispatchClaimsBeforeKeepAlive(t *testing.T) {
-	f := newFixture(t)
-	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""))
-	p := pool(g, 5)
-	ctx := context.Background()
-	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 2 {
-		t.Fatalf("first round = %+v, %v", res, err)
-	}
-	g.waiting = append(g.waiting, task(t, 3, "a/r", ""))
-	g.calls = nil
-	f.d.KeepAlive = time.Nanosecond // every waiting task is due
-	res, err := f.d.Dispatch(ctx, p)
-	if err != nil || len(res.Claimed) != 1 || res.KeptAlive != 2 {
-		t.Fatalf("second round = %+v, %v", res, err)
-	}
-	if want := []string{"fetch", "fetch", "beat 1", "beat 2"}; !slices.Equal(g.calls, want) {
-		t.Fatalf("calls to Gitea = %v, want %v: claims first", g.calls, want)
-	}
-}
-
-// A round whose claims fail still keeps its waiting tasks alive: a broken
-// claim (Gitea refusing FetchTask, the queue down) must not let them become
-// zombies.
-func TestDispatchKeepsAliveWhenClaimsFail(t *testing.T) {
-	f := newFixture(t)
-	g := newFakeGitea(task(t, 1, "a/r", ""))
-	p := pool(g, 5)
-	ctx := context.Background()
-	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 1 {
-		t.Fatalf("first round = %+v, %v", res, err)
-	}
-	g.fetchErr = errors.New("fetch refused")
-	f.d.KeepAlive = time.Nanosecond
-	res, err := f.d.Dispatch(ctx, p)
-	if !errors.Is(err, g.fetchErr) {
-		t.Fatalf("Dispatch() error = %v, want the fetch's", err)
-	}
-	if res.KeptAlive != 1 || g.beats[1] != 1 || res.InFlight != 1 {
-		t.Fatalf("result = %+v, heartbeats = %v: want task 1 kept alive", res, g.beats)
 	}
 }
 
