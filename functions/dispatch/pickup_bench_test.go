@@ -22,7 +22,8 @@ import (
 // 1.4 s) to the job's assignment being published, b.N jobs one after
 // another. It reports p50 and p95 from the commit's return, and from the
 // start of the push call, for two triggers: Gitea's workflow_job webhook, and
-// polling every 2 s (GDR_INTERVAL=2s, local mode's default).
+// polling every 2 s (act_runner's default, and local mode's until it polled
+// every 500 ms).
 //
 //	go test -tags e2e -run '^$' -bench E2EPickup -benchtime 20x ./functions/dispatch/
 func BenchmarkE2EPickup(b *testing.B) {

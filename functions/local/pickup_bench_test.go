@@ -18,8 +18,8 @@ import (
 // BenchmarkE2ELocalPickup measures local mode's pickup latency against a
 // real Gitea (default queue, as in production): from a push (the contents
 // API call returning) to Gitea showing the job's first step running, b.N
-// jobs one after another, with local mode's default 2 s polling, at capacity
-// GDR_BENCH_CAPACITY (default 4). Each job is pushed once the one before
+// jobs one after another, with local mode's default polling
+// (GDR_LOCAL_POLL_INTERVAL), at capacity GDR_BENCH_CAPACITY (default 4). Each job is pushed once the one before
 // runs, so a capacity below b.N shows how soon a finished job's slot is
 // used again.
 //
