@@ -518,6 +518,21 @@ func TestNATSAuthorization(t *testing.T) {
 		if task, err := p.Get(ctx, a2.ID); err != nil || task.GetId() != a2.Task.ID {
 			t.Fatalf("Get = %v, %v", task, err)
 		}
+		// The Knative path (GDR_PUBLISH=cloudevents): the orphan step reads when an assignment
+		// was last sent and marks a re-send; DeadLetter reads the started mark.
+		stored, err := p.LastSent(ctx, a2.ID)
+		if err != nil {
+			t.Fatalf("LastSent before a re-send: %v", err)
+		}
+		if err := p.MarkSent(ctx, a2.ID); err != nil {
+			t.Fatalf("MarkSent: %v", err)
+		}
+		if last, err := p.LastSent(ctx, a2.ID); err != nil || last.Before(stored) {
+			t.Fatalf("LastSent after a re-send = %v, %v; want at or after %v", last, err, stored)
+		}
+		if _, err := p.Started(ctx, a2.ID); err != nil {
+			t.Fatalf("Started: %v", err)
+		}
 		if _, err := q.Publish(ctx, a2); err != nil {
 			t.Fatal(err)
 		}
