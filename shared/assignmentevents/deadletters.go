@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/client"
@@ -132,37 +130,17 @@ func exhaustedReason(e cloudevents.Event) string {
 	}
 	why := base + " (handle answered HTTP " + code
 	if raw, err := base64.StdEncoding.DecodeString(extension(e, ErrorDataExtension)); err == nil && len(raw) > 0 {
-		why += ": " + clean(string(raw))
+		why += ": " + taskassignment.ReasonLine(string(raw))
 	}
 	return why + ")"
 }
 
-// extension returns e's extension name as a printable string of at most
-// MaxReason bytes; "" when absent.
+// extension returns e's extension name as one printable line
+// (taskassignment.ReasonLine); "" when absent.
 func extension(e cloudevents.Event, name string) string {
 	v, ok := e.Extensions()[name]
 	if !ok {
 		return ""
 	}
-	return clean(fmt.Sprint(v))
-}
-
-// clean makes s one printable line of at most MaxReason bytes: it reaches a
-// job's log.
-func clean(s string) string {
-	s = strings.ToValidUTF8(s, "?")
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-	s = strings.TrimSpace(s)
-	if len(s) > MaxReason {
-		s = s[:MaxReason]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-	}
-	return s
+	return taskassignment.ReasonLine(fmt.Sprint(v))
 }

@@ -31,8 +31,6 @@ import (
 const (
 	// BackendExtension names the assignment's backend on every event.
 	BackendExtension = "gdrbackend"
-	// MaxReason bounds a reason carried in an event, in bytes.
-	MaxReason = 1024
 	// SendTimeout bounds one send when the caller's context has no
 	// earlier deadline: a channel's ingress answers once the event is
 	// stored.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"strings"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/client"
@@ -52,9 +51,6 @@ func (r Receiver) NewHTTPHandler(ctx context.Context) (http.Handler, error) {
 	return client.NewHTTPReceiveHandler(ctx, p, r.receive)
 }
 
-// maxReason bounds the reason a rejection's reply carries, in bytes.
-const maxReason = 1024
-
 // rejection is the reply to a Rejected assignment: the signed assignment as
 // it came (recover authenticates it) and why.
 func rejection(in cloudevents.Event, id string, why error) *cloudevents.Event {
@@ -62,16 +58,7 @@ func rejection(in cloudevents.Event, id string, why error) *cloudevents.Event {
 	e.SetID(id + ".rejected")
 	e.SetType(taskassignment.RejectionType)
 	e.SetSource("/gitea-dynamic-runner/handle")
-	// One printable line: it travels as an HTTP header (binary mode).
-	reason := strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, strings.ToValidUTF8(why.Error(), "?"))
-	if len(reason) > maxReason {
-		reason = strings.ToValidUTF8(reason[:maxReason], "")
-	}
+	reason := taskassignment.ReasonLine(why.Error())
 	e.SetExtension(taskassignment.ReasonExtension, reason)
 	if err := e.SetData(cloudevents.ApplicationJSON, in.Data()); err != nil {
 		return nil

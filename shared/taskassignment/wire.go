@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -29,6 +30,26 @@ const RejectionType = "io.gitea-dynamic-runner.rejection.v1"
 
 // ReasonExtension is the CloudEvents extension of a rejection's reason.
 const ReasonExtension = "gdrreason"
+
+// MaxReason bounds a reason carried in an event, in bytes.
+const MaxReason = 1024
+
+// ReasonLine makes s one printable line of at most MaxReason bytes of valid
+// UTF-8: a reason travels as an HTTP header (a CloudEvent extension in
+// binary mode) and ends in a job's log.
+func ReasonLine(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
+	s = strings.TrimSpace(s)
+	if len(s) > MaxReason {
+		s = strings.ToValidUTF8(s[:MaxReason], "")
+	}
+	return s
+}
 
 // ErrMalformed marks a message that can never decode, whatever is retried:
 // its consumer should terminate it rather than redeliver it.
