@@ -34,6 +34,8 @@ type Config struct {
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
 	AllowUnsigned     bool          `envconfig:"ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"serve: accept webhook deliveries without a signature when GDR_WEBHOOK_SECRET is empty"`
 	Interval          time.Duration `envconfig:"INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
+	BusyInterval      time.Duration `envconfig:"BUSY_INTERVAL" default:"200ms" desc:"serve: dispatch a busy pool this often instead: for GDR_BUSY_WINDOW after a round claimed or dropped a task, a task of the pool ended, or a webhook named one of its jobs (0, or not below GDR_INTERVAL: never busy)"`
+	BusyWindow        time.Duration `envconfig:"BUSY_WINDOW" default:"30s" desc:"serve: how long a pool stays busy after its last sign of work"`
 	RegistrationToken string        `envconfig:"REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
 	RunnerName        string        `envconfig:"RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
 
@@ -47,7 +49,11 @@ func (c *Config) Check() error {
 	if c.KeepAlive <= 0 {
 		keepAlive = fmt.Errorf("GDR_KEEPALIVE %v: want a positive duration", c.KeepAlive)
 	}
+	var pace error
+	if c.Interval < 0 || c.BusyInterval < 0 || c.BusyWindow < 0 {
+		pace = fmt.Errorf("GDR_INTERVAL %v, GDR_BUSY_INTERVAL %v, GDR_BUSY_WINDOW %v: none may be negative", c.Interval, c.BusyInterval, c.BusyWindow)
+	}
 	pools, err := c.Source.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), c.Publishing.Check(os.Getenv("K_SINK")), keepAlive, err)
+	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), c.Publishing.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
 }

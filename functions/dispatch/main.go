@@ -114,7 +114,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 		if cmd == "run" {
 			return svc.dispatchAll(ctx, svc.pools)
 		}
-		return svc.serve(ctx, cfg.HTTPAddr, cfg.Interval)
+		return svc.serve(ctx, cfg.HTTPAddr)
 	default:
 		return function.Usage(fmt.Errorf("unknown command %q", cmd))
 	}
@@ -215,6 +215,9 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg
+	if cfg.Interval > 0 {
+		svc.cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
+	}
 	return svc, closeFn, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,12 @@ type service struct {
 	receiver webhook.Receiver
 	ticks    function.Ticks
 	rounds   *rounds
-	log      *slog.Logger
+	// cadence paces serve's polling of each pool; nil: serve polls not at
+	// all (webhooks and ticks only).
+	cadence *dispatcher.Cadence
+	// ended tells each pool's poll loop that a round of it ended.
+	ended map[string]chan struct{}
+	log   *slog.Logger
 	// probes answer /healthz (NATS connected, Gitea reachable) and /livez; without checks
 	// (a test) the service is always ready.
 	probes health.Probes
@@ -43,6 +49,10 @@ type service struct {
 func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
 	s := &service{d: d, pools: pools, log: log, ticks: ticks,
 		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
+	s.ended = map[string]chan struct{}{}
+	for _, p := range pools {
+		s.ended[p.Name] = make(chan struct{}, 1)
+	}
 	s.rounds = newRounds(ctx, func(ctx context.Context, p dispatcher.Pool) { _ = s.dispatch(ctx, p) })
 	return s
 }
@@ -57,9 +67,17 @@ func (s *service) dispatchAll(ctx context.Context, pools []dispatcher.Pool) erro
 	return errors.Join(errs...)
 }
 
-// dispatch runs one round for p and logs what it did.
+// dispatch runs one round for p, logs what it did, and tells p's poll loop
+// (the cadence has seen the round by then).
 func (s *service) dispatch(ctx context.Context, p dispatcher.Pool) error {
 	res, err := s.d.Dispatch(ctx, p)
+	if err == nil && s.cadence != nil {
+		s.cadence.Observe(res)
+	}
+	select {
+	case s.ended[p.Name] <- struct{}{}:
+	default: // the loop has one to read already
+	}
 	attrs := []any{slog.String("pool", p.Name), slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
 		slog.Int("free", res.Free), slog.Int("kept_alive", res.KeptAlive), slog.Int("ended", res.Ended),
 		slog.Int("unbeaten", res.Unbeaten), slog.Int("rejected", res.Rejected)}
@@ -105,6 +123,11 @@ func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Debug("webhook wakes a round", slog.Int64("job_id", job.JobID), slog.Int64("run_id", job.RunID))
+	if s.cadence != nil {
+		for _, p := range pools {
+			s.cadence.Wake(p.Name)
+		}
+	}
 	s.rounds.wake(pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
@@ -117,34 +140,45 @@ func (s *service) tick(w http.ResponseWriter, _ *http.Request) {
 }
 
 // serve answers HTTP until ctx (the context the service was made with) ends,
-// and with interval > 0 also wakes a round of every pool that often. It
-// returns once the rounds in flight have ended, or after roundsGrace.
-func (s *service) serve(ctx context.Context, addr string, interval time.Duration) error {
-	s.log.Info("serving", slog.String("addr", addr), slog.Duration("interval", interval))
+// and with a cadence also polls: each pool's round follows the end of its
+// last one (from any trigger) after the cadence's interval. It returns once
+// the rounds in flight have ended, or after roundsGrace.
+func (s *service) serve(ctx context.Context, addr string) error {
+	s.log.Info("serving", slog.String("addr", addr))
 	defer func() {
 		if !s.rounds.wait(roundsGrace) {
 			s.log.Warn("dispatch rounds still running at exit", slog.Duration("waited", roundsGrace))
 		}
 	}()
-	if interval > 0 {
-		done := make(chan struct{})
-		defer func() { <-done }()
+	if s.cadence != nil {
+		var loops sync.WaitGroup
+		defer loops.Wait()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
-		defer cancel() // before the wait above: the loop ends when serving does
-		go func() {
-			defer close(done)
-			t := time.NewTicker(interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					s.rounds.wake(s.pools...)
-				}
-			}
-		}()
+		defer cancel() // before the wait above: the loops end when serving does
+		s.log.Info("polling", slog.Duration("interval", s.cadence.Idle), slog.Duration("busy_interval", s.cadence.Busy),
+			slog.Duration("busy_window", s.cadence.Window))
+		for _, p := range s.pools {
+			loops.Go(func() { s.poll(ctx, p) })
+		}
 	}
 	return function.ListenAndServe(ctx, function.Server(s.handler(), webhook.MaxDelivery), addr)
+}
+
+// poll wakes a round of p once the cadence's interval has passed since the
+// end of p's last round, until ctx ends. A round another trigger (a webhook,
+// a tick) ran starts the wait again, so polling adds no round right after it.
+func (s *service) poll(ctx context.Context, p dispatcher.Pool) {
+	t := time.NewTimer(0) // the first round at once
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.rounds.wake(p) // its end starts the next wait
+		case <-s.ended[p.Name]:
+			t.Reset(s.cadence.Interval(p.Name))
+		}
+	}
 }

@@ -220,3 +220,28 @@ func TestWakeUpsDuringARoundCoalesce(t *testing.T) {
 		t.Fatalf("gpu had %d rounds, want 2: the one running and one for the 6 wake-ups during it", got)
 	}
 }
+
+// serve polls each pool at its own pace: right away, then a pool a webhook
+// named is busy and polled every Busy, while the other waits its Idle.
+func TestServePacesEachPool(t *testing.T) {
+	ts := newTestService(t, &countingRunner{}, &countingRunner{})
+	ts.svc.cadence = &dispatcher.Cadence{Idle: 2 * time.Second, Busy: 10 * time.Millisecond, Window: time.Minute}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- ts.svc.serve(ctx, "127.0.0.1:0") }()
+	if !ts.rounds(t, 1, 1) {
+		t.Fatalf("rounds linux=%d gpu=%d, want one each at start", ts.linux.declares.Load(), ts.gpu.declares.Load())
+	}
+	gpuJob := delivery(1, "queued", `["ubuntu-latest","gpu"]`)
+	if code, body := ts.send(t, webhook.EventWorkflowJob, gpuJob, sign(gpuJob)); code != http.StatusAccepted {
+		t.Fatalf("status %d (%s), want 202", code, body)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if linux, gpu := ts.linux.declares.Load(), ts.gpu.declares.Load(); linux != 1 || gpu < 5 {
+		t.Fatalf("in 0.5 s rounds linux=%d gpu=%d, want linux 1 (idle: every 2 s) and gpu at least 5 (busy: every 10 ms)", linux, gpu)
+	}
+}

@@ -29,6 +29,8 @@ type Config struct {
 	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
 	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
 	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
+	BusyPollInterval  time.Duration `envconfig:"LOCAL_BUSY_POLL_INTERVAL" default:"200ms" desc:"local: how often Gitea is asked while busy: for GDR_LOCAL_BUSY_WINDOW after a job was claimed or ended, or a webhook came (not below GDR_LOCAL_POLL_INTERVAL: never busy)"`
+	BusyWindow        time.Duration `envconfig:"LOCAL_BUSY_WINDOW" default:"30s" desc:"local: how long the pool stays busy after its last sign of work"`
 	MetricsAddr       string        `envconfig:"LOCAL_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
 	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
 	LogFormatName     string        `envconfig:"LOCAL_LOG_FORMAT" default:"text" desc:"local: text (for a person) or json (one JSON object a line, for machines) (flag --log-format)"`
@@ -86,6 +88,9 @@ func (c *Config) Check() error {
 	}
 	if c.PollInterval <= 0 || c.RecoverInterval <= 0 {
 		errs = append(errs, errors.New("GDR_LOCAL_POLL_INTERVAL and GDR_LOCAL_RECOVER_INTERVAL must be positive"))
+	}
+	if c.BusyPollInterval < 0 || c.BusyWindow < 0 {
+		errs = append(errs, fmt.Errorf("GDR_LOCAL_BUSY_POLL_INTERVAL %v, GDR_LOCAL_BUSY_WINDOW %v: neither may be negative", c.BusyPollInterval, c.BusyWindow))
 	}
 	if err := c.Settings.Check(); err != nil {
 		errs = append(errs, err)

@@ -65,6 +65,8 @@ type local struct {
 	nc   *nats.Conn
 	gw   *http.Server
 	kick chan struct{} // a webhook or a freed slot asks for a dispatch round now
+	// cadence paces the dispatch rounds between kicks.
+	cadence *dispatcher.Cadence
 	hook *http.Server
 	ops  *http.Server // metrics and probes, with --metrics-addr
 	reg  *prometheus.Registry
@@ -159,6 +161,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
+	l.cadence = &dispatcher.Cadence{Idle: cfg.PollInterval, Busy: cfg.BusyPollInterval, Window: cfg.BusyWindow}
 	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
 		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
@@ -195,8 +198,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	// pass is the safety net for the ends nobody heard of: executors started
 	// before a restart, whose exits died with the process that started
 	// them, and finishes that failed.
-	l.every(ctx, cfg.RecoverInterval, nil, l.recoverOnce)
-	l.every(ctx, cfg.PollInterval, l.kick, l.dispatchOnce)
+	l.every(ctx, cfg.RecoverInterval, l.recoverOnce)
+	l.paced(ctx, l.kick, l.dispatchOnce)
 	l.loop(ctx, l.handleOnce)
 	l.loops.Add(1)
 	go func() {
@@ -363,6 +366,7 @@ func (l *local) startWebhook() error {
 			return
 		}
 		if l.pool.Matches(job.Labels) {
+			l.cadence.Wake(poolName)
 			l.kickDispatch()
 		}
 		w.WriteHeader(http.StatusAccepted)
@@ -395,9 +399,8 @@ func (l *local) startOps() error {
 // opsMaxBytes caps a request body on the metrics listener: it answers GETs.
 const opsMaxBytes = 4 << 10
 
-// every runs f now, then every interval and whenever kick fires, until ctx
-// ends.
-func (l *local) every(ctx context.Context, interval time.Duration, kick <-chan struct{}, f func(context.Context)) {
+// every runs f now, then every interval, until ctx ends.
+func (l *local) every(ctx context.Context, interval time.Duration, f func(context.Context)) {
 	l.loops.Add(1)
 	go func() {
 		defer l.loops.Done()
@@ -409,8 +412,28 @@ func (l *local) every(ctx context.Context, interval time.Duration, kick <-chan s
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			}
+		}
+	}()
+}
+
+// paced runs f now, then again once the cadence's interval has passed
+// since it last ended, or whenever kick fires, until ctx ends.
+func (l *local) paced(ctx context.Context, kick <-chan struct{}, f func(context.Context)) {
+	l.loops.Add(1)
+	go func() {
+		defer l.loops.Done()
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
 			case <-kick:
 			}
+			f(ctx)
+			t.Reset(l.cadence.Interval(poolName))
 		}
 	}()
 }
@@ -435,6 +458,7 @@ func (l *local) dispatchOnce(ctx context.Context) {
 		}
 		return
 	}
+	l.cadence.Observe(res)
 	level := slog.LevelDebug // an idle round is no news
 	if len(res.Claimed) > 0 || res.Ended > 0 || res.Rejected > 0 {
 		level = slog.LevelInfo
