@@ -67,9 +67,9 @@ type local struct {
 	kick chan struct{} // a webhook or a freed slot asks for a dispatch round now
 	// cadence paces the dispatch rounds between kicks.
 	cadence *dispatcher.Cadence
-	hook *http.Server
-	ops  *http.Server // metrics and probes, with --metrics-addr
-	reg  *prometheus.Registry
+	hook    *http.Server
+	ops     *http.Server // metrics and probes, with --metrics-addr
+	reg     *prometheus.Registry
 	// statusSource is what writeStatus reads the status file from.
 	statusSource poolstatus.Source
 	passes       *recovermetrics.Recover
