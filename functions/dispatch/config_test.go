@@ -44,6 +44,8 @@ func TestLoadConfig(t *testing.T) {
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},
 		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY: assignment signing key: 5 bytes"},
 		{"no signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": ""}, "GDR_ASSIGNMENT_SIGNING_KEY"},
+		{"negative busy interval", map[string]string{"GDR_BUSY_INTERVAL": "-1s"}, "GDR_BUSY_INTERVAL -1s"},
+		{"negative busy window", map[string]string{"GDR_BUSY_WINDOW": "-1s"}, "none may be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range base {
@@ -65,6 +67,10 @@ func TestLoadConfig(t *testing.T) {
 				// measured, besides the webhook.
 				if cfg.Interval != dispatcher.DefaultPollInterval {
 					t.Fatalf("GDR_INTERVAL defaults to %v, want %v", cfg.Interval, dispatcher.DefaultPollInterval)
+				}
+				if cfg.BusyInterval != dispatcher.DefaultBusyInterval || cfg.BusyWindow != dispatcher.DefaultBusyWindow {
+					t.Fatalf("GDR_BUSY_INTERVAL, GDR_BUSY_WINDOW default to %v, %v, want %v, %v", cfg.BusyInterval, cfg.BusyWindow,
+						dispatcher.DefaultBusyInterval, dispatcher.DefaultBusyWindow)
 				}
 				return
 			}

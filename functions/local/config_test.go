@@ -61,11 +61,19 @@ func TestLoadConfig(t *testing.T) {
 				if c.PollInterval != dispatcher.DefaultPollInterval {
 					t.Fatalf("GDR_LOCAL_POLL_INTERVAL defaults to %v, want %v", c.PollInterval, dispatcher.DefaultPollInterval)
 				}
+				if c.BusyPollInterval != dispatcher.DefaultBusyInterval || c.BusyWindow != dispatcher.DefaultBusyWindow {
+					t.Fatalf("GDR_LOCAL_BUSY_POLL_INTERVAL, GDR_LOCAL_BUSY_WINDOW default to %v, %v, want %v, %v", c.BusyPollInterval, c.BusyWindow,
+						dispatcher.DefaultBusyInterval, dispatcher.DefaultBusyWindow)
+				}
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
 			}
 		})
+	}
+	t.Setenv("GDR_LOCAL_BUSY_WINDOW", "-1s")
+	if _, err := program.Load(&c, []string{"--gitea-url", "http://x"}, io.Discard); err == nil || !strings.Contains(err.Error(), "GDR_LOCAL_BUSY_WINDOW -1s") {
+		t.Fatalf("a negative busy window: error %v, want it named", err)
 	}
 }
