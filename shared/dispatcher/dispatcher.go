@@ -75,9 +75,10 @@ type Pool struct {
 const DefaultKeepAlive = time.Minute
 
 // DefaultPollInterval is how often dispatch serve and local mode run a
-// round of every pool on their own by default, besides the rounds a
-// webhook, a tick or a freed slot asks for. A job waits for the next round
-// half of it on average once Gitea makes it fetchable. An idle round costs
+// round of an idle pool on their own by default (Cadence.Idle), besides the
+// rounds a webhook, a tick or a freed slot asks for. A job waits for the
+// next round half of it on average once Gitea makes it fetchable; a busy
+// pool is polled every DefaultBusyInterval instead. An idle round costs
 // Gitea one FetchTask (Declare is not repeated, see declare), about 6-11 ms
 // of its CPU: at this interval 1.1-1.3 % of one core per pool as measured
 // with local mode and dispatch (docs/BENCHMARKS.md, "Idle polling cost"),
@@ -171,20 +172,24 @@ func (d *Dispatcher) lock(pool string) func() {
 	return l.Unlock
 }
 
-// Dispatch runs one round for pool p: keep its waiting tasks alive (dropping
-// those Gitea has ended or no longer has), declare its labels unless they
-// are declared already (see declare), then claim tasks until Gitea has
-// none for the pool or the pool is full. Free capacity is the pool's Capacity
-// minus its tasks in flight: every task claimed whose payload is still stored
-// (queued, being started or running; recover deletes payloads of finished
-// tasks).
+// Dispatch runs one round for pool p: declare its labels unless they are
+// declared already (see declare), claim tasks until Gitea has none for the
+// pool or the pool is full, then keep its waiting tasks alive (dropping
+// those Gitea has ended or no longer has), and if that freed slots of a
+// pool the claims had filled, claim into them. Free capacity is the pool's
+// Capacity minus its tasks in flight: every task claimed whose payload is
+// still stored (queued, being started or running; recover deletes payloads
+// of finished tasks). The claims come first so that a job Gitea has ready
+// never waits for one heartbeat per waiting task; a slot held by a task
+// Gitea no longer has is still freed and filled within the round.
 //
 // Keep-alive is per task: one task's failed heartbeat is logged and counted
 // (Unbeaten), and the round goes on, so a single broken task never stops its
-// pool from claiming. Any other error stops the round: tasks claimed before
-// it are queued and in the Result. Nothing is claimed when Gitea or the
-// payload store is unreachable. Once ctx ends no further task is claimed,
-// and the claim in flight still runs to its end (ClaimTimeout).
+// pool from claiming. The waiting tasks are kept alive also when the claims
+// failed. Any other error ends the claims: tasks claimed before it are
+// queued and in the Result. Nothing is claimed when Gitea or the payload
+// store is unreachable. Once ctx ends no further task is claimed, and the
+// claim in flight still runs to its end (ClaimTimeout).
 func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err error) {
 	defer d.lock(p.Name)()
 	if d.Observer != nil {
@@ -196,6 +201,7 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 		return res, fmt.Errorf("pool %s: tasks in flight: %w", p.Name, err)
 	}
 	inFlight := poolIDs(ids, p.Name)
+	full, claimErr := d.claim(ctx, p, &res, p.Capacity-len(inFlight))
 	for _, id := range inFlight {
 		kept, ended, err := d.keepAlive(ctx, p, id)
 		if err != nil {
@@ -213,24 +219,36 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 	}
 	res.InFlight = len(inFlight) - res.Ended
 	res.Free = max(p.Capacity-res.InFlight, 0)
-	if res.Free == 0 {
-		return res, nil
+	if claimErr != nil {
+		return res, claimErr
+	}
+	if full && res.Ended > 0 {
+		_, err = d.claim(ctx, p, &res, res.Free-len(res.Claimed))
+	}
+	return res, err
+}
+
+// claim claims up to n tasks of p into res, and reports whether it stopped
+// for n (full) rather than because Gitea had no more.
+func (d *Dispatcher) claim(ctx context.Context, p Pool, res *Result, n int) (full bool, err error) {
+	if n <= 0 {
+		return true, nil
 	}
 	if err := d.declare(ctx, p); err != nil {
-		return res, fmt.Errorf("pool %s: declare: %w", p.Name, err)
+		return false, fmt.Errorf("pool %s: declare: %w", p.Name, err)
 	}
-	for len(res.Claimed) < res.Free {
+	for claimed := 0; claimed < n; {
 		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
+			return false, fmt.Errorf("pool %s: claims stopped: %w", p.Name, err)
 		}
-		claimed := time.Now()
+		start := time.Now()
 		task, err := d.fetch(ctx, p)
 		if err != nil {
 			d.undeclare(p.Name)
-			return res, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
+			return false, fmt.Errorf("pool %s: fetch task: %w", p.Name, err)
 		}
 		if task == nil {
-			break
+			return false, nil
 		}
 		d.log().Debug("task claimed", slog.String("pool", p.Name), slog.Int64("task", task.GetId()))
 		a, err := d.queue(ctx, p, task)
@@ -239,14 +257,15 @@ func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err erro
 			continue
 		}
 		if err != nil {
-			return res, err
+			return false, err
 		}
 		res.Claimed = append(res.Claimed, a)
+		claimed++
 		if d.Observer != nil {
-			d.Observer.Queued(p.Name, time.Since(claimed))
+			d.Observer.Queued(p.Name, time.Since(start))
 		}
 	}
-	return res, nil
+	return true, nil
 }
 
 var errRejected = errors.New("task rejected")

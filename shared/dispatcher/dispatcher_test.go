@@ -43,6 +43,10 @@ type fakeGitea struct {
 	// ended by then gets its error instead of the task, as over HTTP.
 	onClaim    func()
 	answerLost bool
+	// calls logs FetchTask ("fetch") and Result ("beat <task>") in order;
+	// fetchErr, when set, is every FetchTask's answer.
+	calls    []string
+	fetchErr error
 }
 
 func newFakeGitea(tasks ...*runnerv1.Task) *fakeGitea {
@@ -75,6 +79,10 @@ func (f *fakeGitea) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 		return nil, err
 	}
 	f.fetches++
+	f.calls = append(f.calls, "fetch")
+	if f.fetchErr != nil {
+		return nil, f.fetchErr
+	}
 	if len(f.waiting) == 0 {
 		return nil, nil
 	}
@@ -99,6 +107,7 @@ func (f *fakeGitea) Result(ctx context.Context, taskID int64) (runnerv1.Result, 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	f.calls = append(f.calls, fmt.Sprintf("beat %d", taskID))
 	if err := f.resultErr[taskID]; err != nil {
 		return 0, fmt.Errorf("task %d: %w", taskID, err)
 	}
@@ -491,5 +500,82 @@ func TestObserverHearsRoundsAndClaims(t *testing.T) {
 	}
 	if len(obs.queued) != 2 || obs.queued[0] <= 0 {
 		t.Fatalf("queued pickups %v, want 2 positive", obs.queued)
+	}
+}
+
+// A job Gitea has ready is claimed before the round heartbeats its waiting
+// tasks: it never waits for one Gitea call per waiting task.
+func TestDispatchClaimsBeforeHeartbeats(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""))
+	p := pool(g, 3)
+	ctx := context.Background()
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 2 {
+		t.Fatalf("first round = %+v, %v", res, err)
+	}
+	g.waiting = append(g.waiting, task(t, 3, "a/r", ""))
+	g.calls = nil
+	f.d.KeepAlive = time.Nanosecond // both waiting tasks are due
+	res, err := f.d.Dispatch(ctx, p)
+	if err != nil || len(res.Claimed) != 1 || res.KeptAlive != 2 {
+		t.Fatalf("round = %+v, %v", res, err)
+	}
+	if want := []string{"fetch", "beat 1", "beat 2"}; !slices.Equal(g.calls, want) {
+		t.Fatalf("calls to Gitea %q, want %q: the claim first", g.calls, want)
+	}
+}
+
+// A slot held by a task that its heartbeat finds over is filled within the
+// same round, though the claims (which come first) found the pool full.
+func TestDispatchFillsTheSlotsItsHeartbeatsFree(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		result runnerv1.Result
+		answer error
+	}{
+		{"cancelled while waiting", runnerv1.Result_RESULT_CANCELLED, nil},
+		{"gone from Gitea", 0, &gitea.Error{Op: "UpdateTask", Code: connect.CodeInternal, Message: "update task: resource does not exist"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			g := newFakeGitea(task(t, 1, "a/r", ""))
+			p := pool(g, 1)
+			ctx := context.Background()
+			if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 1 {
+				t.Fatalf("first round = %+v, %v", res, err)
+			}
+			g.waiting = append(g.waiting, task(t, 2, "a/r", ""))
+			g.results[1], g.resultErr[1] = tc.result, tc.answer
+			g.calls = nil
+			f.d.KeepAlive = time.Nanosecond
+			res, err := f.d.Dispatch(ctx, p)
+			if err != nil || res.Ended != 1 || len(res.Claimed) != 1 || res.Claimed[0].Task.ID != 2 || res.InFlight != 0 || res.Free != 1 {
+				t.Fatalf("round = %+v, %v", res, err)
+			}
+			if want := []string{"beat 1", "fetch"}; !slices.Equal(g.calls, want) {
+				t.Fatalf("calls to Gitea %q, want %q: no claim while full, one after the slot freed", g.calls, want)
+			}
+			if ids, _ := f.payloads.IDs(ctx); !slices.Equal(ids, []string{"linux-2"}) {
+				t.Fatalf("payloads = %v, want only the new task's", ids)
+			}
+		})
+	}
+}
+
+// Claims that fail (FetchTask answers an error) still leave the round to
+// keep the waiting tasks alive, and the round reports the claims' error.
+func TestDispatchKeepsAliveWhenClaimsFail(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea(task(t, 1, "a/r", ""))
+	p := pool(g, 2)
+	ctx := context.Background()
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 1 {
+		t.Fatalf("first round = %+v, %v", res, err)
+	}
+	g.fetchErr = &gitea.Error{Op: "FetchTask", Code: connect.CodeUnavailable, Message: "busy"}
+	f.d.KeepAlive = time.Nanosecond
+	res, err := f.d.Dispatch(ctx, p)
+	if !errors.Is(err, g.fetchErr) || res.KeptAlive != 1 || g.beats[1] != 1 {
+		t.Fatalf("round = %+v, %v; heartbeats %v: want the fetch error and task 1 kept alive", res, err, g.beats)
 	}
 }
