@@ -64,11 +64,16 @@ import (
 // webhook received and push -> claimed (its debug lines). Go runs each path
 // once with b.N = 1 first: a warm-up, not reported.
 //
+// Every local and dispatch push also carries a twin job for a second bare
+// 50 ms loop (see twins): the floor measured on the very same pushes.
+//
 // It prints per queue and path
 //
 //	pickup <path> <queue> p50 <s> p95 <s> floor p50 <s>
 //
-// and below it where the time went, and the slowest job's trace.
+// and below it the twins' floor for the same pushes with the p50 and p95
+// of each job's pickup minus its twin's, where the time went, and the
+// slowest job's trace.
 // GDR_BENCH_LOCAL_ENV and GDR_BENCH_DISPATCH_ENV add variables (a=b,c=d) to
 // the two processes, GDR_BENCH_LOCAL_BIN and GDR_BENCH_DISPATCH_BIN run
 // other builds of them (another commit's), GDR_BENCH_GITEA_INI is added to
@@ -116,6 +121,9 @@ type sample struct {
 	task                                               int64
 	pushed                                             time.Time // the push call returned
 	webhook, claimed, published, created, step, pickup time.Time
+	// twin is when the bare 50 ms FetchTask loop claimed the twin job of the
+	// same push (see env.twins): Gitea's floor for this very push.
+	twin time.Time
 	// passes are local mode's recover passes between push and claim.
 	passes []time.Time
 }
@@ -132,7 +140,7 @@ func (s sample) trace() string {
 	for _, p := range []struct {
 		name string
 		at   time.Time
-	}{{"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
+	}{{"twin", s.twin}, {"webhook", s.webhook}, {"claimed", s.claimed}, {"published", s.published}, {"created", s.created}, {"step", s.step}} {
 		if !p.at.IsZero() {
 			parts = append(parts, fmt.Sprintf("%s +%.3f s", p.name, s.since(p.at).Seconds()))
 		}
@@ -154,6 +162,17 @@ func summarize(queue string, results map[string][]sample) []string {
 		}
 		q := quantiles(s, func(s sample) time.Time { return s.pickup })
 		out = append(out, fmt.Sprintf("pickup %s %s p50 %.3f p95 %.3f floor p50 %.3f", path, queue, q.p50, q.p95, floor.p50))
+		if tq := quantiles(s, func(s sample) time.Time { return s.twin }); tq.n > 0 {
+			var diff []time.Duration
+			for _, x := range s {
+				if !x.twin.IsZero() {
+					diff = append(diff, x.pickup.Sub(x.twin))
+				}
+			}
+			slices.Sort(diff)
+			out = append(out, fmt.Sprintf("  %s %s paired with its twins (the floor on the same pushes, %d): floor p50 %.3f p95 %.3f; ours - twin p50 %+.3f p95 %+.3f",
+				path, queue, tq.n, tq.p50, tq.p95, diff[len(diff)/2].Seconds(), diff[(len(diff)*95+99)/100-1].Seconds()))
+		}
 		split := []string{}
 		for _, p := range []struct {
 			name string
@@ -251,6 +270,8 @@ type env struct {
 	// GDR_BENCH_LOCAL_WEBHOOK, the same for its runs.
 	localHookAddr  string
 	localHookAdded bool
+	// twins claims the twin job of every local and dispatch push.
+	twins *twins
 }
 
 const (
@@ -305,9 +326,99 @@ func (e *env) pushStep(b *testing.B, path, name, label, step string) time.Time {
 		pause += rand.N(jitter)
 	}
 	time.Sleep(pause)
-	e.gitea.PushWorkflow(b, e.repos[path], ".gitea/workflows/ci.yml",
-		"name: ci\non: [push]\njobs:\n  "+name+":\n    runs-on: "+label+"\n    steps:\n      - run: "+strconv.Quote(step)+"\n")
+	workflow := "name: ci\non: [push]\njobs:\n  " + name + ":\n    runs-on: " + label + "\n    steps:\n      - run: " + strconv.Quote(step) + "\n"
+	if path != "floor" {
+		e.twinsStarted(b)
+		workflow += "  " + twinJob(name) + ":\n    runs-on: " + twinLabel + "\n    steps:\n      - run: \"true\"\n"
+	}
+	e.gitea.PushWorkflow(b, e.repos[path], ".gitea/workflows/ci.yml", workflow)
 	return time.Now()
+}
+
+// twinLabel is the label of the twin jobs, twinJob the name of a job's twin.
+const twinLabel = "gdr-twin"
+
+func twinJob(job string) string { return "twin-" + job }
+
+// twins is a bare FetchTask loop polling every 50 ms, as the floor path's,
+// for the twin jobs: every local and dispatch push carries a second job,
+// on twinLabel, in the same workflow. Gitea creates a run's jobs in one
+// transaction, so both become fetchable at the same moment, and the twin's
+// claim is Gitea's floor for that very push: comparing each job with its
+// twin takes out Gitea's own queue delay (0-2 s on its default queue),
+// which varies more from one 20-job run to the next than the 0.15 s the
+// comparison is after. The two claims may meet in Gitea's database
+// (SQLite serializes writes): a few ms for whichever comes second.
+type twins struct {
+	mu      sync.Mutex
+	claims  map[string]time.Time // by job name
+	changed chan struct{}
+}
+
+// twinsStarted starts the twins' loop once per env; it runs until the
+// benchmark ends.
+func (e *env) twinsStarted(b *testing.B) {
+	b.Helper()
+	if e.twins != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	creds, err := gitea.Register(ctx, e.gitea.URL, e.hc, gitea.Registration{
+		Token: e.gitea.RegistrationToken(b), Name: "floor-twin", Labels: []string{twinLabel}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := gitea.NewClient(e.gitea.URL, e.hc, creds)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := client.Declare(ctx, []string{twinLabel}); err != nil {
+		b.Fatal(err)
+	}
+	tw := &twins{claims: map[string]time.Time{}, changed: make(chan struct{})}
+	e.twins = tw
+	done := make(chan struct{})
+	tasks := gitea.TaskState{Client: client}
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for ctx.Err() == nil {
+			if task, err := client.FetchTask(ctx); err == nil && task != nil {
+				at := time.Now()
+				tw.mu.Lock()
+				tw.claims[task.GetContext().GetFields()["job"].GetStringValue()] = at
+				close(tw.changed)
+				tw.changed = make(chan struct{})
+				tw.mu.Unlock()
+				_ = tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_SUCCESS, "pickup floor twin: claimed, not run")
+			}
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+	}()
+	b.Cleanup(func() { cancel(); <-done })
+}
+
+// twin is when job's twin was claimed, waiting at most a minute.
+func (e *env) twin(b *testing.B, job string) time.Time {
+	b.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		e.twins.mu.Lock()
+		at, changed := e.twins.claims[twinJob(job)], e.twins.changed
+		e.twins.mu.Unlock()
+		if !at.IsZero() {
+			return at
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			b.Fatalf("%s: its twin was never claimed", job)
+		}
+	}
 }
 
 // floor runs n jobs through a bare FetchTask loop polling every 50 ms.
@@ -414,6 +525,7 @@ func (e *env) local(b *testing.B, n int) []sample {
 		if !overlap {
 			e.waitJob(b, "local", s.job, func(j giteaenv.Job) bool { return j.Status == "completed" }, 100*time.Millisecond)
 		}
+		s.twin = e.twin(b, s.job)
 		out = append(out, s)
 	}
 	return out
@@ -508,6 +620,7 @@ func (e *env) dispatch(b *testing.B, n int) []sample {
 			b.Fatal(err)
 		}
 		s.claimed = lw.wait1(s.task, "task claimed", 5*time.Second)
+		s.twin = e.twin(b, s.job)
 		out = append(out, s)
 	}
 	// Which delivery was whose: Gitea's job IDs, asked once the pickups
