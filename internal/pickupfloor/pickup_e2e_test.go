@@ -108,6 +108,9 @@ func BenchmarkE2EPickupFloor(b *testing.B) {
 				}
 			})
 		}
+		if env.stopTwins != nil {
+			env.stopTwins()
+		}
 		env.gitea.Stop(b)
 		report = append(report, summarize(q.name, results)...)
 	}
@@ -270,8 +273,11 @@ type env struct {
 	// GDR_BENCH_LOCAL_WEBHOOK, the same for its runs.
 	localHookAddr  string
 	localHookAdded bool
-	// twins claims the twin job of every local and dispatch push.
-	twins *twins
+	// twins claims the twin job of every local and dispatch push, from the
+	// first such push until stopTwins (the env's end: it outlives the
+	// sub-benchmark that started it).
+	twins     *twins
+	stopTwins func()
 }
 
 const (
@@ -355,8 +361,8 @@ type twins struct {
 	changed chan struct{}
 }
 
-// twinsStarted starts the twins' loop once per env; it runs until the
-// benchmark ends.
+// twinsStarted starts the twins' loop once per env; it runs until
+// e.stopTwins.
 func (e *env) twinsStarted(b *testing.B) {
 	b.Helper()
 	if e.twins != nil {
@@ -399,7 +405,7 @@ func (e *env) twinsStarted(b *testing.B) {
 			}
 		}
 	}()
-	b.Cleanup(func() { cancel(); <-done })
+	e.stopTwins = func() { cancel(); <-done }
 }
 
 // twin is when job's twin was claimed, waiting at most a minute.
