@@ -2,13 +2,10 @@ package dispatchmetrics
 
 import (
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/metricsenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 )
@@ -33,22 +30,8 @@ func TestDispatch(t *testing.T) {
 		{"gdr_dispatch_tasks_claimed_total", []string{"pool", "linux"}, 1},
 		{"gdr_dispatch_pickup_seconds", []string{"pool", "linux"}, 1},
 	} {
-		if v, ok := gather(t, reg).Value(want.name, want.labels...); !ok || v != want.v {
+		if v, ok := metricsenv.Gather(t, reg).Value(want.name, want.labels...); !ok || v != want.v {
 			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
 		}
 	}
-}
-
-// gather scrapes reg over HTTP, as Prometheus does.
-func gather(t *testing.T, reg prometheus.Gatherer) metrics.Families {
-	t.Helper()
-	mux := http.NewServeMux()
-	metrics.Register(mux, reg)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	fams, err := metrics.Scrape(t.Context(), http.DefaultClient, srv.URL+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
 }

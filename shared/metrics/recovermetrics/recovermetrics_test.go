@@ -2,12 +2,9 @@ package recovermetrics
 
 import (
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/metricsenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 )
@@ -17,7 +14,7 @@ func TestRecover(t *testing.T) {
 	r := NewRecover(reg)
 	r.Pass(recovery.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
 	r.Pass(recovery.Summary{}, errors.New("backend down"))
-	fams := gather(t, reg)
+	fams := metricsenv.Gather(t, reg)
 	for _, want := range []struct {
 		name   string
 		labels []string
@@ -33,18 +30,4 @@ func TestRecover(t *testing.T) {
 			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
 		}
 	}
-}
-
-// gather scrapes reg over HTTP, as Prometheus does.
-func gather(t *testing.T, reg prometheus.Gatherer) metrics.Families {
-	t.Helper()
-	mux := http.NewServeMux()
-	metrics.Register(mux, reg)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	fams, err := metrics.Scrape(t.Context(), http.DefaultClient, srv.URL+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
 }
