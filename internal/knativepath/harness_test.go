@@ -292,6 +292,37 @@ func (e *env) startDispatch(extra ...string) *proc {
 func (e *env) start(name, bin string, extra []string, args ...string) *proc {
 	t := e.t
 	t.Helper()
+	p, _, log := e.spawn(name, bin, extra, args...)
+	pr := &proc{name: name, log: log, p: p}
+	e.mu.Lock()
+	e.procs = append(e.procs, pr)
+	e.mu.Unlock()
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
+	return pr
+}
+
+// run runs bin as name to its end and fails the test unless it exits 0.
+func (e *env) run(name, bin string, extra []string, args ...string) {
+	t := e.t
+	t.Helper()
+	p, cmd, log := e.spawn(name, bin, extra, args...)
+	select {
+	case <-p.Exited():
+	case <-time.After(time.Minute):
+		p.Stop(time.Second)
+		t.Fatalf("%s did not end within a minute:\n%s", name, testenv.LogTail(log, 30))
+	}
+	if !cmd.ProcessState.Success() {
+		t.Fatalf("%s: %v:\n%s", name, cmd.ProcessState, testenv.LogTail(log, 30))
+	}
+}
+
+// spawn starts bin as name with the common environment and extra in the
+// test's folder, its output appended to <logs>/<name>.log (returned with the
+// process and its command, whose ProcessState is set once it exited).
+func (e *env) spawn(name, bin string, extra []string, args ...string) (*testenv.Process, *exec.Cmd, string) {
+	t := e.t
+	t.Helper()
 	log := filepath.Join(e.logs, name+".log")
 	logf, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -306,41 +337,7 @@ func (e *env) start(name, bin string, extra []string, args ...string) *proc {
 	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	pr := &proc{name: name, log: log, p: p}
-	e.mu.Lock()
-	e.procs = append(e.procs, pr)
-	e.mu.Unlock()
-	t.Cleanup(func() { p.Stop(5 * time.Second) })
-	return pr
-}
-
-// run runs bin as name to its end and fails the test unless it exits 0.
-func (e *env) run(name, bin string, extra []string, args ...string) {
-	t := e.t
-	t.Helper()
-	log := filepath.Join(e.logs, name+".log")
-	logf, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(slices.Clone(e.common), extra...)
-	cmd.Dir = e.dir
-	cmd.Stdout, cmd.Stderr = logf, logf
-	p, err := testenv.StartProcess(cmd)
-	if err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	select {
-	case <-p.Exited():
-	case <-time.After(time.Minute):
-		p.Stop(time.Second)
-		t.Fatalf("%s did not end within a minute:\n%s", name, testenv.LogTail(log, 30))
-	}
-	if !cmd.ProcessState.Success() {
-		t.Fatalf("%s: %v:\n%s", name, cmd.ProcessState, testenv.LogTail(log, 30))
-	}
+	return p, cmd, log
 }
 
 // waitHealthy waits until p answers GET /healthz with 200.
