@@ -34,9 +34,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/pod"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -44,6 +41,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -184,9 +184,9 @@ func pass(ctx context.Context, r *recovery.Recovery, obs passObserver, log *slog
 // pools file may name any.
 func linkedBackends() backends.Builders {
 	return backends.Builders{
-		taskassignment.BackendProcess:     process.New,
-		taskassignment.BackendOpenSandbox: opensandbox.New,
-		taskassignment.BackendPod:         pod.New,
+		taskassignment.BackendProcess:     processbackend.Build,
+		taskassignment.BackendOpenSandbox: opensandboxbackend.Build,
+		taskassignment.BackendPod:         podbackend.Build,
 	}
 }
 

@@ -1,6 +1,6 @@
 //go:build e2e
 
-package opensandbox_test
+package opensandboxbackend_test
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
@@ -47,7 +47,7 @@ func TestE2EOpenSandboxSVIDFromSPIRE(t *testing.T) {
 	defer cancel()
 	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
 	d := deps(t)
-	b, release, err := opensandbox.New(backends.Setup{
+	b, release, err := opensandboxbackend.Build(backends.Setup{
 		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
 	}, d)
 	if err != nil {

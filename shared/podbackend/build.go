@@ -1,8 +1,4 @@
-// Package pod builds the pod backend (shared/podbackend) from handle's and
-// recover's settings: executors as Kubernetes Pods, their identities as
-// SPIRE registration entries. It is the one builder that links client-go
-// and gRPC; a binary that does not import it pays for neither.
-package pod
+package podbackend
 
 import (
 	"fmt"
@@ -16,7 +12,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -24,7 +19,7 @@ import (
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIRESocket (gRPC connects on first use). The returned function closes
 // the SPIRE connection.
-func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, error) {
+func Build(c backends.Setup, d backends.Deps) (backends.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendPod); err != nil {
 		return nil, nil, err
 	}
@@ -43,10 +38,10 @@ func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
 	}
-	b, err := podbackend.New(podbackend.Config{
+	b, err := New(Config{
 		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
 		Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
-		OnCorrupt: func(x podbackend.Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
+		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
 	})
 	if err != nil {
 		_ = conn.Close()

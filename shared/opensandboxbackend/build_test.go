@@ -1,4 +1,4 @@
-package opensandbox_test
+package opensandboxbackend_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -24,7 +24,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
-var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
 
 func deps(t *testing.T) backends.Deps {
 	t.Helper()
@@ -46,7 +45,7 @@ func TestOpenSandboxSVIDsFromSPIRE(t *testing.T) {
 	spire := spiremintest.New(t, td)
 	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
 	d := deps(t)
-	b, release, err := opensandbox.New(backends.Setup{
+	b, release, err := opensandboxbackend.Build(backends.Setup{
 		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
 	}, d)
 	if err != nil {
@@ -108,7 +107,7 @@ func TestOpenSandboxSVIDsFromSPIRE(t *testing.T) {
 func TestOpenSandboxSPIREIsLazy(t *testing.T) {
 	sandboxes := opensandboxtest.New(t, opensandboxtest.WithAPIKey("k"))
 	for _, addr := range []string{"spire-server.spire.svc:8081", "unix:/nonexistent/api.sock"} {
-		b, release, err := opensandbox.New(backends.Setup{
+		b, release, err := opensandboxbackend.Build(backends.Setup{
 			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: addr}, deps(t))
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
@@ -129,7 +128,7 @@ func TestOpenSandboxSPIRESettings(t *testing.T) {
 		{"spire-server", "", "neither host:port nor unix:<path>"},
 		{"unix:", "", "no socket path"},
 	} {
-		_, _, err := opensandbox.New(backends.Setup{
+		_, _, err := opensandboxbackend.Build(backends.Setup{
 			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: tt.spire, CADir: tt.caDir}, deps(t))
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "GDR_") {
 			t.Errorf("%q, %q: err = %v, want one naming the variable and %q", tt.spire, tt.caDir, err, tt.want)

@@ -1,15 +1,10 @@
-// Package opensandbox builds the opensandbox backend
-// (shared/opensandboxbackend) from handle's and recover's settings:
-// executors as OpenSandbox sandboxes, their SVIDs minted by a SPIRE Server
-// (GDR_OPENSANDBOX_SPIRE_SERVER), a local CA (GDR_CA_DIR) or not at all.
-package opensandbox
+package opensandboxbackend
 
 import (
 	"fmt"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
 	sandboxapi "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -19,7 +14,7 @@ import (
 // set, is dialled lazily (connected on the first mint, so recover, which
 // never mints, never connects); the returned function closes that
 // connection.
-func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, error) {
+func Build(c backends.Setup, d backends.Deps) (backends.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendOpenSandbox); err != nil {
 		return nil, nil, err
 	}
@@ -27,7 +22,7 @@ func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, err
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := opensandboxbackend.Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt()}
+	cfg := Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt()}
 	release := func() error { return nil }
 	switch {
 	case c.OpenSandboxSPIRE != "":
@@ -43,7 +38,7 @@ func New(c backends.Setup, d backends.Deps) (backends.Backend, func() error, err
 		}
 		cfg.Minter = ca
 	}
-	b, err := opensandboxbackend.New(cfg)
+	b, err := New(cfg)
 	if err != nil {
 		_ = release()
 		return nil, nil, err
