@@ -7,7 +7,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -27,7 +27,7 @@ type Config struct {
 	runnerpool.Source
 	bootstrap.Settings
 	assignmentsig.VerifySettings
-	backends.Setup
+	backend.Setup
 	// The payload bucket's name, for the end marks a redelivered message is
 	// checked against (job mode); handle never holds the payload key.
 	assignmentqueue.BucketName
@@ -56,7 +56,7 @@ const (
 func (c *Config) Check() error { return c.check(linkedBackends()) }
 
 // check is Check for a handle that links the backends linked.
-func (c *Config) check(linked backends.Builders) error {
+func (c *Config) check(linked backend.Builders) error {
 	var errs []error
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
@@ -75,7 +75,7 @@ func (c *Config) check(linked backends.Builders) error {
 	// Each must be positive: a delay that is not redelivers a failing
 	// assignment at once, burning its deliveries in seconds, and a hold that
 	// is not would mean none (or, at zero, any of them would quietly mean
-	// intake's default): a mistake to report, not guess.
+	// handler's default): a mistake to report, not guess.
 	for _, d := range []struct {
 		name  string
 		value time.Duration

@@ -16,13 +16,13 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 )
 
 // fakeGitea is Gitea's side of one task: whether it is over, what was
@@ -30,7 +30,7 @@ import (
 type fakeGitea struct {
 	mu       sync.Mutex
 	over     bool
-	reported []taskworker.Phase
+	reported []executor.Phase
 }
 
 func (g *fakeGitea) Terminal(context.Context, int64) (bool, error) {
@@ -39,7 +39,7 @@ func (g *fakeGitea) Terminal(context.Context, int64) (bool, error) {
 	return g.over, nil
 }
 
-func (g *fakeGitea) Report(_ context.Context, _ int64, e taskworker.Executor) error {
+func (g *fakeGitea) Report(_ context.Context, _ int64, e executor.Executor) error {
 	p := e.Phase
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -48,10 +48,10 @@ func (g *fakeGitea) Report(_ context.Context, _ int64, e taskworker.Executor) er
 	return nil
 }
 
-func (g *fakeGitea) reports() []taskworker.Phase {
+func (g *fakeGitea) reports() []executor.Phase {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]taskworker.Phase(nil), g.reported...)
+	return append([]executor.Phase(nil), g.reported...)
 }
 
 // TestEndedExecutorIsFinishedAtOnce runs local mode's finish path (the
@@ -65,11 +65,11 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 		name     string
 		runner   string // the fake runner's last line
 		over     bool   // Gitea knows the task is over (the runner reported it)
-		reported []taskworker.Phase
+		reported []executor.Phase
 	}{
 		{"the runner reported its result", `printf 0 > "$GDR_STATUS_FILE"`, true, nil},
-		{"ended with status 0, Gitea not told", `printf 0 > "$GDR_STATUS_FILE"`, false, []taskworker.Phase{taskworker.PhaseSucceeded}},
-		{"died without a status", `exit 3`, false, []taskworker.Phase{taskworker.PhaseFailed}},
+		{"ended with status 0, Gitea not told", `printf 0 > "$GDR_STATUS_FILE"`, false, []executor.Phase{executor.PhaseSucceeded}},
+		{"died without a status", `exit 3`, false, []executor.Phase{executor.PhaseFailed}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -81,7 +81,7 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 			defer func() { cancel(); <-done }()
 
 			started := time.Now()
-			w := taskworker.Worker{Backend: l.backend, Bootstrap: l.recover.Bootstrap, Keys: l.recover.Keys}
+			w := executor.Worker{Backend: l.backend, Bootstrap: l.recover.Bootstrap, Keys: l.recover.Keys}
 			if ok, err := w.Accept(ctx, a); err != nil || !ok {
 				t.Fatalf("Accept() = %v, %v", ok, err)
 			}
@@ -124,7 +124,7 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	}
 	l := &local{log: slog.New(slog.DiscardHandler), kick: make(chan struct{}, 1)}
 	l.exits = newExits(l.finishOnce, l.kickDispatch)
-	l.backend, err = processbackend.New(processbackend.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
+	l.backend, err = process.New(process.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
 		Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}, OnExit: l.exits.exited})
 	if err != nil {
 		t.Fatal(err)
@@ -136,9 +136,9 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	g := &fakeGitea{}
 	env := jetstreamenv.NewQueue(t)
 	pool := runnerpool.Pool{Name: poolName, Backend: taskassignment.BackendProcess, Capacity: 1}
-	l.recover = &recovery.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: l.backend},
-		Pools:    map[string]recovery.Pool{poolName: {Pool: pool, Tasks: g}},
+	l.recover = &recoverer.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: l.backend},
+		Pools:    map[string]recoverer.Pool{poolName: {Pool: pool, Tasks: g}},
 		Queue:    env.Queue, Sender: env.Queue, Payloads: env.Payloads}
 	id, err := taskidentity.New(td, "alice/repo", "build", 7)
 	if err != nil {

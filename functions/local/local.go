@@ -33,19 +33,19 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -76,13 +76,13 @@ type local struct {
 	loops        sync.WaitGroup
 	d            *dispatcher.Dispatcher
 	pool         dispatcher.Pool
-	job          intake.Job
-	recover      *recovery.Recovery
+	job          handler.Job
+	recover      *recoverer.Recovery
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
 	// executor, so concurrent passes converge); it saves duplicate calls.
 	recovering sync.Mutex
-	backend    *processbackend.Backend
+	backend    *process.Backend
 	exits      *exits // executors whose process ended, finished at once
 }
 
@@ -146,9 +146,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		return nil, l.fail(err)
 	}
 	l.exits = newExits(l.finishOnce, l.kickDispatch)
-	backend, err := processbackend.New(processbackend.Config{
+	backend, err := process.New(process.Config{
 		Dir: filepath.Join(cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
-		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()),
+		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: process.InheritedEnv(os.Environ()),
 		OnCorrupt: func(name string, err error) {
 			log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 		},
@@ -167,21 +167,21 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
-	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
-		OnEvent: func(e taskworker.Event) {
+	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
+		OnEvent: func(e executor.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
-			if e.Name == taskworker.EventExecutorCreated {
+			if e.Name == executor.EventExecutorCreated {
 				events.running(e.TaskID, e.Executor)
 			}
 		}}
-	l.job = intake.Job{
-		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
+	l.job = handler.Job{
+		Handler:  handler.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
 		Consumer: consumer, Batch: cfg.Capacity,
 	}
-	l.recover = &recovery.Recovery{
+	l.recover = &recoverer.Recovery{
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
-		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
+		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: backend},
+		Pools:    map[string]recoverer.Pool{poolName: {Pool: p, Tasks: tasks}},
 		Queue:    q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
 	}
 	if cfg.WebhookAddr != "" {
@@ -534,7 +534,7 @@ func (l *local) recoverOnce(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("recover failed", slog.Any("error", err))
 	}
-	if sum != (recovery.Summary{}) {
+	if sum != (recoverer.Summary{}) {
 		l.log.Info("recover", sum.Attrs()...)
 	}
 }

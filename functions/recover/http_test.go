@@ -14,19 +14,19 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
 )
 
 // In http mode a tick runs a pass that /metrics counts, and /healthz
 // follows the NATS connection (503 once the server is gone).
 func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
-	r := &recovery.Recovery{
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: taskworkertest.NewMemory("")},
-		Pools:    map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
+	r := &recoverer.Recovery{
+		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	reg := metrics.NewRegistry()

@@ -10,7 +10,7 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -29,7 +29,7 @@ type Gateway interface {
 // executor whose sandbox is deleted stops where it is, as a killed sandbox
 // would.
 type Executors struct {
-	Sandboxes *opensandboxtest.Server
+	Sandboxes *sandboxapitest.Server
 	Gitea     *Gitea
 	Gateway   func() Gateway
 	Keys      taskassignment.Keys
@@ -83,7 +83,7 @@ func (x *Executors) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // run is one sandbox's executor.
-func (x *Executors) run(ctx context.Context, sb opensandboxtest.Sandbox) {
+func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	id := sb.ID
 	aid := sb.Metadata[x.Keys.AssignmentID]
 	_, taskID, err := taskassignment.ParseID(aid)

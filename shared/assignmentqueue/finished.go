@@ -23,7 +23,7 @@ import (
 // stores one notice.
 //
 // A notice is unauthenticated data and carries nothing secret. It is
-// harmless: recover acts on a notice only through recovery.Finish, which acts
+// harmless: recover acts on a notice only through recoverer.Finish, which acts
 // only on facts it reads itself from Gitea and the backend. A forged notice,
 // or one for a task that is not over, causes one early check of one executor
 // and changes nothing. A lost notice costs only time: recover's periodic pass

@@ -10,7 +10,7 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 )
 
 // Reporter is what TaskState calls of a registration (*Client, or a
@@ -21,7 +21,7 @@ type Reporter interface {
 }
 
 // TaskState asks Gitea about the tasks one registration claimed, and ends
-// those whose executor cannot. It implements taskworker.TaskState. Every
+// those whose executor cannot. It implements executor.TaskState. Every
 // method is idempotent: Gitea never changes a finished task, which keeps
 // answering its first final result.
 type TaskState struct {
@@ -71,7 +71,7 @@ func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 // backend's reason when it has one: an image that cannot be pulled): a job
 // whose steps never reported is never shown green. A task already over is
 // left as it is.
-func (s TaskState) Report(ctx context.Context, taskID int64, e taskworker.Executor) error {
+func (s TaskState) Report(ctx context.Context, taskID int64, e executor.Executor) error {
 	terminal, err := s.Terminal(ctx, taskID)
 	if err != nil || terminal {
 		return err

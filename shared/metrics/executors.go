@@ -7,17 +7,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 )
 
 // ExecutorLister is what Executors reads of a backend on every scrape:
-// its executors' assignments, then each one's executor (taskworker.Backend
-// and taskworker.Recoverer). A scrape costs one list and one find per
+// its executors' assignments, then each one's executor (executor.Backend
+// and executor.Recoverer). A scrape costs one list and one find per
 // executor: cheap for the process backend, an API call each for the
 // others.
 type ExecutorLister interface {
 	RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error)
-	Find(ctx context.Context, assignmentID string) (*taskworker.Executor, error)
+	Find(ctx context.Context, assignmentID string) (*executor.Executor, error)
 }
 
 // Executors is a collector of the executors each backend holds, by phase,
@@ -45,7 +45,7 @@ func (c *Executors) Describe(ch chan<- *prometheus.Desc) { ch <- c.count }
 func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
 	defer cancel()
-	phases := []taskworker.Phase{taskworker.PhasePending, taskworker.PhaseRunning, taskworker.PhaseSucceeded, taskworker.PhaseFailed, taskworker.PhaseUnknown}
+	phases := []executor.Phase{executor.PhasePending, executor.PhaseRunning, executor.PhaseSucceeded, executor.PhaseFailed, executor.PhaseUnknown}
 	for b, l := range c.backends {
 		as, err := l.RecoverAssignments(ctx)
 		if err != nil {
@@ -54,15 +54,15 @@ func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 			}
 			continue
 		}
-		n := map[taskworker.Phase]int{}
+		n := map[executor.Phase]int{}
 		for _, a := range as {
 			e, err := l.Find(ctx, a.ID)
 			if err != nil || e == nil {
 				continue // gone since the list, or unreadable: the next scrape tells
 			}
 			p := e.Phase
-			if p != taskworker.PhasePending && p != taskworker.PhaseRunning && !p.Terminal() {
-				p = taskworker.PhaseUnknown
+			if p != executor.PhasePending && p != executor.PhaseRunning && !p.Terminal() {
+				p = executor.PhaseUnknown
 			}
 			n[p]++
 		}

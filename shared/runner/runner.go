@@ -30,7 +30,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/taskrun"
 )
 
 // Config is the configuration of runner that the executor image sets (not

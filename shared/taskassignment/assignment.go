@@ -17,7 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -115,7 +115,7 @@ type Task struct {
 	// Services are the job's `services:`, sorted by ID, as the workflow
 	// writes them (no expression evaluated, no credentials): a backend that
 	// runs services builds them from here, never from an unsigned source.
-	Services []jobservice.Service
+	Services []jobservices.Service
 }
 
 // Assignment is one claimed task bound to one backend.

@@ -10,7 +10,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -135,7 +135,7 @@ func TestWireServices(t *testing.T) {
 		t.Fatalf("a job without services encodes %s", plain)
 	}
 	want := sample(t)
-	want.Task.Services = []jobservice.Service{
+	want.Task.Services = []jobservices.Service{
 		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}, Ports: []string{"5432"},
 			Cmd: []string{"-c", "fsync=off"}, Options: "--health-cmd pg_isready", Credentials: true},
 		{ID: "redis", Image: "redis:7"},
