@@ -96,7 +96,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
 		return &jetstream.ConsumerInfo{}, nil
 	}, "CI_RUNNER", []string{"pod"}, nil))
-	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

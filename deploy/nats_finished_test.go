@@ -109,8 +109,8 @@ func TestNATSFinishNotices(t *testing.T) {
 		}
 		// The other through the real run: no executor, acknowledged.
 		mem := executortest.NewMemory("")
-		r := &recoverer.Recovery{Pools: map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: pod, Capacity: 1}}}}
-		n := recoverer.Notices{Recovery: r, Backend: pod, Executors: mem, Consumer: consumer, Batch: 4, Wait: time.Second}
+		r := &recoverer.Recoverer{Pools: map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: pod, Capacity: 1}}}}
+		n := recoverer.Notices{Recoverer: r, Backend: pod, Executors: mem, Consumer: consumer, Batch: 4, Wait: time.Second}
 		sum, err := n.Run(ctx)
 		if err != nil || sum != (recoverer.NoticeSummary{Fetched: 1, Absent: 1}) {
 			t.Fatalf("Notices.Run() = %+v, %v", sum, err)

@@ -144,7 +144,7 @@ func (s authorizedNATS) connect(t testing.TB, user string) *natsClient {
 	c := &natsClient{user: user}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, js, err := natsconn.Connect(ctx, natsconn.Config{URL: s.url, NKey: s.seeds[user]}, natsConnName[user])
+	nc, js, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: s.url, NKey: s.seeds[user]}, natsConnName[user])
 	if err != nil {
 		t.Fatalf("connect as %s: %v", user, err)
 	}

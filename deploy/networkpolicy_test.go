@@ -58,7 +58,7 @@ func (fixedEnvironment) Environment(a taskassignment.Assignment) (map[string]str
 func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 	t.Helper()
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
-	naming := taskassignment.Naming{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
+	naming := taskassignment.NamingSettings{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
 	if naming.MetadataPrefix == "" {
 		naming.MetadataPrefix = "gitea-dynamic-runner.io" // the variable's default (README)
 	}

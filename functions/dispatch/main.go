@@ -171,7 +171,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		client := clients[p.Name]
 		dps = append(dps, dispatcher.Pool{Pool: p, Runner: client, Tasks: gitea.TaskState{Client: client}})
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -212,7 +212,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if !cfg.CloudEvents() {
 		reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
 	}
-	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
+	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg
 	if cfg.Interval > 0 {
@@ -254,7 +254,7 @@ func consumersOf(pools runnerpool.Pools) []string {
 // not read one back), so the report carries no run URLs: `recover status` has
 // them, and executors.
 func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format string, w io.Writer) error {
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ type service struct {
 	d        *dispatcher.Dispatcher
 	pools    []dispatcher.Pool
 	receiver webhook.Receiver
-	ticks    function.Ticks
+	ticks    function.TickSettings
 	rounds   *rounds
 	// cadence paces serve's polling of each pool; nil: serve polls not at
 	// all (webhooks and ticks only).
@@ -46,7 +46,7 @@ type service struct {
 
 // newHTTPService returns the service of pools; its background rounds run on
 // ctx and stop claiming when it ends.
-func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
+func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.TickSettings, log *slog.Logger) *service {
 	s := &service{d: d, pools: pools, log: log, ticks: ticks,
 		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
 	s.ended = map[string]chan struct{}{}

@@ -64,7 +64,7 @@ func newTestService(t *testing.T, linux, gpu *countingRunner) testService {
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{
 		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Runner: linux, Tasks: linux},
 		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Runner: gpu, Tasks: gpu},
-	}, []byte("s3cret"), function.Ticks{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
+	}, []byte("s3cret"), function.TickSettings{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)
 	return testService{svc: svc, url: srv.URL, linux: linux, gpu: gpu}

@@ -16,7 +16,7 @@ import (
 // process backend (-tags gdr_process) links neither client-go nor gRPC,
 // whose package initialisation and code dominated its cold start.
 func TestBuildTagsSelectBackends(t *testing.T) {
-	for _, kind := range []taskassignment.Backend{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
+	for _, kind := range []taskassignment.BackendKind{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
 		if err := linkedBackends().Linked(kind); err != nil {
 			t.Errorf("the test build: %v", err) // go test builds with no gdr_ tag
 		}

@@ -20,17 +20,17 @@ var program = function.Program{Name: "handle"}
 
 // Config is the configuration of handle, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	natsconn.Config
-	taskassignment.Naming
-	runnerpool.Source
+	function.CommonSettings
+	function.HTTPSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	runnerpool.PoolSettings
 	bootstrap.Settings
 	assignmentsig.VerifySettings
-	backend.Setup
+	backend.BuildSettings
 	// The payload bucket's name, for the end marks a redelivered message is
 	// checked against (job mode); handle never holds the payload key.
-	assignmentqueue.BucketName
+	assignmentqueue.PayloadBucketSettings
 
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
@@ -61,11 +61,11 @@ func (c *Config) check(linked backend.Builders) error {
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
 	}
-	_, backendErr := taskassignment.ParseBackend(c.Backend)
+	_, backendErr := taskassignment.ParseBackendKind(c.Backend)
 	if backendErr != nil {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
-	errs = append(errs, c.Naming.Check())
+	errs = append(errs, c.NamingSettings.Check())
 	if c.Capacity < 1 {
 		errs = append(errs, fmt.Errorf("GDR_CAPACITY %d: want at least 1", c.Capacity))
 	}
@@ -87,11 +87,11 @@ func (c *Config) check(linked backend.Builders) error {
 	if c.Mode != modeSetup {
 		_, keysErr := c.Keyring()
 		td, _, _ := c.Parse()
-		pools, err := c.Source.Load()
+		pools, err := c.PoolSettings.Load()
 		c.pools = pools
-		errs = append(errs, keysErr, c.Settings.Check(td), err, c.Setup.Check(taskassignment.Backend(c.Backend)))
+		errs = append(errs, keysErr, c.Settings.Check(td), err, c.BuildSettings.Check(taskassignment.BackendKind(c.Backend)))
 		if backendErr == nil { // setup mode builds no backend: any may be set up
-			errs = append(errs, linked.Linked(taskassignment.Backend(c.Backend)))
+			errs = append(errs, linked.Linked(taskassignment.BackendKind(c.Backend)))
 		}
 	}
 	return errors.Join(errs...)

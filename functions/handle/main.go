@@ -40,7 +40,7 @@ func execute(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
-	backend := taskassignment.Backend(cfg.Backend)
+	backend := taskassignment.BackendKind(cfg.Backend)
 	if cfg.Mode == modeHTTP {
 		// The Knative path has no NATS connection, hence no end marks: a
 		// redelivered event after its task ended can create an executor
@@ -54,7 +54,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		h.Observer = metrics.NewAssignments(reg)
 		return serveHTTP(ctx, cfg.HTTPAddr, handler.Receiver{Handler: h}, reg, log)
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "handle-"+cfg.Backend)
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "handle-"+cfg.Backend)
 	if err != nil {
 		return err
 	}
@@ -125,7 +125,7 @@ func newHandler(cfg Config, endings executor.Endings, log *slog.Logger) (handler
 	if err != nil {
 		return handler.Handler{}, nil, err
 	}
-	backend, closeBackend, err := linkedBackends().New(taskassignment.Backend(cfg.Backend), cfg.Setup,
+	backend, closeBackend, err := linkedBackends().New(taskassignment.BackendKind(cfg.Backend), cfg.BuildSettings,
 		backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
 		return handler.Handler{}, nil, err

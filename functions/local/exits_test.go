@@ -55,7 +55,7 @@ func (g *fakeGitea) reports() []executor.Phase {
 }
 
 // TestEndedExecutorIsFinishedAtOnce runs local mode's finish path (the
-// process backend's OnExit -> exits -> Recovery.Finish -> a dispatch kick)
+// process backend's OnExit -> exits -> Recoverer.Finish -> a dispatch kick)
 // with a fake runner that ends at once: the task is reported as recover
 // would, its executor and payload are gone and a dispatch round is asked for
 // well within recover's interval, and recover's Run never runs.
@@ -136,8 +136,8 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	g := &fakeGitea{}
 	env := jetstreamenv.NewQueue(t)
 	pool := runnerpool.Pool{Name: poolName, Backend: taskassignment.BackendProcess, Capacity: 1}
-	l.recover = &recoverer.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: l.backend},
+	l.recover = &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: l.backend},
 		Pools:    map[string]recoverer.Pool{poolName: {Pool: pool, Tasks: g}},
 		Queue:    env.Queue, Sender: env.Queue, Payloads: env.Payloads}
 	id, err := taskidentity.New(td, "alice/repo", "build", 7)

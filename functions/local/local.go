@@ -77,7 +77,7 @@ type local struct {
 	d            *dispatcher.Dispatcher
 	pool         dispatcher.Pool
 	job          handler.Job
-	recover      *recoverer.Recovery
+	recover      *recoverer.Recoverer
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
 	// executor, so concurrent passes converge); it saves duplicate calls.
@@ -158,12 +158,12 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		return nil, l.fail(err)
 	}
 	l.backend = backend
-	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	tasks := gitea.TaskState{Client: client}
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.cadence = &dispatcher.Cadence{Idle: cfg.PollInterval, Busy: cfg.BusyPollInterval, Window: cfg.BusyWindow}
 	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
-		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
+		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
@@ -178,9 +178,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		Handler:  handler.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
 		Consumer: consumer, Batch: cfg.Capacity,
 	}
-	l.recover = &recoverer.Recovery{
+	l.recover = &recoverer.Recoverer{
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: backend},
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recoverer.Pool{poolName: {Pool: p, Tasks: tasks}},
 		Queue:    q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
 	}

@@ -28,7 +28,7 @@ const modeFinish = "finish"
 // It holds nothing across runs: a run that is killed leaves its notices to
 // come back after the consumer's ack wait, and every notice it settles is
 // re-checked against Gitea and the backend (recoverer.Finish).
-func finish(ctx context.Context, cfg Config, r *recoverer.Recovery, js jetstream.JetStream, log *slog.Logger) error {
+func finish(ctx context.Context, cfg Config, r *recoverer.Recoverer, js jetstream.JetStream, log *slog.Logger) error {
 	finished := assignmentqueue.NewFinished(js, cfg.Stream)
 	var (
 		mu   sync.Mutex
@@ -43,7 +43,7 @@ func finish(ctx context.Context, cfg Config, r *recoverer.Recovery, js jetstream
 			mu.Unlock()
 			continue
 		}
-		n := recoverer.Notices{Recovery: r, Backend: b, Executors: recoverer.Listed(r.Backends[b]), Consumer: consumer,
+		n := recoverer.Notices{Recoverer: r, Backend: b, Executors: recoverer.Listed(r.Backends[b]), Consumer: consumer,
 			Batch: cfg.Batch, Wait: cfg.FetchWait, Retry: cfg.Retry}
 		wg.Go(func() {
 			sum, err := n.Run(ctx)
@@ -62,8 +62,8 @@ func finish(ctx context.Context, cfg Config, r *recoverer.Recovery, js jetstream
 }
 
 // sortedBackends are the backends of the configured pools, in a fixed order.
-func sortedBackends(r *recoverer.Recovery) []taskassignment.Backend {
-	var bs []taskassignment.Backend
+func sortedBackends(r *recoverer.Recoverer) []taskassignment.BackendKind {
+	var bs []taskassignment.BackendKind
 	for b := range r.Backends {
 		bs = append(bs, b)
 	}

@@ -123,8 +123,8 @@ func BenchmarkE2EFinish(b *testing.B) {
 		b.Fatal(err)
 	}
 	gitea := &giteaTasks{reported: map[int64]executor.Phase{}}
-	r := &recoverer.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendPod: backend},
+	r := &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendPod: backend},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: pool, Tasks: gitea}},
 		Queue:    q.Queue, Sender: q.Queue, Payloads: q.Payloads}
 
@@ -183,7 +183,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	runsDone := make(chan struct{})
 	go func() {
 		defer close(runsDone)
-		n := recoverer.Notices{Recovery: r, Backend: taskassignment.BackendPod, Executors: recoverer.Listed(backend),
+		n := recoverer.Notices{Recoverer: r, Backend: taskassignment.BackendPod, Executors: recoverer.Listed(backend),
 			Consumer: consumer, Batch: 8, Wait: 2 * time.Second, Retry: 2 * time.Second}
 		for runCtx.Err() == nil {
 			if _, err := n.Run(runCtx); err != nil {

@@ -21,8 +21,8 @@ func TestFinishModeBindsHandleSetupsConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	env := jetstreamenv.NewQueue(t)
-	r := &recoverer.Recovery{
-		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+	r := &recoverer.Recoverer{
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}

@@ -24,14 +24,14 @@ import (
 // follows the NATS connection (503 once the server is gone).
 func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
-	r := &recoverer.Recovery{
-		Backends: map[taskassignment.Backend]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+	r := &recoverer.Recoverer{
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	reg := metrics.NewRegistry()
 	probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(env.Conn)}}}
-	h, err := handler(t.Context(), function.Ticks{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
+	h, err := handler(t.Context(), function.TickSettings{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

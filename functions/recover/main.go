@@ -54,23 +54,23 @@ var program = function.Program{Name: "recover", Synopsis: "| status [-o table|js
 
 // Config is the configuration of recover, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	function.Ticks
-	natsconn.Config
-	taskassignment.Naming
-	gitea.Instance
-	runnerpool.Source
-	assignmentqueue.PayloadStore
+	function.CommonSettings
+	function.HTTPSettings
+	function.TickSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	assignmentqueue.PayloadSettings
 	assignmentsig.SigningSettings
 	bootstrap.Settings
-	backend.Setup
-	assignmentevents.Publishing
+	backend.BuildSettings
+	assignmentevents.PublishSettings
 
 	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
 	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
-	// OrphanGrace is the Knative path's orphan rule (recoverer.Recovery).
+	// OrphanGrace is the Knative path's orphan rule (recoverer.Recoverer).
 	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"30m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago (a send lost between dispatch and the channel); a repeat of a message the channel still offers is harmless"`
 
 	// Finish mode.
@@ -97,15 +97,15 @@ func (c *Config) Check() error {
 		mode = fmt.Errorf("GDR_ORPHAN_GRACE %v: want a positive duration", c.OrphanGrace)
 	}
 	td, _, _ := c.Parse()
-	pools, err := c.Source.Load()
+	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(),
-		c.Publishing.Check(os.Getenv("K_SINK")), mode, err}
-	checked := map[taskassignment.Backend]bool{}
+	errs := []error{c.NamingSettings.Check(), c.Settings.Check(td), c.PayloadSettings.Check(), c.SigningSettings.Check(),
+		c.PublishSettings.Check(os.Getenv("K_SINK")), mode, err}
+	checked := map[taskassignment.BackendKind]bool{}
 	for _, p := range pools {
 		if !checked[p.Backend] {
 			checked[p.Backend] = true
-			errs = append(errs, c.Setup.Check(p.Backend))
+			errs = append(errs, c.BuildSettings.Check(p.Backend))
 		}
 	}
 	return errors.Join(errs...)
@@ -141,7 +141,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	switch cfg.Mode {
 	case "http":
 		reg := metrics.NewRegistry()
-		listers := map[taskassignment.Backend]metrics.ExecutorLister{}
+		listers := map[taskassignment.BackendKind]metrics.ExecutorLister{}
 		for b, backend := range r.Backends {
 			listers[b] = backend
 		}
@@ -154,7 +154,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		dead := assignmentevents.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
-		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
+		return serve(ctx, cfg.HTTPAddr, cfg.TickSettings, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
@@ -167,7 +167,7 @@ type passObserver interface {
 }
 
 // pass runs once and logs one summary line; obs, when not nil, hears of it.
-func pass(ctx context.Context, r *recoverer.Recovery, obs passObserver, log *slog.Logger) error {
+func pass(ctx context.Context, r *recoverer.Recoverer, obs passObserver, log *slog.Logger) error {
 	sum, err := r.Run(ctx)
 	if obs != nil {
 		obs.Pass(sum, err)
@@ -190,7 +190,7 @@ func linkedBackends() backend.Builders {
 	}
 }
 
-func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recovery, jetstream.JetStream, func(), error) {
+func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recoverer, jetstream.JetStream, func(), error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
 		return nil, nil, nil, err
@@ -214,13 +214,13 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 		}
 	}
 	rp := map[string]recoverer.Pool{}
-	bs := map[taskassignment.Backend]recoverer.Backend{}
+	bs := map[taskassignment.BackendKind]recoverer.Backend{}
 	for _, p := range cfg.pools {
 		rp[p.Name] = recoverer.Pool{Pool: p, Tasks: gitea.TaskState{Client: clients[p.Name]}}
 		if _, ok := bs[p.Backend]; ok {
 			continue
 		}
-		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.Setup, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
+		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.BuildSettings, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
 			closeAll()
 			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
@@ -228,7 +228,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 		closers = append(closers, closeBackend)
 		bs[p.Backend] = b
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "recover")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "recover")
 	if err != nil {
 		closeAll()
 		return nil, nil, nil, err
@@ -240,7 +240,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 		return nil, nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
-	r := &recoverer.Recovery{
+	r := &recoverer.Recoverer{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
 		Queue: q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
 	}
@@ -261,7 +261,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, ticks function.Ticks, r *recoverer.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
+func serve(ctx context.Context, addr string, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
 	h, err := handler(ctx, ticks, r, dead, probes, g, obs, log)
 	if err != nil {
 		return err
@@ -275,7 +275,7 @@ func serve(ctx context.Context, addr string, ticks function.Ticks, r *recoverer.
 // and handle's rejection replies: each must carry an authentic assignment),
 // answers probes at GET /healthz (NATS connected) and GET /livez, and g's
 // metrics at GET /metrics.
-func handler(ctx context.Context, ticks function.Ticks, r *recoverer.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
+func handler(ctx context.Context, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
 	events, err := dead.NewHTTPHandler(ctx)
 	if err != nil {
 		return nil, err

@@ -90,7 +90,7 @@ func TestE2EStatusShowsWhyATaskWaits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	td, keys, err := taskassignment.Naming{TrustDomain: "ci.example.org", MetadataPrefix: "gitea-dynamic-runner.io"}.Parse()
+	td, keys, err := taskassignment.NamingSettings{TrustDomain: "ci.example.org", MetadataPrefix: "gitea-dynamic-runner.io"}.Parse()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -296,18 +296,18 @@ func TestDeadLetterOutlivesItsRequest(t *testing.T) {
 func TestPublishingCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		p       Publishing
+		p       PublishSettings
 		kSink   string
 		want    string // "" for no error
 		wantURL string
 	}{
-		{"jetstream", Publishing{Publish: "jetstream"}, "", "", ""},
-		{"unknown", Publishing{Publish: "kafka"}, "", "GDR_PUBLISH", ""},
-		{"cloudevents without a sink", Publishing{Publish: "cloudevents"}, "", "K_SINK", ""},
-		{"cloudevents from K_SINK", Publishing{Publish: "cloudevents"}, "http://channel.ns.svc", "", "http://channel.ns.svc"},
-		{"GDR_EVENT_SINK first", Publishing{Publish: "cloudevents", EventSink: "http://broker"}, "http://channel", "", "http://broker"},
-		{"bad sink", Publishing{Publish: "cloudevents", EventSink: "channel:80"}, "", "GDR_EVENT_SINK: not an http(s) URL", ""},
-		{"bad K_SINK", Publishing{Publish: "cloudevents"}, "/relative", "K_SINK: not an http(s) URL", ""},
+		{"jetstream", PublishSettings{Publish: "jetstream"}, "", "", ""},
+		{"unknown", PublishSettings{Publish: "kafka"}, "", "GDR_PUBLISH", ""},
+		{"cloudevents without a sink", PublishSettings{Publish: "cloudevents"}, "", "K_SINK", ""},
+		{"cloudevents from K_SINK", PublishSettings{Publish: "cloudevents"}, "http://channel.ns.svc", "", "http://channel.ns.svc"},
+		{"GDR_EVENT_SINK first", PublishSettings{Publish: "cloudevents", EventSink: "http://broker"}, "http://channel", "", "http://broker"},
+		{"bad sink", PublishSettings{Publish: "cloudevents", EventSink: "channel:80"}, "", "GDR_EVENT_SINK: not an http(s) URL", ""},
+		{"bad K_SINK", PublishSettings{Publish: "cloudevents"}, "/relative", "K_SINK: not an http(s) URL", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.p.Check(tc.kSink)

@@ -30,7 +30,7 @@ type Opener interface {
 }
 
 // Failer ends the task of an assignment the channel gave up on
-// (recoverer.Recovery).
+// (recoverer.Recoverer).
 type Failer interface {
 	DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (recoverer.DeadLetterOutcome, error)
 }

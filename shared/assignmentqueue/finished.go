@@ -54,7 +54,7 @@ const (
 
 // FinishedSubject returns the subject of finish notices for backend b:
 // "ci.finished.<b>".
-func FinishedSubject(b taskassignment.Backend) string {
+func FinishedSubject(b taskassignment.BackendKind) string {
 	return FinishedSubjectPrefix + "." + string(b)
 }
 
@@ -89,7 +89,7 @@ func (f *Finished) streamConfig() jetstream.StreamConfig {
 	}
 }
 
-func finishedConsumerConfig(b taskassignment.Backend) jetstream.ConsumerConfig {
+func finishedConsumerConfig(b taskassignment.BackendKind) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       string(b),
 		FilterSubject: FinishedSubject(b),
@@ -108,7 +108,7 @@ func finishedConsumerConfig(b taskassignment.Backend) jetstream.ConsumerConfig {
 // consumers. It is idempotent and safe to run from several processes at once.
 // As with EnsureStream, a stream with another retention or storage is left
 // unchanged and reported.
-func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.Backend) error {
+func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.BackendKind) error {
 	want := f.streamConfig()
 	s, err := f.js.Stream(ctx, f.stream)
 	switch {
@@ -140,7 +140,7 @@ func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.Backe
 // Consumer returns the existing durable consumer of backend b without
 // changing it (Ensure creates it). It wraps jetstream.ErrConsumerNotFound when
 // there is none.
-func (f *Finished) Consumer(ctx context.Context, b taskassignment.Backend) (jetstream.Consumer, error) {
+func (f *Finished) Consumer(ctx context.Context, b taskassignment.BackendKind) (jetstream.Consumer, error) {
 	if err := checkBackend(b); err != nil {
 		return nil, fmt.Errorf("finish notices: stream %q: consumer: %w", f.stream, err)
 	}
@@ -157,7 +157,7 @@ func (f *Finished) Consumer(ctx context.Context, b taskassignment.Backend) (jets
 // the publish fails (no responders). A notice of the same assignment stored
 // less than DuplicateWindow ago makes this one a no-op. An unknown backend or
 // an ID that is not an assignment ID is refused before anything is sent.
-func (f *Finished) Publish(ctx context.Context, b taskassignment.Backend, assignmentID string) error {
+func (f *Finished) Publish(ctx context.Context, b taskassignment.BackendKind, assignmentID string) error {
 	if err := checkBackend(b); err != nil {
 		return fmt.Errorf("finish notices: publish notice of %s: %w", assignmentID, err)
 	}

@@ -49,7 +49,7 @@ func TestFinishedNotices(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range []struct {
-		b  taskassignment.Backend
+		b  taskassignment.BackendKind
 		id string
 	}{{"docker", "linux-3"}, {taskassignment.BackendPod, "not an ID"}, {taskassignment.BackendPod, ""}} {
 		if err := f.Publish(ctx, bad.b, bad.id); err == nil {

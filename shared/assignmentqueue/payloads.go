@@ -314,22 +314,22 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	return slices.Compact(ids), nil
 }
 
-// PayloadStore is embedded in the configuration of every function that reads
+// PayloadSettings is embedded in the configuration of every function that reads
 // or writes payloads.
-type PayloadStore struct {
-	BucketName
+type PayloadSettings struct {
+	PayloadBucketSettings
 	PayloadKey secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 }
 
-// BucketName names the payload bucket; handle embeds it alone, for the end
+// PayloadBucketSettings names the payload bucket; handle embeds it alone, for the end
 // marks (Endings), never holding the payload key.
-type BucketName struct {
+type PayloadBucketSettings struct {
 	PayloadBucket string `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 }
 
 // Check reports a payload key that is not exactly 32 bytes, naming the
 // variable and never the key.
-func (p PayloadStore) Check() error {
+func (p PayloadSettings) Check() error {
 	if len(p.PayloadKey) != payloadKeySize {
 		return fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly %d", len(p.PayloadKey), payloadKeySize)
 	}

@@ -20,7 +20,7 @@ import (
 
 func TestSubject(t *testing.T) {
 	for _, tc := range []struct {
-		b    taskassignment.Backend
+		b    taskassignment.BackendKind
 		want string
 	}{
 		{taskassignment.BackendPod, "ci.assignment.pod"},
@@ -275,7 +275,7 @@ func TestOpenConsumerRefuses(t *testing.T) {
 	ctx, js, q := newQueue(t)
 	for _, tc := range []struct {
 		name     string
-		backend  taskassignment.Backend
+		backend  taskassignment.BackendKind
 		capacity int
 		want     string
 	}{

@@ -1,6 +1,6 @@
 // Package backends is the contract by which handle and recover (which must
 // agree) build the executor backend they are configured for: its settings
-// (Setup), what it is built from (Deps), and the builders a binary links
+// (BuildSettings), what it is built from (Deps), and the builders a binary links
 // (Builders).
 //
 // Each backend's builder lives in a package of its own (backends/process,
@@ -31,8 +31,8 @@ type Backend interface {
 	executor.Recoverer
 }
 
-// Setup is embedded in the configuration of handle and recover: how to reach each backend.
-type Setup struct {
+// BuildSettings is embedded in the configuration of handle and recover: how to reach each backend.
+type BuildSettings struct {
 	ProcessDir     string `envconfig:"PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
 	RunnerBin      string `envconfig:"RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
 	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
@@ -50,7 +50,7 @@ type Setup struct {
 // anything: a function checks them with the rest of its configuration, so
 // that a missing setting is a configuration error (exit 2), not a failure
 // to start. Every builder starts with this check.
-func (c Setup) Check(kind taskassignment.Backend) error {
+func (c BuildSettings) Check(kind taskassignment.BackendKind) error {
 	switch kind {
 	case taskassignment.BackendProcess:
 		if c.CADir == "" {
@@ -75,7 +75,7 @@ func (c Setup) Check(kind taskassignment.Backend) error {
 	return nil
 }
 
-// Deps is what a backend is built from, besides its Setup.
+// Deps is what a backend is built from, besides its BuildSettings.
 type Deps struct {
 	Keys        taskassignment.Keys
 	TrustDomain spiffeid.TrustDomain
@@ -87,16 +87,16 @@ type Deps struct {
 // Builder builds one backend from c and d, after c.Check of its kind. The
 // returned function releases what the backend holds open (a SPIRE Server
 // API connection); call it once the backend is no longer used.
-type Builder func(c Setup, d Deps) (Backend, func() error, error)
+type Builder func(c BuildSettings, d Deps) (Backend, func() error, error)
 
 // Builders are the backends a binary links, by kind. A nil Builder counts as
 // not linked.
-type Builders map[taskassignment.Backend]Builder
+type Builders map[taskassignment.BackendKind]Builder
 
 // Linked reports nil when kind's builder is linked, else an error naming
 // GDR_BACKEND and the kinds that are.
-func (bs Builders) Linked(kind taskassignment.Backend) error {
-	if _, err := taskassignment.ParseBackend(string(kind)); err != nil {
+func (bs Builders) Linked(kind taskassignment.BackendKind) error {
+	if _, err := taskassignment.ParseBackendKind(string(kind)); err != nil {
 		return fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
 	}
 	if bs[kind] == nil {
@@ -122,7 +122,7 @@ func (bs Builders) kinds() string {
 
 // New builds backend kind with its builder. The returned function releases
 // what the backend holds open; call it once the backend is no longer used.
-func (bs Builders) New(kind taskassignment.Backend, c Setup, d Deps) (Backend, func() error, error) {
+func (bs Builders) New(kind taskassignment.BackendKind, c BuildSettings, d Deps) (Backend, func() error, error) {
 	if err := bs.Linked(kind); err != nil {
 		return nil, nil, err
 	}

@@ -9,7 +9,7 @@ type Event struct {
 	Name         EventName
 	AssignmentID string
 	TaskID       int64
-	Backend      taskassignment.Backend
+	Backend      taskassignment.BackendKind
 	// Executor and Phase are empty when there is no executor.
 	Executor string
 	Phase    Phase

@@ -81,7 +81,7 @@ type Verifier interface {
 
 // Notifier publishes finish notices (assignmentqueue.Finished).
 type Notifier interface {
-	Publish(ctx context.Context, b taskassignment.Backend, assignmentID string) error
+	Publish(ctx context.Context, b taskassignment.BackendKind, assignmentID string) error
 }
 
 // Gateway serves executors.
@@ -97,7 +97,7 @@ type Gateway struct {
 	// to its backend, which the notice is addressed to. Nil: no notices, and
 	// recover's periodic pass finds every finished executor.
 	Finished Notifier
-	Backends map[string]taskassignment.Backend
+	Backends map[string]taskassignment.BackendKind
 	// Observer, if set, hears of every task handed to its executor.
 	Observer Observer
 	// Cache, if set, is served under actionscache.PathPrefix to each

@@ -91,7 +91,7 @@ type Handler struct {
 // pending counts NotYet each time. backend is the decoded assignment's, or
 // empty when the message did not decode. Safe for concurrent use, quick.
 type Observer interface {
-	Handled(backend taskassignment.Backend, o Outcome)
+	Handled(backend taskassignment.BackendKind, o Outcome)
 }
 
 // Handle authenticates and decodes one message body and offers it to the

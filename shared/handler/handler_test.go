@@ -123,14 +123,14 @@ func withImage(a taskassignment.Assignment, image string) taskassignment.Assignm
 // outcomes records what an Observer hears.
 type outcomes struct {
 	seen []struct {
-		b taskassignment.Backend
+		b taskassignment.BackendKind
 		o Outcome
 	}
 }
 
-func (r *outcomes) Handled(b taskassignment.Backend, o Outcome) {
+func (r *outcomes) Handled(b taskassignment.BackendKind, o Outcome) {
 	r.seen = append(r.seen, struct {
-		b taskassignment.Backend
+		b taskassignment.BackendKind
 		o Outcome
 	}{b, o})
 }

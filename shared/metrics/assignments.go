@@ -24,9 +24,9 @@ func NewAssignments(reg prometheus.Registerer) *Assignments {
 
 // Handled counts one message. A backend that is not a known one (a message
 // that did not decode) counts as "unknown".
-func (m *Assignments) Handled(backend taskassignment.Backend, o handler.Outcome) {
+func (m *Assignments) Handled(backend taskassignment.BackendKind, o handler.Outcome) {
 	label := "unknown"
-	if b, err := taskassignment.ParseBackend(string(backend)); err == nil {
+	if b, err := taskassignment.ParseBackendKind(string(backend)); err == nil {
 		label = string(b)
 	}
 	m.total.WithLabelValues(label, o.String()).Inc()

@@ -23,14 +23,14 @@ type ExecutorLister interface {
 // Executors is a collector of the executors each backend holds, by phase,
 // read on scrape.
 type Executors struct {
-	backends map[taskassignment.Backend]ExecutorLister
+	backends map[taskassignment.BackendKind]ExecutorLister
 	log      *slog.Logger
 	count    *prometheus.Desc
 }
 
 // NewExecutors returns the collector of backends; register it with a
 // Registry.
-func NewExecutors(backends map[taskassignment.Backend]ExecutorLister, log *slog.Logger) *Executors {
+func NewExecutors(backends map[taskassignment.BackendKind]ExecutorLister, log *slog.Logger) *Executors {
 	return &Executors{backends: backends, log: log,
 		count: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "executors"),
 			"Executors the backend holds, by phase (pending, running, succeeded, failed, unknown), read at this scrape.",

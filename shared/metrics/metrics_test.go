@@ -149,7 +149,7 @@ func (l lister) Find(_ context.Context, id string) (*executor.Executor, error) {
 
 func TestExecutors(t *testing.T) {
 	reg := NewRegistry()
-	reg.MustRegister(NewExecutors(map[taskassignment.Backend]ExecutorLister{
+	reg.MustRegister(NewExecutors(map[taskassignment.BackendKind]ExecutorLister{
 		"process": lister{"linux-1": executor.PhaseRunning, "linux-2": executor.PhaseRunning, "linux-3": executor.PhasePending, "linux-4": "odd"},
 	}, nil))
 	fams := gather(t, reg)

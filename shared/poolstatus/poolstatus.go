@@ -64,7 +64,7 @@ type Source struct {
 	// Tasks, when set, gives each task its Gitea URL.
 	Tasks Tasks
 	// Executors, when set, finds each task's executor, by backend.
-	Executors map[taskassignment.Backend]Executors
+	Executors map[taskassignment.BackendKind]Executors
 	// Consumers and Stream give each backend's queued messages; nil leaves
 	// them out.
 	Consumers ConsumerInfo

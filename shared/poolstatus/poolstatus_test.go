@@ -49,7 +49,7 @@ func TestRead(t *testing.T) {
 		return c.CachedInfo(), nil
 	}
 	now := time.Now().Add(time.Minute)
-	executors := map[taskassignment.Backend]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: executor.PhaseRunning}}}
+	executors := map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: executor.PhaseRunning}}}
 	r, err := Read(ctx, Source{Payloads: env.Payloads, Tasks: env.Payloads, Executors: executors, Consumers: consumers, Stream: env.Queue.Stream()}, pools, now)
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestReadSaysWhyATaskWaits(t *testing.T) {
 			"linux-3": {Name: "gdr-linux-3", Phase: executor.PhaseFailed, Reason: "container runner: ErrImagePull"}},
 		why: map[string]string{"linux-2": unschedulable, "linux-3": "must not be asked: it failed"},
 	}
-	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.Backend]Executors{taskassignment.BackendPod: ex},
+	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: ex},
 		Consumers: func(ctx context.Context, stream, name string) (*jetstream.ConsumerInfo, error) {
 			c, err := env.JetStream.Consumer(ctx, stream, name)
 			if err != nil {

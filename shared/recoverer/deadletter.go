@@ -61,7 +61,7 @@ func (o DeadLetterOutcome) String() string {
 // error leaves the payload, and the task, for the next delivery of the dead
 // letter or, failing that, for the orphan step, which re-sends the
 // assignment once its grace is over.
-func (r *Recovery) DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (DeadLetterOutcome, error) {
+func (r *Recoverer) DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (DeadLetterOutcome, error) {
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
 	held, err := r.taken(ctx, a.ID)
 	if err != nil {
@@ -85,7 +85,7 @@ func (r *Recovery) DeadLetter(ctx context.Context, a taskassignment.Assignment, 
 
 // taken reports whether an executor has taken assignment id: its runner
 // fetched the task, or the backend holds an executor past pending.
-func (r *Recovery) taken(ctx context.Context, id string) (bool, error) {
+func (r *Recoverer) taken(ctx context.Context, id string) (bool, error) {
 	started, err := r.Payloads.Started(ctx, id)
 	if err != nil {
 		return false, err

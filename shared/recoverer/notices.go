@@ -40,8 +40,8 @@ const (
 // and never creates an executor, so a forged or early notice changes nothing,
 // and a run may go side by side with the periodic pass (see the package doc).
 type Notices struct {
-	Recovery *Recovery
-	Backend  taskassignment.Backend
+	Recoverer *Recoverer
+	Backend  taskassignment.BackendKind
 	// Executors is the backend's executors, found one at a time.
 	Executors FinishBackend
 	Consumer  Puller
@@ -92,7 +92,7 @@ func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 	if ctx.Err() != nil {
 		return sum, nil
 	}
-	if n.Recovery == nil || n.Executors == nil || n.Consumer == nil {
+	if n.Recoverer == nil || n.Executors == nil || n.Consumer == nil {
 		return sum, errors.New("recoverer: notices need a recovery, a backend and a consumer")
 	}
 	msgs, err := n.Consumer.Fetch(max(n.Batch, 1), jetstream.FetchMaxWait(orDefault(n.Wait, DefaultNoticeWait)))
@@ -139,7 +139,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // settle runs Finish for one notice and settles it by the outcome, except
 // a notice to hand back (again): that is the caller's, after the fetch.
 func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSummary) (r retry, again bool) {
-	log := n.Recovery.log().With(slog.String("backend", string(n.Backend)))
+	log := n.Recoverer.log().With(slog.String("backend", string(n.Backend)))
 	id, err := assignmentqueue.FinishedNotice(msg.Data())
 	if err != nil {
 		n.term(log, msg, "malformed finish notice", err)
@@ -147,7 +147,7 @@ func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSumma
 		return retry{}, false
 	}
 	log = log.With(slog.String("assignment", id))
-	if pool, _, _ := taskassignment.ParseID(id); n.Recovery.Pools[pool].Backend != n.Backend {
+	if pool, _, _ := taskassignment.ParseID(id); n.Recoverer.Pools[pool].Backend != n.Backend {
 		n.term(log, msg, "finish notice of no pool of this backend", fmt.Errorf("pool %q", pool))
 		sum.Dropped++
 		return retry{}, false
@@ -156,7 +156,7 @@ func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSumma
 		log.Info("finish notice handed back", slog.String("reason", "shutting down"))
 		return retry{msg, log, time.Now()}, true
 	}
-	fs, err := n.Recovery.Finish(ctx, n.Executors, id)
+	fs, err := n.Recoverer.Finish(ctx, n.Executors, id)
 	switch {
 	case err == nil && fs.Executors == 0:
 		// Another Finish or a pass got there first, or the notice is early

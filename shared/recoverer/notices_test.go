@@ -25,7 +25,7 @@ func (f fixture) notices(t *testing.T) (Notices, *assignmentqueue.Finished, jets
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Notices{Recovery: f.r, Backend: taskassignment.BackendProcess, Executors: f.backend, Consumer: c,
+	return Notices{Recoverer: f.r, Backend: taskassignment.BackendProcess, Executors: f.backend, Consumer: c,
 		Batch: 4, Wait: 500 * time.Millisecond, Retry: 50 * time.Millisecond}, finished, c
 }
 

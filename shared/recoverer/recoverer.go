@@ -81,7 +81,7 @@ type Pool struct {
 // Queue is the assignment queue (assignmentqueue.Queue), read to tell an
 // orphan from a payload whose message still waits.
 type Queue interface {
-	Queued(ctx context.Context, b taskassignment.Backend, td spiffeid.TrustDomain) (map[string]bool, int, error)
+	Queued(ctx context.Context, b taskassignment.BackendKind, td spiffeid.TrustDomain) (map[string]bool, int, error)
 }
 
 // Sender sends an orphan's assignment again: the JetStream queue
@@ -110,12 +110,12 @@ type Payloads interface {
 	Started(ctx context.Context, assignmentID string) (bool, error)
 }
 
-// Recovery scans backends and payloads.
-type Recovery struct {
+// Recoverer scans backends and payloads.
+type Recoverer struct {
 	TrustDomain spiffeid.TrustDomain
 	Keys        taskassignment.Keys
 	Bootstrap   executor.Bootstrap
-	Backends    map[taskassignment.Backend]Backend
+	Backends    map[taskassignment.BackendKind]Backend
 	Pools       map[string]Pool
 	// Queue, when set, says which assignments still have a message: a
 	// payload whose assignment is queued is no orphan. Nil is the Knative
@@ -165,7 +165,7 @@ type Summary struct {
 	Rejected, Exhausted, RejectionsDropped, RejectionsLeft int
 }
 
-func (r *Recovery) log() *slog.Logger {
+func (r *Recoverer) log() *slog.Logger {
 	if r.Log == nil {
 		return slog.New(slog.DiscardHandler)
 	}
@@ -175,7 +175,7 @@ func (r *Recovery) log() *slog.Logger {
 // Run does one pass. Its error means a backend, the payload store or the
 // rejection stream could not be listed at all; single assignments that fail
 // are counted and logged, and retried by the next Run.
-func (r *Recovery) Run(ctx context.Context) (Summary, error) {
+func (r *Recoverer) Run(ctx context.Context) (Summary, error) {
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -232,7 +232,7 @@ func (r *Recovery) Run(ctx context.Context) (Summary, error) {
 // none: another Finish or a Run got there first). Its error means the
 // executor's metadata could not be read; a failure of the assignment itself
 // is counted and logged, as in Run, and left to the next Run.
-func (r *Recovery) Finish(ctx context.Context, backend FinishBackend, assignmentID string) (Summary, error) {
+func (r *Recoverer) Finish(ctx context.Context, backend FinishBackend, assignmentID string) (Summary, error) {
 	a, found, err := backend.RecoverAssignment(ctx, assignmentID)
 	if err != nil {
 		return Summary{}, fmt.Errorf("rebuild assignment %s from its executor: %w", assignmentID, err)
@@ -247,7 +247,7 @@ func (r *Recovery) Finish(ctx context.Context, backend FinishBackend, assignment
 // handle is the step Run and Finish take for each executor: an executor of a
 // pool not configured here is left alone; any other goes through
 // Worker.Handle, and its payload is deleted once Handle is done.
-func (r *Recovery) handle(ctx context.Context, backend executor.Backend, a taskassignment.Assignment, count func(func(*Summary))) {
+func (r *Recoverer) handle(ctx context.Context, backend executor.Backend, a taskassignment.Assignment, count func(func(*Summary))) {
 	count(func(s *Summary) { s.Executors++ })
 	pool, ok := r.Pools[a.Task.Pool]
 	if !ok {
@@ -277,12 +277,12 @@ func (r *Recovery) handle(ctx context.Context, backend executor.Backend, a taska
 
 // orphans re-publishes payloads with neither a message nor an executor, and
 // deletes those of tasks Gitea has ended.
-func (r *Recovery) orphans(ctx context.Context, withExecutor map[string]bool, sum *Summary) error {
+func (r *Recoverer) orphans(ctx context.Context, withExecutor map[string]bool, sum *Summary) error {
 	ids, err := r.Payloads.IDs(ctx)
 	if err != nil {
 		return fmt.Errorf("list payloads: %w", err)
 	}
-	queued := map[taskassignment.Backend]map[string]bool{}
+	queued := map[taskassignment.BackendKind]map[string]bool{}
 	var errs []error
 	for _, id := range ids {
 		if withExecutor[id] {
@@ -358,7 +358,7 @@ func (r *Recovery) orphans(ctx context.Context, withExecutor map[string]bool, su
 
 // graceOver reports whether the assignment of id was last sent more than
 // OrphanGrace ago (the Knative path's orphan rule).
-func (r *Recovery) graceOver(ctx context.Context, id string) (bool, error) {
+func (r *Recoverer) graceOver(ctx context.Context, id string) (bool, error) {
 	if r.SendMarks == nil {
 		return false, fmt.Errorf("orphan %s: no queue to read and no send marks: recover cannot tell an orphan", id)
 	}
@@ -377,7 +377,7 @@ func (r *Recovery) graceOver(ctx context.Context, id string) (bool, error) {
 }
 
 // rebuild makes the assignment of a stored payload, as dispatch did.
-func (r *Recovery) rebuild(ctx context.Context, pool Pool, id string) (taskassignment.Assignment, error) {
+func (r *Recoverer) rebuild(ctx context.Context, pool Pool, id string) (taskassignment.Assignment, error) {
 	task, err := r.Payloads.Get(ctx, id)
 	if err != nil {
 		return taskassignment.Assignment{}, err

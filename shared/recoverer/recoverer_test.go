@@ -46,7 +46,7 @@ func (g *giteaView) Report(_ context.Context, id int64, e executor.Executor) err
 }
 
 type fixture struct {
-	r        *Recovery
+	r        *Recoverer
 	backend  *executortest.Memory
 	gitea    *giteaView
 	queue    *assignmentqueue.Queue
@@ -65,9 +65,9 @@ func setup(t *testing.T) fixture {
 	mem := executortest.NewMemory("local")
 	mem.Keys, mem.TrustDomain = keys, td
 	g := &giteaView{over: map[int64]bool{}, reported: map[int64]executor.Phase{}}
-	r := &Recovery{
+	r := &Recoverer{
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]Backend{taskassignment.BackendProcess: mem},
+		Backends: map[taskassignment.BackendKind]Backend{taskassignment.BackendProcess: mem},
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
 		Queue:    q, Sender: q, Payloads: payloads, Endings: payloads.Endings(),
 	}

@@ -61,14 +61,14 @@ var errLeft = errors.New("left for a recover that knows its pool")
 // consumer that terminated it is the backend of the ID's pool.
 //
 // Without Rejections configured, Drain does nothing.
-func (r *Recovery) Drain(ctx context.Context) (Summary, error) {
+func (r *Recoverer) Drain(ctx context.Context) (Summary, error) {
 	sum, _, err := r.drain(ctx)
 	return sum, err
 }
 
 // drain is Drain, also returning the IDs of the assignments whose entries
 // are left for the next pass: their payloads are no orphans.
-func (r *Recovery) drain(ctx context.Context) (Summary, map[string]bool, error) {
+func (r *Recoverer) drain(ctx context.Context) (Summary, map[string]bool, error) {
 	var sum Summary
 	pending := map[string]bool{}
 	if r.Rejections == nil {
@@ -91,7 +91,7 @@ func (r *Recovery) drain(ctx context.Context) (Summary, map[string]bool, error) 
 
 // drainOne acts on one entry and counts the outcome. It returns the
 // assignment ID of an entry left for the next pass, when it names one.
-func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, sum *Summary) (left string) {
+func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, sum *Summary) (left string) {
 	log := r.log().With(slog.Uint64("rejection", e.Seq), slog.String("consumer", e.Consumer), slog.Uint64("stream_seq", e.QueueSeq))
 	drop := func(msg string, attrs ...any) {
 		log.Warn(msg+"; removed", attrs...)
@@ -208,7 +208,7 @@ func (r *Recovery) drainOne(ctx context.Context, e assignmentqueue.Rejection, su
 // heldByBackend reports whether the backend of assignment id's pool holds an
 // executor for it; false for an ID that does not parse or a pool or backend
 // not configured here (failTask then says why).
-func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
+func (r *Recoverer) heldByBackend(ctx context.Context, id string) (bool, error) {
 	e, err := r.executorOf(ctx, id)
 	return e != nil, err
 }
@@ -216,7 +216,7 @@ func (r *Recovery) heldByBackend(ctx context.Context, id string) (bool, error) {
 // executorOf returns the executor the backend of assignment id's pool holds
 // for it; nil for none, an ID that does not parse, or a pool or backend not
 // configured here (failTask then says why).
-func (r *Recovery) executorOf(ctx context.Context, id string) (*executor.Executor, error) {
+func (r *Recoverer) executorOf(ctx context.Context, id string) (*executor.Executor, error) {
 	pool, _, err := r.poolOf(id)
 	if err != nil {
 		return nil, nil
@@ -234,7 +234,7 @@ func (r *Recovery) executorOf(ctx context.Context, id string) (*executor.Executo
 
 // poolOf returns the configured pool of assignment id and its task ID: an ID
 // that does not parse is errForeign, a pool not configured here errLeft.
-func (r *Recovery) poolOf(id string) (Pool, int64, error) {
+func (r *Recoverer) poolOf(id string) (Pool, int64, error) {
 	poolName, taskID, err := taskassignment.ParseID(id)
 	if err != nil {
 		return Pool{}, 0, fmt.Errorf("%w: %w", errForeign, err)
@@ -251,9 +251,9 @@ func (r *Recovery) poolOf(id string) (Pool, int64, error) {
 var errForeign = errors.New("terminated by another backend's consumer")
 
 // failTask reports the task of assignment id failed with reason, marks it
-// ended (see Recovery.Endings), then deletes its executor, if any, and its
+// ended (see Recoverer.Endings), then deletes its executor, if any, and its
 // payload (steps 1-3 of Drain).
-func (r *Recovery) failTask(ctx context.Context, id, consumer, reason string) error {
+func (r *Recoverer) failTask(ctx context.Context, id, consumer, reason string) error {
 	pool, taskID, err := r.poolOf(id)
 	if err != nil {
 		return err

@@ -36,7 +36,7 @@ import (
 // Config is the configuration of runner that the executor image sets (not
 // the per-task CI_* values), read from GDR_* variables.
 type Config struct {
-	function.Common
+	function.CommonSettings
 
 	WorkDir    string `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
 	StatusFile string `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`

@@ -98,12 +98,12 @@ func TestIDRejects(t *testing.T) {
 
 func TestParseBackend(t *testing.T) {
 	for _, b := range Backends() {
-		got, err := ParseBackend(string(b))
+		got, err := ParseBackendKind(string(b))
 		if err != nil || got != b {
 			t.Fatalf("ParseBackend(%q) = %q, %v", b, got, err)
 		}
 	}
-	if _, err := ParseBackend("docker"); err == nil || !strings.Contains(err.Error(), `"docker"`) {
+	if _, err := ParseBackendKind("docker"); err == nil || !strings.Contains(err.Error(), `"docker"`) {
 		t.Fatalf("ParseBackend(docker) error = %v", err)
 	}
 }

@@ -196,7 +196,7 @@ func decode(data []byte, td spiffeid.TrustDomain) (Assignment, error) {
 	}
 	a := Assignment{
 		ID:      w.ID,
-		Backend: Backend(w.Backend),
+		Backend: BackendKind(w.Backend),
 		Task:    Task{ID: w.Task.ID, Pool: w.Task.Pool, Image: w.Task.Image, Services: services},
 		Identity: taskidentity.Identity{
 			Repository: w.Identity.Repository,

@@ -30,7 +30,7 @@ import (
 // backend): its identity from the task's context in trust domain td, and the
 // image of its job's `container:` and its `services:`. dispatch builds it when it claims the
 // task and recover when it re-publishes it, and both get the same one.
-func FromTask(td spiffeid.TrustDomain, backend taskassignment.Backend, pool string, task *runnerv1.Task) (taskassignment.Assignment, error) {
+func FromTask(td spiffeid.TrustDomain, backend taskassignment.BackendKind, pool string, task *runnerv1.Task) (taskassignment.Assignment, error) {
 	identity, err := taskidentity.FromTask(td, task)
 	if err != nil {
 		return taskassignment.Assignment{}, err

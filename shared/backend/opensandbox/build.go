@@ -14,7 +14,7 @@ import (
 // set, is dialled lazily (connected on the first mint, so recover, which
 // never mints, never connects); the returned function closes that
 // connection.
-func Build(c backend.Setup, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendOpenSandbox); err != nil {
 		return nil, nil, err
 	}

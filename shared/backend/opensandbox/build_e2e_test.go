@@ -47,7 +47,7 @@ func TestE2EOpenSandboxSVIDFromSPIRE(t *testing.T) {
 	defer cancel()
 	sandboxes := sandboxapitest.New(t, sandboxapitest.WithAPIKey("k"))
 	d := deps(t)
-	b, release, err := opensandbox.Build(backend.Setup{
+	b, release, err := opensandbox.Build(backend.BuildSettings{
 		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
 	}, d)
 	if err != nil {

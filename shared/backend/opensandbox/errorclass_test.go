@@ -32,7 +32,7 @@ func TestCreateErrorClasses(t *testing.T) {
 	tests := []struct {
 		name      string
 		pool      string
-		backend   taskassignment.Backend
+		backend   taskassignment.BackendKind
 		createErr error
 		permanent bool
 	}{

@@ -19,7 +19,7 @@ import (
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIRESocket (gRPC connects on first use). The returned function closes
 // the SPIRE connection.
-func Build(c backend.Setup, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendPod); err != nil {
 		return nil, nil, err
 	}

@@ -12,7 +12,7 @@ import (
 // New is the process backend's backend.Builder: its CA is loaded from
 // c.CADir (created if absent), and its executors inherit the environment
 // InheritedEnv keeps of this process's. It holds nothing open.
-func Build(c backend.Setup, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendProcess); err != nil {
 		return nil, nil, err
 	}
