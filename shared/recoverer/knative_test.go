@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // sink records what the Knative path's sender was given; it fails while

@@ -41,7 +41,7 @@ const (
 // and a run may go side by side with the periodic pass (see the package doc).
 type Notices struct {
 	Recoverer *Recoverer
-	Backend  taskassignment.BackendKind
+	Backend   taskassignment.BackendKind
 	// Executors is the backend's executors, found one at a time.
 	Executors FinishBackend
 	Consumer  Puller

@@ -29,7 +29,7 @@ type Pool struct {
 	Name string `json:"name"`
 	// Labels are declared to Gitea; a job whose runs-on labels are all
 	// among them may be claimed by the pool.
-	Labels  []string               `json:"labels"`
+	Labels  []string                   `json:"labels"`
 	Backend taskassignment.BackendKind `json:"backend"`
 	// Capacity is the most tasks of the pool claimed and not yet finished.
 	Capacity int `json:"capacity"`
