@@ -550,7 +550,7 @@ func TestNATSAuthorization(t *testing.T) {
 			}
 		}
 		slices.Sort(reasons)
-		if want := []string{"malformed assignment", assignmentqueue.RejectedReason(a6.ID, "runner pool is not a pod pool"), "unauthenticated assignment"}; !slices.Equal(reasons, want) {
+		if want := []string{"malformed assignment", taskassignment.RejectedReason(a6.ID, "runner pool is not a pod pool"), "unauthenticated assignment"}; !slices.Equal(reasons, want) {
 			t.Fatalf("captured terminations %q, want %q", reasons, want)
 		}
 		// A message past MaxDeliver: read back and deleted from the queue.
@@ -746,7 +746,7 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, want map[str
 		case "term":
 			err = msg.TermWithReason(reason)
 		case "reject":
-			err = msg.TermWithReason(assignmentqueue.RejectedReason(id, "runner pool is not a pod pool"))
+			err = msg.TermWithReason(taskassignment.RejectedReason(id, "runner pool is not a pod pool"))
 		default:
 			t.Errorf("unexpected message %q", id)
 		}
@@ -870,7 +870,7 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 	forgedAdvisory := "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.CI_RUNNER.pod"
 	c.denied(t, "forge a rejection", forgedAdvisory, func(ctx context.Context) error {
 		data := []byte(`{"type":"io.nats.jetstream.advisory.v1.terminated","stream":"CI_RUNNER","consumer":"pod","stream_seq":1,"reason":"` +
-			assignmentqueue.RejectedReason(forged.ID, "forged") + `"}`)
+			taskassignment.RejectedReason(forged.ID, "forged") + `"}`)
 		_, err := c.js.Publish(ctx, forgedAdvisory, data)
 		return err
 	})

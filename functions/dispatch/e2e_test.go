@@ -486,7 +486,7 @@ func TestE2EKeepAliveDropsATaskWhoseRepositoryIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, taskassignment.ErrPayloadNotFound) {
 		t.Fatalf("payload of the deleted repository's task: %v, want it dropped", err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -174,4 +173,4 @@ func (x *Executors) Counts() (started, reported, unreported int) {
 	return x.started, x.reported, x.unreported
 }
 
-func isNotFound(err error) bool { return errors.Is(err, assignmentqueue.ErrPayloadNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, taskassignment.ErrPayloadNotFound) }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -143,7 +142,7 @@ type failer struct {
 	err     error
 }
 
-func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reason string) (recoverer.DeadLetterOutcome, error) {
+func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reason string) (taskassignment.DeadLetterOutcome, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -151,7 +150,7 @@ func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reas
 	}
 	f.ids = append(f.ids, a.ID)
 	f.reasons = append(f.reasons, reason)
-	return recoverer.DeadLetterFailed, nil
+	return taskassignment.DeadLetterFailed, nil
 }
 
 func TestDeadLetters(t *testing.T) {
@@ -241,11 +240,11 @@ type blockingFailer struct {
 	cancelled        chan bool
 }
 
-func (f blockingFailer) DeadLetter(ctx context.Context, _ taskassignment.Assignment, _ string) (recoverer.DeadLetterOutcome, error) {
+func (f blockingFailer) DeadLetter(ctx context.Context, _ taskassignment.Assignment, _ string) (taskassignment.DeadLetterOutcome, error) {
 	close(f.started)
 	<-f.release
 	f.cancelled <- ctx.Err() != nil
-	return recoverer.DeadLetterFailed, nil
+	return taskassignment.DeadLetterFailed, nil
 }
 
 // TestDeadLetterOutlivesItsRequest: a sender that goes away while recover

@@ -40,16 +40,8 @@ const (
 	// FinishedAckWait is how long a delivered notice stays with its receiver
 	// before it is delivered again. One Finish takes a few API calls.
 	FinishedAckWait = time.Minute
-	// FinishedMaxDeliver bounds the deliveries of one notice: an executor
-	// still exiting after that many retries is left to recover's pass. The
-	// receiver terminates a notice on its last delivery rather than nak it
-	// (a work-queue message past MaxDeliver would stay in the stream).
-	FinishedMaxDeliver = 5
 	// finishedMaxAckPending caps the notices of one backend out at once.
 	finishedMaxAckPending = 256
-	// maxNoticeBytes is more than any assignment ID (a label value, at
-	// most 63 bytes): a longer body is refused unread, and never logged.
-	maxNoticeBytes = 256
 )
 
 // FinishedSubject returns the subject of finish notices for backend b:
@@ -96,7 +88,7 @@ func finishedConsumerConfig(b taskassignment.BackendKind) jetstream.ConsumerConf
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       FinishedAckWait,
-		MaxDeliver:    FinishedMaxDeliver,
+		MaxDeliver:    taskassignment.FinishedMaxDeliver,
 		MaxAckPending: finishedMaxAckPending,
 	}
 }
@@ -168,17 +160,4 @@ func (f *Finished) Publish(ctx context.Context, b taskassignment.BackendKind, as
 		return fmt.Errorf("finish notices: publish notice of %s: %w", assignmentID, err)
 	}
 	return nil
-}
-
-// FinishedNotice returns the assignment ID a finish notice's body names, or
-// an error when it names none (the caller terminates such a notice).
-func FinishedNotice(body []byte) (string, error) {
-	if len(body) > maxNoticeBytes {
-		return "", fmt.Errorf("finish notice: %d bytes, longer than any assignment ID", len(body))
-	}
-	id := string(body)
-	if _, _, err := taskassignment.ParseID(id); err != nil {
-		return "", fmt.Errorf("finish notice: %w", err)
-	}
-	return id, nil
 }

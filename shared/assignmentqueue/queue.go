@@ -37,10 +37,6 @@ const (
 	// receiver before it is delivered again. A consumer holding a message
 	// longer must signal progress (InProgress) or it loses it.
 	AckWait = 5 * time.Minute
-	// MaxDeliver bounds the deliveries of one message. A message delivered
-	// this many times without an ack is no longer delivered but stays in the
-	// stream (see Queue.Queued).
-	MaxDeliver = 1000
 )
 
 // Subject returns the subject that assignments for backend b are published
@@ -166,7 +162,7 @@ func consumerConfig(b taskassignment.BackendKind, capacity int) jetstream.Consum
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       AckWait,
-		MaxDeliver:    MaxDeliver,
+		MaxDeliver:    taskassignment.MaxDeliver,
 		MaxAckPending: capacity,
 	}
 }

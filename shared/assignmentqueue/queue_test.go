@@ -265,9 +265,9 @@ func TestOpenConsumerCorrectsDrift(t *testing.T) {
 		t.Fatalf("consumer: %v", err)
 	}
 	cfg := c.CachedInfo().Config
-	if cfg.AckWait != assignmentqueue.AckWait || cfg.MaxDeliver != assignmentqueue.MaxDeliver || cfg.MaxAckPending != 4 {
+	if cfg.AckWait != assignmentqueue.AckWait || cfg.MaxDeliver != taskassignment.MaxDeliver || cfg.MaxAckPending != 4 {
 		t.Errorf("after OpenConsumer: AckWait %v, MaxDeliver %d, MaxAckPending %d; want %v, %d, 4",
-			cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, assignmentqueue.AckWait, assignmentqueue.MaxDeliver)
+			cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, assignmentqueue.AckWait, taskassignment.MaxDeliver)
 	}
 }
 

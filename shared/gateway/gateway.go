@@ -31,7 +31,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -264,7 +263,7 @@ func fromGitea(err error) error {
 // capability for another repository with this task's ID; it still gets 403.
 func (g *Gateway) bound(ctx context.Context, c caller) (*runnerv1.Task, error) {
 	task, err := g.Payloads.Get(ctx, c.assignmentID)
-	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+	if errors.Is(err, taskassignment.ErrPayloadNotFound) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
 	}
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // Reporter is what TaskState calls of a registration (*Client, or a
@@ -54,12 +55,12 @@ func (s TaskState) Result(ctx context.Context, taskID int64) (runnerv1.Result, e
 }
 
 // Terminal reports whether the task is over in Gitea: done, cancelled or
-// being cancelled, or gone (ErrTaskGone: its repository deleted, or no
+// being cancelled, or gone (taskassignment.ErrTaskGone: its repository deleted, or no
 // longer this runner's). A gone task is over for us: its executor is
 // deleted and its payload dropped, instead of failing every pass for ever.
 func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 	r, err := s.Result(ctx, taskID)
-	if errors.Is(err, ErrTaskGone) {
+	if errors.Is(err, taskassignment.ErrTaskGone) {
 		return true, nil
 	}
 	return r != runnerv1.Result_RESULT_UNSPECIFIED, err

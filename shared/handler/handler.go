@@ -44,7 +44,7 @@ const (
 	// Rejected: the assignment is authentic but can never be accepted (the
 	// backend's error is executor.Permanent: an invalid spec, a pool it
 	// has no profile for, a runner that cannot start). Terminate it with a
-	// reason naming the assignment (assignmentqueue.RejectedReason), which
+	// reason naming the assignment (taskassignment.RejectedReason), which
 	// recover turns into a failed task with that reason in its log.
 	Rejected
 )

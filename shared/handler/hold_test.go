@@ -22,7 +22,7 @@ func shortAckWait(t *testing.T, js jetstream.JetStream, ackWait time.Duration) j
 	t.Helper()
 	c, err := js.CreateOrUpdateConsumer(context.Background(), assignmentqueue.DefaultStream, jetstream.ConsumerConfig{
 		Durable: string(taskassignment.BackendProcess), FilterSubject: assignmentqueue.Subject(taskassignment.BackendProcess),
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: assignmentqueue.MaxDeliver, MaxAckPending: 4,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: taskassignment.MaxDeliver, MaxAckPending: 4,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,14 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
-
-// Puller is the part of a jetstream.Consumer that Job uses.
-type Puller interface {
-	Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error)
-}
 
 // The defaults of Job's timings, used where a field is zero.
 const (
@@ -47,22 +44,6 @@ func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
 	return min(d, MaxErrorDelay)
 }
 
-// orDefaultInt is n, or def when n is zero.
-func orDefaultInt(n, def int) int {
-	if n == 0 {
-		return def
-	}
-	return n
-}
-
-// orDefault is d, or def when d is zero.
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
-}
-
 // Job is the KEDA ScaledJob mode: each run pulls at most Batch messages and
 // settles every one of them before it returns.
 //
@@ -78,7 +59,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // (local mode) fetches again once every held message is settled.
 type Job struct {
 	Handler  Handler
-	Consumer Puller
+	Consumer delivery.Puller
 	// Batch is the most messages one run takes (at least 1).
 	Batch int
 	// Wait is how long a run waits for its first message (zero:
@@ -98,9 +79,9 @@ type Job struct {
 	// held).
 	HoldFor time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
-	// assignmentqueue.MaxDeliver, what OpenConsumer sets). A message handed
+	// taskassignment.MaxDeliver, what OpenConsumer sets). A message handed
 	// back on its last delivery is terminated, not naked (see nak), with a
-	// reason naming its assignment (assignmentqueue.ExhaustedReason), for
+	// reason naming its assignment (taskassignment.ExhaustedReason), for
 	// recover to fail the task with. With the backoff cap that is days
 	// away, longer than a payload lives, so in practice the job's own
 	// deadline ends such a task first; the rule guarantees that no message
@@ -151,7 +132,7 @@ func (j Job) Run(ctx context.Context) (Summary, error) {
 		return sum, nil
 	}
 	batch := max(j.Batch, 1)
-	fetchCtx, cancel := context.WithTimeout(ctx, orDefault(j.Wait, DefaultWait))
+	fetchCtx, cancel := context.WithTimeout(ctx, cmp.Or(j.Wait, DefaultWait))
 	defer cancel()
 	msgs, err := j.Consumer.Fetch(batch, jetstream.FetchContext(fetchCtx))
 	if err != nil {
@@ -297,7 +278,7 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 		}()
 		return Accepted, confirmingAck
 	case NotYet:
-		delay := orDefault(j.NakDelay, DefaultNakDelay)
+		delay := cmp.Or(j.NakDelay, DefaultNakDelay)
 		starts := h.deadline.IsZero()
 		if j.hold(ctx, h, holdDelay(h.offers, delay)) {
 			h.offers++
@@ -317,7 +298,7 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 		j.nak(log, msg, delay, a.ID, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
 	case Failed:
-		delay := ErrorBackoff(orDefault(j.ErrorDelay, DefaultErrorDelay), delivered(msg))
+		delay := ErrorBackoff(cmp.Or(j.ErrorDelay, DefaultErrorDelay), delivery.Count(msg))
 		if ctx.Err() != nil {
 			delay = 0
 		}
@@ -337,7 +318,7 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 		// rejection stream keeps until recover has failed the task with it.
 		// A term lost on its way costs a redelivery after AckWait, which is
 		// rejected again.
-		if terr := msg.TermWithReason(assignmentqueue.RejectedReason(a.ID, err.Error())); terr != nil {
+		if terr := msg.TermWithReason(taskassignment.RejectedReason(a.ID, err.Error())); terr != nil {
 			log.Error("terminate a rejected assignment", append(attrs, slog.Any("error", terr))...)
 		}
 		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", err))...)
@@ -349,8 +330,8 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 // false when that offer would come after h's deadline or ctx has ended.
 // The first NotYet of h starts its deadline, HoldFor from now.
 func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
-	holdFor := orDefault(j.HoldFor, DefaultHoldFor)
-	if holdFor < orDefault(j.NakDelay, DefaultNakDelay) {
+	holdFor := cmp.Or(j.HoldFor, DefaultHoldFor)
+	if holdFor < cmp.Or(j.NakDelay, DefaultNakDelay) {
 		return false // holding is off (see HoldFor)
 	}
 	now := time.Now()
@@ -384,36 +365,22 @@ const (
 	holdSteps = 8
 )
 
-// delivered is msg's delivery count (1 when its metadata does not parse).
-func delivered(msg jetstream.Msg) uint64 {
-	if md, err := msg.Metadata(); err == nil {
-		return md.NumDelivered
-	}
-	return 1
-}
-
 // nak hands msg back, to come again after delay. On its last delivery
 // (MaxDeliver) it is terminated instead, whatever the reason it goes back
 // (failed, still waiting, shutdown): a message naked then would stay in the
 // stream undelivered and counted as queued for ever. The termination's
-// reason names the assignment (assignmentqueue.ExhaustedReason(id)), and
+// reason names the assignment (taskassignment.ExhaustedReason(id)), and
 // recover fails the task with it; without an ID (a message that does not
 // decode) its payload is an orphan that recover re-publishes.
 func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
-	if delivered(msg) >= uint64(orDefaultInt(j.MaxDeliver, assignmentqueue.MaxDeliver)) {
-		if err := msg.TermWithReason(assignmentqueue.ExhaustedReason(assignmentID)); err != nil {
+	terminated, err := delivery.Retry(msg, delay, cmp.Or(j.MaxDeliver, taskassignment.MaxDeliver), taskassignment.ExhaustedReason(assignmentID))
+	switch {
+	case terminated:
+		if err != nil {
 			log.Error("terminate an assignment on its last delivery", append(attrs, slog.Any("error", err))...)
 		}
 		log.Error("assignment handed back on its last delivery: terminated, for recover to fail the task", attrs...)
-		return
-	}
-	var err error
-	if delay > 0 {
-		err = msg.NakWithDelay(delay)
-	} else {
-		err = msg.Nak()
-	}
-	if err != nil {
+	case err != nil:
 		log.Warn("nak failed; the message returns after its ack wait", append(attrs, slog.Any("error", err))...)
 	}
 }

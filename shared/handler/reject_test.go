@@ -11,12 +11,13 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // rejections waits up to wait for n entries of env's rejection stream.
-func rejections(t *testing.T, env *jetstreamenv.Queue, n int, wait time.Duration) []assignmentqueue.Rejection {
+func rejections(t *testing.T, env *jetstreamenv.Queue, n int, wait time.Duration) []taskassignment.Rejection {
 	t.Helper()
 	deadline := time.Now().Add(wait)
 	for {
@@ -149,7 +150,7 @@ func TestJobExhaustedReasonNamesTheAssignment(t *testing.T) {
 
 // cancelAfterFetch cancels the run's context once its fetch has returned.
 type cancelAfterFetch struct {
-	Puller
+	delivery.Puller
 	cancel context.CancelFunc
 }
 

@@ -10,35 +10,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// DeadLetterOutcome is what DeadLetter made of an assignment the Knative
-// path gave up on.
-type DeadLetterOutcome int
-
-const (
-	// DeadLetterFailed: the task was reported failed with the reason, its
-	// executor (none, normally) and payload deleted.
-	DeadLetterFailed DeadLetterOutcome = iota
-	// DeadLetterHeld: an executor has taken the assignment (its runner
-	// fetched the task, or it runs or has ended): the pass owns its end;
-	// nothing was failed.
-	DeadLetterHeld
-	// DeadLetterLeft: the assignment's pool is not configured here, or its
-	// backend is not the pool's; nothing was done.
-	DeadLetterLeft
-)
-
-func (o DeadLetterOutcome) String() string {
-	switch o {
-	case DeadLetterFailed:
-		return "failed"
-	case DeadLetterHeld:
-		return "held"
-	case DeadLetterLeft:
-		return "left"
-	}
-	return "unknown"
-}
-
 // DeadLetter ends the task of an assignment the Knative path will deliver no
 // more: the channel dead-lettered it after its last retry, or handle refused
 // it for good and said so in a reply event. It is the Knative path's
@@ -48,7 +19,7 @@ func (o DeadLetterOutcome) String() string {
 //
 //   - a task whose executor has fetched it (the payload's started mark), or
 //     whose executor is running or has ended, is left to the pass
-//     (DeadLetterHeld): a lost answer, or a forged dead letter replaying an
+//     (taskassignment.DeadLetterHeld): a lost answer, or a forged dead letter replaying an
 //     authentic assignment, never ends a job that runs;
 //   - otherwise the task is reported failed with reason as the job's last
 //     log row (a task Gitea already ended is left as it is), marked ended,
@@ -61,7 +32,7 @@ func (o DeadLetterOutcome) String() string {
 // error leaves the payload, and the task, for the next delivery of the dead
 // letter or, failing that, for the orphan step, which re-sends the
 // assignment once its grace is over.
-func (r *Recoverer) DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (DeadLetterOutcome, error) {
+func (r *Recoverer) DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (taskassignment.DeadLetterOutcome, error) {
 	log := r.log().With(slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
 	held, err := r.taken(ctx, a.ID)
 	if err != nil {
@@ -69,18 +40,18 @@ func (r *Recoverer) DeadLetter(ctx context.Context, a taskassignment.Assignment,
 	}
 	if held {
 		log.Info("dead-lettered assignment is in an executor's hands: left to the pass")
-		return DeadLetterHeld, nil
+		return taskassignment.DeadLetterHeld, nil
 	}
 	err = r.failTask(ctx, a.ID, string(a.Backend), reason)
 	switch {
 	case errors.Is(err, errLeft), errors.Is(err, errForeign):
 		log.Warn("dead-lettered assignment not for this recover: left alone", slog.Any("error", err))
-		return DeadLetterLeft, nil
+		return taskassignment.DeadLetterLeft, nil
 	case err != nil:
 		return 0, fmt.Errorf("dead letter %s: %w", a.ID, err)
 	}
 	log.Warn("task failed: the Knative path gave up on its assignment", slog.String("reason", reason))
-	return DeadLetterFailed, nil
+	return taskassignment.DeadLetterFailed, nil
 }
 
 // taken reports whether an executor has taken assignment id: its runner

@@ -125,17 +125,17 @@ func TestDeadLetter(t *testing.T) {
 		started     bool
 		edit        func(a *taskassignment.Assignment)
 		failReports int
-		want        DeadLetterOutcome
+		want        taskassignment.DeadLetterOutcome
 		wantErr     bool
 		failed      bool
 	}{
-		{name: "waiting", want: DeadLetterFailed, failed: true},
-		{name: "executor pending (no node yet)", executor: executor.PhasePending, want: DeadLetterFailed, failed: true},
-		{name: "executor running", executor: executor.PhaseRunning, want: DeadLetterHeld},
-		{name: "executor ended", executor: executor.PhaseSucceeded, want: DeadLetterHeld},
-		{name: "task fetched by its runner", executor: executor.PhasePending, started: true, want: DeadLetterHeld},
-		{name: "pool not here", edit: func(a *taskassignment.Assignment) { a.ID, a.Task.Pool = "arm-1", "arm" }, want: DeadLetterLeft},
-		{name: "another backend", edit: func(a *taskassignment.Assignment) { a.Backend = taskassignment.BackendPod }, want: DeadLetterLeft},
+		{name: "waiting", want: taskassignment.DeadLetterFailed, failed: true},
+		{name: "executor pending (no node yet)", executor: executor.PhasePending, want: taskassignment.DeadLetterFailed, failed: true},
+		{name: "executor running", executor: executor.PhaseRunning, want: taskassignment.DeadLetterHeld},
+		{name: "executor ended", executor: executor.PhaseSucceeded, want: taskassignment.DeadLetterHeld},
+		{name: "task fetched by its runner", executor: executor.PhasePending, started: true, want: taskassignment.DeadLetterHeld},
+		{name: "pool not here", edit: func(a *taskassignment.Assignment) { a.ID, a.Task.Pool = "arm-1", "arm" }, want: taskassignment.DeadLetterLeft},
+		{name: "another backend", edit: func(a *taskassignment.Assignment) { a.Backend = taskassignment.BackendPod }, want: taskassignment.DeadLetterLeft},
 		{name: "gitea down", failReports: 1, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package recoverer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,14 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
-
-// Puller is the part of a jetstream.Consumer that Notices uses.
-type Puller interface {
-	Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error)
-}
 
 // The defaults of Notices' timings, used where a field is zero.
 const (
@@ -44,7 +40,7 @@ type Notices struct {
 	Backend   taskassignment.BackendKind
 	// Executors is the backend's executors, found one at a time.
 	Executors FinishBackend
-	Consumer  Puller
+	Consumer  delivery.Puller
 	// Batch is the most notices one run takes (at least 1).
 	Batch int
 	// Wait is how long a run waits for its first notice (zero:
@@ -54,7 +50,7 @@ type Notices struct {
 	// from the Finish that found it running (zero: DefaultNoticeRetry).
 	Retry time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
-	// assignmentqueue.FinishedMaxDeliver). A notice handed back on its last
+	// taskassignment.FinishedMaxDeliver). A notice handed back on its last
 	// delivery is terminated: its executor is left to the periodic pass.
 	MaxDeliver int
 }
@@ -95,7 +91,7 @@ func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 	if n.Recoverer == nil || n.Executors == nil || n.Consumer == nil {
 		return sum, errors.New("recoverer: notices need a recovery, a backend and a consumer")
 	}
-	msgs, err := n.Consumer.Fetch(max(n.Batch, 1), jetstream.FetchMaxWait(orDefault(n.Wait, DefaultNoticeWait)))
+	msgs, err := n.Consumer.Fetch(max(n.Batch, 1), jetstream.FetchMaxWait(cmp.Or(n.Wait, DefaultNoticeWait)))
 	if err != nil {
 		return sum, fmt.Errorf("fetch finish notices of %s: %w", n.Backend, err)
 	}
@@ -109,7 +105,7 @@ func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 	for _, r := range back {
 		// Retry counts from the Finish that found the executor running, not
 		// from the end of the fetch.
-		delay := max(orDefault(n.Retry, DefaultNoticeRetry)-time.Since(r.at), 0)
+		delay := max(cmp.Or(n.Retry, DefaultNoticeRetry)-time.Since(r.at), 0)
 		if ctx.Err() != nil {
 			delay = 0
 		}
@@ -129,18 +125,11 @@ type retry struct {
 	at  time.Time // when it was found not finished
 }
 
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
-}
-
 // settle runs Finish for one notice and settles it by the outcome, except
 // a notice to hand back (again): that is the caller's, after the fetch.
 func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSummary) (r retry, again bool) {
 	log := n.Recoverer.log().With(slog.String("backend", string(n.Backend)))
-	id, err := assignmentqueue.FinishedNotice(msg.Data())
+	id, err := taskassignment.FinishedNotice(msg.Data())
 	if err != nil {
 		n.term(log, msg, "malformed finish notice", err)
 		sum.Dropped++
@@ -182,22 +171,14 @@ func (n Notices) settle(ctx context.Context, msg jetstream.Msg, sum *NoticeSumma
 // delivery (a work-queue message naked then would stay in the stream for
 // ever).
 func (n Notices) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, sum *NoticeSummary) {
-	last := n.MaxDeliver
-	if last == 0 {
-		last = assignmentqueue.FinishedMaxDeliver
-	}
-	if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(last) {
-		n.term(log, msg, "deliveries exhausted: left to recover's periodic pass", nil)
+	const exhausted = "deliveries exhausted: left to recover's periodic pass"
+	terminated, err := delivery.Retry(msg, delay, cmp.Or(n.MaxDeliver, taskassignment.FinishedMaxDeliver), exhausted)
+	switch {
+	case terminated:
+		n.termed(log, exhausted, nil, err)
 		sum.Dropped++
 		return
-	}
-	var err error
-	if delay > 0 {
-		err = msg.NakWithDelay(delay)
-	} else {
-		err = msg.Nak()
-	}
-	if err != nil {
+	case err != nil:
 		log.Warn("finish notice nak failed; it returns after its ack wait", slog.Any("error", err))
 	}
 	sum.Retried++
@@ -211,7 +192,13 @@ func (n Notices) ack(log *slog.Logger, msg jetstream.Msg) {
 }
 
 func (n Notices) term(log *slog.Logger, msg jetstream.Msg, reason string, cause error) {
-	if err := msg.TermWithReason(reason); err != nil {
+	n.termed(log, reason, cause, msg.TermWithReason(reason))
+}
+
+// termed logs a notice's termination for reason (because of cause), or
+// that it failed (err).
+func (n Notices) termed(log *slog.Logger, reason string, cause, err error) {
+	if err != nil {
 		log.Warn("terminate finish notice", slog.String("reason", reason), slog.Any("error", err))
 		return
 	}

@@ -115,7 +115,7 @@ func TestNoticeIsDroppedOnItsLastDelivery(t *testing.T) {
 	f.setPhase(a, executor.PhaseRunning)
 	publishNotice(t, finished, a.ID)
 	var total NoticeSummary
-	for range assignmentqueue.FinishedMaxDeliver {
+	for range taskassignment.FinishedMaxDeliver {
 		sum, err := n.Run(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -125,9 +125,9 @@ func TestNoticeIsDroppedOnItsLastDelivery(t *testing.T) {
 		total.Dropped += sum.Dropped
 		time.Sleep(2 * n.Retry)
 	}
-	want := NoticeSummary{Fetched: assignmentqueue.FinishedMaxDeliver, Retried: assignmentqueue.FinishedMaxDeliver - 1, Dropped: 1}
+	want := NoticeSummary{Fetched: taskassignment.FinishedMaxDeliver, Retried: taskassignment.FinishedMaxDeliver - 1, Dropped: 1}
 	if total != want {
-		t.Fatalf("over %d runs: %+v, want %+v", assignmentqueue.FinishedMaxDeliver, total, want)
+		t.Fatalf("over %d runs: %+v, want %+v", taskassignment.FinishedMaxDeliver, total, want)
 	}
 	s, err := f.js.Stream(context.Background(), finished.Stream())
 	if err != nil {

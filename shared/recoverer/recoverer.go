@@ -50,7 +50,6 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -363,7 +362,7 @@ func (r *Recoverer) graceOver(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("orphan %s: no queue to read and no send marks: recover cannot tell an orphan", id)
 	}
 	last, err := r.SendMarks.LastSent(ctx, id)
-	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+	if errors.Is(err, taskassignment.ErrPayloadNotFound) {
 		return false, nil // deleted since the listing
 	}
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -16,7 +15,7 @@ import (
 // Rejections is the queue's rejection stream and what Drain does to the
 // queue's stream (assignmentqueue.Queue).
 type Rejections interface {
-	Rejections(ctx context.Context, limit int) ([]assignmentqueue.Rejection, error)
+	Rejections(ctx context.Context, limit int) ([]taskassignment.Rejection, error)
 	RemoveRejection(ctx context.Context, seq uint64) error
 	ExhaustedAssignment(ctx context.Context, seq uint64, td spiffeid.TrustDomain) (taskassignment.Assignment, bool, error)
 	DeleteMessage(ctx context.Context, seq uint64) error
@@ -91,7 +90,7 @@ func (r *Recoverer) drain(ctx context.Context) (Summary, map[string]bool, error)
 
 // drainOne acts on one entry and counts the outcome. It returns the
 // assignment ID of an entry left for the next pass, when it names one.
-func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, sum *Summary) (left string) {
+func (r *Recoverer) drainOne(ctx context.Context, e taskassignment.Rejection, sum *Summary) (left string) {
 	log := r.log().With(slog.Uint64("rejection", e.Seq), slog.String("consumer", e.Consumer), slog.Uint64("stream_seq", e.QueueSeq))
 	drop := func(msg string, attrs ...any) {
 		log.Warn(msg+"; removed", attrs...)
@@ -111,7 +110,7 @@ func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, s
 		exhausted  bool
 	)
 	switch e.Kind {
-	case assignmentqueue.Terminated:
+	case taskassignment.Terminated:
 		var why string
 		var ok bool
 		if id, why, exhausted, ok = e.Cause(); !ok {
@@ -122,10 +121,10 @@ func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, s
 		if exhausted {
 			reason = exhaustedReason(e.Deliveries)
 		}
-	case assignmentqueue.MaxDeliveries:
+	case taskassignment.MaxDeliveries:
 		a, found, err := r.Rejections.ExhaustedAssignment(ctx, e.QueueSeq, r.TrustDomain)
 		switch {
-		case errors.Is(err, assignmentqueue.ErrNotAnAssignment):
+		case errors.Is(err, taskassignment.ErrNotAnAssignment):
 			if derr := r.Rejections.DeleteMessage(ctx, e.QueueSeq); derr != nil {
 				log.Warn("delete a message past its last delivery", slog.Any("error", derr))
 				sum.RejectionsLeft++
@@ -159,7 +158,7 @@ func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, s
 			return id
 		}
 		if held {
-			if e.Kind == assignmentqueue.MaxDeliveries {
+			if e.Kind == taskassignment.MaxDeliveries {
 				if err := r.Rejections.DeleteMessage(ctx, e.QueueSeq); err != nil {
 					log.Warn("delete a message past its last delivery; left for the next pass", slog.Any("error", err))
 					sum.RejectionsLeft++
@@ -183,7 +182,7 @@ func (r *Recoverer) drainOne(ctx context.Context, e assignmentqueue.Rejection, s
 		sum.RejectionsLeft++
 		return id
 	}
-	if e.Kind == assignmentqueue.MaxDeliveries {
+	if e.Kind == taskassignment.MaxDeliveries {
 		if err := r.Rejections.DeleteMessage(ctx, e.QueueSeq); err != nil {
 			log.Warn("delete a message past its last delivery; left for the next pass", slog.Any("error", err))
 			sum.RejectionsLeft++

@@ -106,7 +106,7 @@ func (f fixture) consumer(t *testing.T, maxDeliver int, ackWait time.Duration) j
 }
 
 // captured waits up to 5 s for n entries of the rejection stream.
-func (f fixture) captured(t *testing.T, n int) []assignmentqueue.Rejection {
+func (f fixture) captured(t *testing.T, n int) []taskassignment.Rejection {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -149,7 +149,7 @@ func TestRejectedTaskIsFailedWithItsReason(t *testing.T) {
 			ctx := context.Background()
 			a := f.claimed(t, 1, false)
 			f.publish(t, a)
-			if sum := f.handleOnce(t, refusing{Backend: f.backend, create: tc.create, bind: tc.bind}, assignmentqueue.MaxDeliver); sum.Rejected != 1 {
+			if sum := f.handleOnce(t, refusing{Backend: f.backend, create: tc.create, bind: tc.bind}, taskassignment.MaxDeliver); sum.Rejected != 1 {
 				t.Fatalf("handle: %+v, want the assignment rejected", sum)
 			}
 			f.captured(t, 1)
@@ -196,7 +196,7 @@ func TestRejectionKeptWhileGiteaFails(t *testing.T) {
 	ctx := context.Background()
 	a := f.claimed(t, 1, false)
 	f.publish(t, a)
-	f.handleOnce(t, refusing{Backend: f.backend, create: executor.Permanent(errors.New("no such pool"))}, assignmentqueue.MaxDeliver)
+	f.handleOnce(t, refusing{Backend: f.backend, create: executor.Permanent(errors.New("no such pool"))}, taskassignment.MaxDeliver)
 	f.captured(t, 1)
 	for run := 1; run <= 2; run++ {
 		sum, err := f.r.Run(ctx)
@@ -333,11 +333,11 @@ func TestDrainEntriesThatNameNoTask(t *testing.T) {
 		{"poison", func(*testing.T, fixture) (string, any) { return termination("process", "malformed assignment") }, Summary{RejectionsDropped: 1}, false},
 		{"exhausted without an ID", func(*testing.T, fixture) (string, any) { return termination("process", "deliveries exhausted") }, Summary{RejectionsDropped: 1}, false},
 		{"another backend's consumer", func(*testing.T, fixture) (string, any) {
-			return termination("pod", assignmentqueue.RejectedReason("linux-1", "x"))
+			return termination("pod", taskassignment.RejectedReason("linux-1", "x"))
 		}, Summary{RejectionsDropped: 1}, false},
 		{"not JSON", func(*testing.T, fixture) (string, any) { return terminated + "process", json.RawMessage(`"x"`) }, Summary{RejectionsDropped: 1}, false},
 		{"unknown pool", func(*testing.T, fixture) (string, any) {
-			return termination("process", assignmentqueue.RejectedReason("gpu-1", "x"))
+			return termination("process", taskassignment.RejectedReason("gpu-1", "x"))
 		}, Summary{RejectionsLeft: 1}, true},
 		{"past MaxDeliver, gone", func(*testing.T, fixture) (string, any) {
 			return maxDeliver + "process", server.JSConsumerDeliveryExceededAdvisory{
