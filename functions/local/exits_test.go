@@ -74,7 +74,7 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			l, a, g := finishFixture(t, "sleep 0.2\n"+tc.runner)
+			l, a, g, kicks := finishFixture(t, "sleep 0.2\n"+tc.runner)
 			g.over = tc.over
 			done := make(chan struct{})
 			go func() { defer close(done); l.exits.run(ctx) }()
@@ -86,7 +86,7 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 				t.Fatalf("Accept() = %v, %v", ok, err)
 			}
 			select {
-			case <-l.kick:
+			case <-kicks:
 			case <-time.After(bound):
 				t.Fatalf("no dispatch round asked for within %v of the executor's start", bound)
 			}
@@ -106,8 +106,9 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 
 // finishFixture wires a local mode's finish path as start does, around a
 // process backend whose runner is a script ending with runnerBody, and
-// stores the payload of one claimed task; it returns that task's assignment.
-func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assignment, *fakeGitea) {
+// stores the payload of one claimed task; it returns that task's assignment,
+// and the channel that hears each dispatch round the finish path asks for.
+func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assignment, *fakeGitea, <-chan struct{}) {
 	t.Helper()
 	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	keys, err := taskassignment.NewKeys(prefix)
@@ -122,8 +123,14 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n"+runnerBody+"\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l := &local{log: slog.New(slog.DiscardHandler), kick: make(chan struct{}, 1)}
-	l.exits = newExits(l.finishOnce, l.kickDispatch)
+	l := &local{log: slog.New(slog.DiscardHandler)}
+	kicks := make(chan struct{}, 1)
+	l.exits = newExits(l.finishOnce, func() {
+		select {
+		case kicks <- struct{}{}:
+		default:
+		}
+	})
 	l.backend, err = process.New(process.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
 		Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}, OnExit: l.exits.exited})
 	if err != nil {
@@ -151,7 +158,7 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	if err := env.Payloads.Put(context.Background(), a.ID, &runnerv1.Task{Id: 7}); err != nil {
 		t.Fatal(err)
 	}
-	return l, a, g
+	return l, a, g, kicks
 }
 
 func TestExitsFinishEachEndOnceAndNeverBlock(t *testing.T) {

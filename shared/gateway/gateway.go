@@ -175,19 +175,27 @@ type callerKey struct{}
 func (g *Gateway) authenticated(next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var peer *spiffeid.ID
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			if id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0]); err == nil {
-				peer = &id
-			}
-		}
-		c, err := g.authenticate(peer, r.Header)
+		c, err := g.authenticate(peerID(r), r.Header)
 		if err != nil {
 			_ = errs.Write(w, r, err)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// peerID is the SPIFFE ID of r's TLS peer (its leaf certificate, which the
+// TLS handshake verified against the trust bundle), or nil when r came with
+// no client certificate or one without a SPIFFE ID.
+func peerID(r *http.Request) *spiffeid.ID {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return nil
+	}
+	id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0])
+	if err != nil {
+		return nil
+	}
+	return &id
 }
 
 // callerOf returns the caller authenticated reaches the service with.
