@@ -199,7 +199,7 @@ func TestValidateMetadata(t *testing.T) {
 		{"at in value", map[string]string{"k": "a@b"}, "k"},
 		{"space in value", map[string]string{"k": "a b"}, "k"},
 		{"value ends with dash", map[string]string{"k": "a-"}, "k"},
-		{"reserved prefix", map[string]string{"sandboxapi.io/pool": "x"}, "sandboxapi.io/pool"},
+		{"reserved prefix", map[string]string{"opensandbox.io/pool": "x"}, "opensandbox.io/pool"},
 		{"upper-case prefix", map[string]string{"CI.example.org/k": "x"}, "CI.example.org/k"},
 		{"name too long", map[string]string{"p.io/" + strings.Repeat("n", 64): "x"}, "p.io/" + strings.Repeat("n", 64)},
 		{"two slashes", map[string]string{"a/b/c": "x"}, "a/b/c"},
@@ -347,7 +347,7 @@ func TestCreateGetPatchDelete(t *testing.T) {
 	if _, err := c.PatchMetadata(ctx, created.ID, map[string]*string{"ci.example.org/c": &bad}); err == nil {
 		t.Fatal("a patch the server refuses was sent")
 	}
-	if _, err := c.PatchMetadata(ctx, created.ID, map[string]*string{"sandboxapi.io/x": nil}); err == nil {
+	if _, err := c.PatchMetadata(ctx, created.ID, map[string]*string{"opensandbox.io/x": nil}); err == nil {
 		t.Fatal("a patch of a reserved key was sent")
 	}
 	for range 2 {
@@ -381,7 +381,7 @@ func TestCreateChecksBeforeSending(t *testing.T) {
 		{"no timeout", func(r *sandboxapi.CreateRequest) { r.Timeout = 0 }, true},
 		{"timeout rounded up", func(r *sandboxapi.CreateRequest) { r.Timeout = time.Minute + time.Millisecond }, true},
 		{"metadata value with a slash", func(r *sandboxapi.CreateRequest) { r.Metadata = map[string]string{"k": "a/b"} }, false},
-		{"reserved key", func(r *sandboxapi.CreateRequest) { r.Metadata = map[string]string{"sandboxapi.io/k": "v"} }, false},
+		{"reserved key", func(r *sandboxapi.CreateRequest) { r.Metadata = map[string]string{"opensandbox.io/k": "v"} }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
