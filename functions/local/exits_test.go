@@ -131,7 +131,8 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 		default:
 		}
 	})
-	l.backend, err = process.New(process.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
+	pools := runnerpool.Pools{{Name: poolName, Backend: taskassignment.BackendProcess, Capacity: 1}}
+	l.backend, err = process.New(process.Config{Dir: t.TempDir(), Runner: script, Pools: pools, Keys: keys, TrustDomain: td,
 		Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}, OnExit: l.exits.exited})
 	if err != nil {
 		t.Fatal(err)

@@ -118,7 +118,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	boot, err := l.startExecutors(metaKeys, keys, q.payloads, client)
+	boot, err := l.startExecutors(p, metaKeys, keys, q.payloads, client)
 	if err != nil {
 		return nil, l.fail(err)
 	}
@@ -182,7 +182,7 @@ func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys key
 // startExecutors brings up the executors' side: the local CA that mints
 // their SVIDs, the bootstrap they receive, the gateway they report through,
 // and the process backend that starts them (this binary, as `runner`).
-func (l *local) startExecutors(metaKeys taskassignment.Keys, keys keyFile, payloads *assignmentqueue.Payloads, client gateway.Forwarder) (*bootstrap.Bootstrap, error) {
+func (l *local) startExecutors(p runnerpool.Pool, metaKeys taskassignment.Keys, keys keyFile, payloads *assignmentqueue.Payloads, client gateway.Forwarder) (*bootstrap.Bootstrap, error) {
 	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	ca, err := svidca.LoadOrCreate(filepath.Join(l.cfg.StateDir, "ca"), td)
 	if err != nil {
@@ -202,7 +202,7 @@ func (l *local) startExecutors(metaKeys taskassignment.Keys, keys keyFile, paylo
 	l.exits = newExits(l.finishOnce, l.kickDispatch)
 	backend, err := process.New(process.Config{
 		Dir: filepath.Join(l.cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
-		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: process.InheritedEnv(os.Environ()),
+		Pools: runnerpool.Pools{p}, Keys: metaKeys, TrustDomain: td, Minter: ca, Env: process.InheritedEnv(os.Environ()),
 		OnCorrupt: func(name string, err error) {
 			l.log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
 		},

@@ -20,7 +20,7 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err != nil {
 		return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
 	}
-	b, err := New(Config{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: d.Keys,
+	b, err := New(Config{Dir: c.ProcessDir, Runner: c.RunnerBin, Pools: d.Pools, Keys: d.Keys,
 		TrustDomain: d.TrustDomain, Minter: ca, Env: InheritedEnv(os.Environ()), OnCorrupt: d.Corrupt()})
 	if err != nil {
 		return nil, nil, err

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -41,6 +43,12 @@ type Config struct {
 	// Runner is the runner binary, started with RunnerArgs.
 	Runner     string
 	RunnerArgs []string
+	// Pools are the runner pools of the installation; the backend serves
+	// those whose backend is process, and refuses the assignment of any
+	// other pool (executor.Permanent): a signed assignment for a pod pool, or
+	// for a pool this installation does not have, never runs as a host
+	// process.
+	Pools runnerpool.Pools
 	// Keys and TrustDomain rebuild assignments for recover.
 	Keys        taskassignment.Keys
 	TrustDomain spiffeid.TrustDomain
@@ -103,12 +111,17 @@ func New(cfg Config) (*Backend, error) {
 		return nil, errors.New("process backend: no SVID minter: a process executor has no other identity")
 	case cfg.SVIDTTL < 0:
 		return nil, fmt.Errorf("process backend: SVID TTL %s is negative", cfg.SVIDTTL)
+	case !slices.ContainsFunc(cfg.Pools, serves):
+		return nil, errors.New("process backend: no runner pool uses the process backend")
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("process backend: executor directory %s: %w", cfg.Dir, err)
 	}
 	return &Backend{cfg: cfg}, nil
 }
+
+// serves reports whether p is a pool of this backend.
+func serves(p runnerpool.Pool) bool { return p.Backend == taskassignment.BackendProcess }
 
 // record is an executor's metadata file.
 type record struct {
@@ -178,13 +191,17 @@ func (b *Backend) executor(id string, rec record) *executor.Executor {
 // process, which Find reports pending and Create starts.
 //
 // A runner binary that does not exist or cannot be executed, an assignment
-// of another backend and an identity outside the trust domain are
+// of another backend or of a pool that is not a process pool of Config.Pools,
+// and an identity outside the trust domain are
 // executor.Permanent errors: the next delivery would fail the same way.
 // The record written before such a failure is an executor without a process
 // (Find: pending), which whoever fails the task deletes.
 func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec executor.LaunchSpec) (*executor.Executor, error) {
 	if a.Backend != taskassignment.BackendProcess {
 		return nil, executor.Permanent(fmt.Errorf("process backend: assignment %s is for backend %q", a.ID, a.Backend))
+	}
+	if p, err := b.cfg.Pools.Get(a.Task.Pool); err != nil || !serves(p) {
+		return nil, executor.Permanent(fmt.Errorf("process backend: assignment %s: runner pool %q is not a process pool of this installation", a.ID, a.Task.Pool))
 	}
 	rec, err := b.read(a.ID)
 	switch {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -32,6 +33,46 @@ func fakeRunner(t *testing.T, body string) string {
 	return path
 }
 
+// testPools are a process pool, the one setup's assignment names, and a
+// pod pool.
+var testPools = runnerpool.Pools{
+	{Name: "local", Labels: []string{"self-hosted"}, Backend: taskassignment.BackendProcess, Capacity: 2},
+	{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendPod, Capacity: 2},
+}
+
+// A signed assignment of the process backend whose pool is not a process
+// pool of the installation (a pod pool, a pool it does not have) is refused
+// for good and starts no process: the backend never runs a job of a pool
+// that promised isolation, or of no pool at all, as a host process.
+func TestCreateRefusesPoolsItDoesNotServe(t *testing.T) {
+	b, a, spec := setup(t, "exit 0")
+	for _, pool := range []string{"linux", "gpu", ""} {
+		t.Run("pool "+pool, func(t *testing.T) {
+			other := a
+			other.Task.Pool = pool
+			e, err := b.Create(t.Context(), other, spec)
+			if !executor.IsPermanent(err) || !strings.Contains(err.Error(), `runner pool "`+pool+`" is not a process pool`) {
+				t.Fatalf("Create = %+v, %v; want a permanent error naming pool %q", e, err, pool)
+			}
+			if found, err := b.Find(t.Context(), other.ID); err != nil || found != nil {
+				t.Fatalf("after the refusal Find = %+v, %v; want no executor", found, err)
+			}
+		})
+	}
+	if e, err := b.Create(t.Context(), a, spec); err != nil || e == nil {
+		t.Fatalf("Create of the process pool's assignment = %+v, %v", e, err)
+	}
+	// Its process ends at once; the test's directory goes once it has.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if e, err := b.Find(t.Context(), a.ID); err == nil && e != nil && e.Phase.Terminal() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the process pool's executor did not end within 5 s")
+		}
+	}
+}
+
 func setup(t *testing.T, body string) (*Backend, taskassignment.Assignment, executor.LaunchSpec) {
 	t.Helper()
 	keys, _ := taskassignment.NewKeys("ci.example.org")
@@ -39,7 +80,7 @@ func setup(t *testing.T, body string) (*Backend, taskassignment.Assignment, exec
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Config{Dir: t.TempDir(), Runner: fakeRunner(t, body), Keys: keys, TrustDomain: td, Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}})
+	b, err := New(Config{Dir: t.TempDir(), Runner: fakeRunner(t, body), Pools: testPools, Keys: keys, TrustDomain: td, Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +251,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	valid := func() Config {
-		return Config{Dir: t.TempDir(), Runner: "runner", Keys: keys, TrustDomain: td, Minter: ca}
+		return Config{Dir: t.TempDir(), Runner: "runner", Pools: testPools, Keys: keys, TrustDomain: td, Minter: ca}
 	}
 	if _, err := New(valid()); err != nil {
 		t.Fatalf("New(valid) = %v", err)
@@ -226,6 +267,8 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		{"no trust domain", func(c *Config) { c.TrustDomain = spiffeid.TrustDomain{} }, "no trust domain"},
 		{"no minter", func(c *Config) { c.Minter = nil }, "no SVID minter"},
 		{"negative TTL", func(c *Config) { c.SVIDTTL = -time.Second }, "negative"},
+		{"no pools", func(c *Config) { c.Pools = nil }, "no runner pool uses the process backend"},
+		{"only a pod pool", func(c *Config) { c.Pools = testPools[1:] }, "no runner pool uses the process backend"},
 		{"directory under a file", func(c *Config) {
 			f := filepath.Join(t.TempDir(), "file")
 			_ = os.WriteFile(f, nil, 0o600)
