@@ -25,7 +25,7 @@ unit:
 	$(GO) test -race -count=1 ./...
 	@# act's host mode has a data race of its own: the tests that drive act
 	@# (build tag !race) run here, without the race detector.
-	$(GO) test -count=1 ./shared/reporter ./shared/taskrun
+	$(GO) test -count=1 ./shared/runner/reporter ./shared/runner/taskrun
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh

@@ -894,7 +894,7 @@ func registerPools(ctx context.Context, t testing.TB, g *giteaenv.Server, poolsY
 	if err := os.WriteFile(file, []byte(poolsYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	pools, err := runnerpool.Source{PoolsFile: file, StateDir: state}.Load()
+	pools, err := runnerpool.PoolSettings{PoolsFile: file, StateDir: state}.Load()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,13 +14,13 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // dashboardFile is the Grafana dashboard shipped in deploy/.
@@ -87,16 +87,16 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	d.Round(dispatcher.Result{Pool: "linux"}, nil)
 	d.Round(dispatcher.Result{Pool: "linux"}, context.DeadlineExceeded)
 	d.Queued("linux", time.Second)
-	metrics.NewAssignments(reg).Handled("pod", intake.Accepted)
+	metrics.NewAssignments(reg).Handled("pod", handler.Accepted)
 	metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler()).
 		ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
 	metrics.NewStarted(reg).Started("linux", time.Second)
 	r := recovermetrics.NewRecover(reg)
-	r.Pass(recovery.Summary{}, nil)
+	r.Pass(recoverer.Summary{}, nil)
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
 		return &jetstream.ConsumerInfo{}, nil
 	}, "CI_RUNNER", []string{"pod"}, nil))
-	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -120,4 +120,4 @@ func (noExecutors) RecoverAssignments(context.Context) ([]taskassignment.Assignm
 	return nil, nil
 }
 
-func (noExecutors) Find(context.Context, string) (*taskworker.Executor, error) { return nil, nil }
+func (noExecutors) Find(context.Context, string) (*executor.Executor, error) { return nil, nil }

@@ -9,7 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 )
 
 // usesKubernetesAPI reports whether the function of p talks to the Kubernetes API: handle in job
@@ -113,7 +113,7 @@ func hardeningProblems(p podTemplate) []string {
 		// The root filesystem is read-only: /tmp (os.TempDir, the runner's work directory) is
 		// an emptyDir. The pod backend's init container only copies the runner into its own
 		// volume (through a temporary file beside it): it needs no /tmp.
-		if c.Name != podbackend.InstallContainer && !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		if c.Name != pod.InstallContainer && !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
 			return filepath.Clean(m.MountPath) == "/tmp" && tmpVolumes[m.Name]
 		}) {
 			add("container %s: volumeMounts: want an emptyDir at /tmp (the root filesystem is read-only)", c.Name)

@@ -9,10 +9,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // TestE2EExecutorPodRestricted creates the executor Pods of the shipped pool linux (a plain job
@@ -35,7 +35,7 @@ func TestE2EExecutorPodRestricted(t *testing.T) {
 	}
 	cfg := shippedPodConfig(t, buildInNamespace(t, "keda", ns))
 	cfg.Client, cfg.Namespace, cfg.Entries = admin, ns, noEntries{}
-	b, err := podbackend.New(cfg)
+	b, err := pod.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestE2EExecutorPodRestricted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := taskworker.Worker{Backend: b, Bootstrap: fixedEnvironment{}, Keys: cfg.Keys}
+		w := executor.Worker{Backend: b, Bootstrap: fixedEnvironment{}, Keys: cfg.Keys}
 		if ok, err := w.Accept(ctx, a); err != nil || ok {
 			t.Fatalf("Accept of task %d (image %q) = %v, %v; want the executor created and waiting to be scheduled", task, image, ok, err)
 		}

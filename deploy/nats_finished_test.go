@@ -8,16 +8,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 // TestNATSFinishNotices runs, as each user of the shipped authorization block, the calls the
 // finish notices take (shared/assignmentqueue finished.go): dispatch and handle-setup converge
 // their stream (handle-setup also the backend's consumer), the gateway publishes, recover's
-// finish mode binds the consumer, fetches and settles (shared/recovery Notices); and what each
+// finish mode binds the consumer, fetches and settles (shared/recoverer Notices); and what each
 // must not do with them.
 func TestNATSFinishNotices(t *testing.T) {
 	srv := startAuthorizedNATS(t, readAuthorization(t))
@@ -69,7 +69,7 @@ func TestNATSFinishNotices(t *testing.T) {
 		return
 	}
 
-	// recover, finish mode: functions/recover finish(): Finished.Consumer, then shared/recovery
+	// recover, finish mode: functions/recover finish(): Finished.Consumer, then shared/recoverer
 	// Notices.Run: Fetch, Metadata, and Ack (here: no executor), NakWithDelay / Nak (not ended
 	// yet, shutdown) or TermWithReason (last delivery, malformed).
 	recoverC := srv.connect(t, "RECOVER")
@@ -108,11 +108,11 @@ func TestNATSFinishNotices(t *testing.T) {
 			}
 		}
 		// The other through the real run: no executor, acknowledged.
-		mem := taskworkertest.NewMemory("")
-		r := &recovery.Recovery{Pools: map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: pod, Capacity: 1}}}}
-		n := recovery.Notices{Recovery: r, Backend: pod, Executors: mem, Consumer: consumer, Batch: 4, Wait: time.Second}
+		mem := executortest.NewMemory("")
+		r := &recoverer.Recoverer{Pools: map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: pod, Capacity: 1}}}}
+		n := recoverer.Notices{Recoverer: r, Backend: pod, Executors: mem, Consumer: consumer, Batch: 4, Wait: time.Second}
 		sum, err := n.Run(ctx)
-		if err != nil || sum != (recovery.NoticeSummary{Fetched: 1, Absent: 1}) {
+		if err != nil || sum != (recoverer.NoticeSummary{Fetched: 1, Absent: 1}) {
 			t.Fatalf("Notices.Run() = %+v, %v", sum, err)
 		}
 		recoverC.clean(t)

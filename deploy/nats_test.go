@@ -144,7 +144,7 @@ func (s authorizedNATS) connect(t testing.TB, user string) *natsClient {
 	c := &natsClient{user: user}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, js, err := natsconn.Connect(ctx, natsconn.Config{URL: s.url, NKey: s.seeds[user]}, natsConnName[user])
+	nc, js, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: s.url, NKey: s.seeds[user]}, natsConnName[user])
 	if err != nil {
 		t.Fatalf("connect as %s: %v", user, err)
 	}
@@ -409,7 +409,7 @@ func TestNATSAuthorization(t *testing.T) {
 	}
 
 	// handle in job mode (functions/handle serve(): only Queue.Consumer, the consumer
-	// handle-setup made; then shared/intake Job.Run: Fetch, and per message Metadata and Ack,
+	// handle-setup made; then shared/handler Job.Run: Fetch, and per message Metadata and Ack,
 	// NakWithDelay / Nak, or TermWithReason: poison, or a rejection).
 	handle := srv.connect(t, "HANDLE_POD")
 	if !t.Run("handle-pod", func(t *testing.T) {
@@ -486,7 +486,7 @@ func TestNATSAuthorization(t *testing.T) {
 		return
 	}
 
-	// recover: functions/recover build() (OpenPayloads), shared/recovery Run: Delete of finished
+	// recover: functions/recover build() (OpenPayloads), shared/recoverer Run: Delete of finished
 	// tasks, IDs, Queued, Get (rebuild), Publish (re-publish an orphan).
 	recoverC := srv.connect(t, "RECOVER")
 	if !t.Run("recover", func(t *testing.T) {
@@ -536,7 +536,7 @@ func TestNATSAuthorization(t *testing.T) {
 		if _, err := q.Publish(ctx, a2); err != nil {
 			t.Fatal(err)
 		}
-		// shared/recovery Drain: the rejection stream holds handle's three terminations (two
+		// shared/recoverer Drain: the rejection stream holds handle's three terminations (two
 		// poison, one rejection) and nothing forged; each is removed once acted on.
 		entries, err := q.Rejections(ctx, 0)
 		if err != nil {
@@ -550,7 +550,7 @@ func TestNATSAuthorization(t *testing.T) {
 			}
 		}
 		slices.Sort(reasons)
-		if want := []string{"malformed assignment", assignmentqueue.RejectedReason(a6.ID, "runner pool is not a pod pool"), "unauthenticated assignment"}; !slices.Equal(reasons, want) {
+		if want := []string{"malformed assignment", taskassignment.RejectedReason(a6.ID, "runner pool is not a pod pool"), "unauthenticated assignment"}; !slices.Equal(reasons, want) {
 			t.Fatalf("captured terminations %q, want %q", reasons, want)
 		}
 		// A message past MaxDeliver: read back and deleted from the queue.
@@ -700,7 +700,7 @@ func runHandleSetup(ctx context.Context, t *testing.T, c *natsClient) {
 	c.clean(t)
 }
 
-// runHandleJob is one job-mode run of handle (functions/handle serve() and shared/intake
+// runHandleJob is one job-mode run of handle (functions/handle serve() and shared/handler
 // Job.Run) as client c: it binds the existing consumer (Queue.Consumer, nothing else: job mode
 // neither creates nor changes the stream or the consumer), fetches exactly len(want) messages and
 // settles each as want says for its assignment ID (unauthenticatedMsg, malformedMsg for the
@@ -723,7 +723,7 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, want map[str
 		if _, err := msg.Metadata(); err != nil {
 			t.Errorf("metadata: %v", err)
 		}
-		// As shared/intake decodes: authenticate, then decode.
+		// As shared/handler decodes: authenticate, then decode.
 		id, reason := unauthenticatedMsg, "unauthenticated assignment"
 		if opened, err := signer.Open(msg.Data()); err == nil {
 			id, reason = malformedMsg, "malformed assignment"
@@ -746,7 +746,7 @@ func runHandleJob(ctx context.Context, t *testing.T, c *natsClient, want map[str
 		case "term":
 			err = msg.TermWithReason(reason)
 		case "reject":
-			err = msg.TermWithReason(assignmentqueue.RejectedReason(id, "runner pool is not a pod pool"))
+			err = msg.TermWithReason(taskassignment.RejectedReason(id, "runner pool is not a pod pool"))
 		default:
 			t.Errorf("unexpected message %q", id)
 		}
@@ -870,7 +870,7 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 	forgedAdvisory := "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.CI_RUNNER.pod"
 	c.denied(t, "forge a rejection", forgedAdvisory, func(ctx context.Context) error {
 		data := []byte(`{"type":"io.nats.jetstream.advisory.v1.terminated","stream":"CI_RUNNER","consumer":"pod","stream_seq":1,"reason":"` +
-			assignmentqueue.RejectedReason(forged.ID, "forged") + `"}`)
+			taskassignment.RejectedReason(forged.ID, "forged") + `"}`)
 		_, err := c.js.Publish(ctx, forgedAdvisory, data)
 		return err
 	})

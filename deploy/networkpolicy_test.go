@@ -20,17 +20,17 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // installNamespace is the namespace the manifests are applied to (deploy/README.md).
 const installNamespace = "gitea-dynamic-runner"
 
-// noEntries is the SPIRE entry client podbackend.New requires. An executor whose Pod is not
+// noEntries is the SPIRE entry client pod.New requires. An executor whose Pod is not
 // scheduled never reaches SPIRE, so no call is expected.
 type noEntries struct{}
 
@@ -55,10 +55,10 @@ func (fixedEnvironment) Environment(a taskassignment.Assignment) (map[string]str
 
 // shippedPodConfig is the pod backend's configuration from the shipped gdr-config and gdr-pools
 // ConfigMaps of docs, without client, namespace and SPIRE entry client.
-func shippedPodConfig(t *testing.T, docs []doc) podbackend.Config {
+func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 	t.Helper()
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
-	naming := taskassignment.Naming{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
+	naming := taskassignment.NamingSettings{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
 	if naming.MetadataPrefix == "" {
 		naming.MetadataPrefix = "gitea-dynamic-runner.io" // the variable's default (README)
 	}
@@ -75,7 +75,7 @@ func shippedPodConfig(t *testing.T, docs []doc) podbackend.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return podbackend.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
+	return pod.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
 }
 
 // executorPod creates, with the real pod backend and worker (what handle runs), the executor
@@ -87,7 +87,7 @@ func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	td, keys := cfg.TrustDomain, cfg.Keys
 	client := fake.NewClientset()
 	cfg.Client, cfg.Namespace, cfg.Entries = client, installNamespace, noEntries{}
-	backend, err := podbackend.New(cfg)
+	backend, err := pod.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := taskworker.Worker{Backend: backend, Bootstrap: fixedEnvironment{}, Keys: keys}
+	w := executor.Worker{Backend: backend, Bootstrap: fixedEnvironment{}, Keys: keys}
 	if ok, err := w.Accept(context.Background(), a); err != nil || ok {
 		t.Fatalf("Accept = %v, %v; want the executor created and waiting to be scheduled", ok, err)
 	}

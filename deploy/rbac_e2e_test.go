@@ -29,12 +29,12 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // memoryEntries is a SPIRE Entry API in memory: the RBAC test is about Kubernetes calls only.
@@ -87,7 +87,7 @@ func (m *memoryEntries) BatchDeleteEntry(_ context.Context, in *entryv1.BatchDel
 type giteaTasks struct {
 	mu       sync.Mutex
 	terminal map[int64]bool
-	reports  map[int64]taskworker.Phase
+	reports  map[int64]executor.Phase
 }
 
 func (g *giteaTasks) Terminal(_ context.Context, id int64) (bool, error) {
@@ -96,7 +96,7 @@ func (g *giteaTasks) Terminal(_ context.Context, id int64) (bool, error) {
 	return g.terminal[id], nil
 }
 
-func (g *giteaTasks) Report(_ context.Context, id int64, e taskworker.Executor) error {
+func (g *giteaTasks) Report(_ context.Context, id int64, e executor.Executor) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reports[id], g.terminal[id] = e.Phase, true
@@ -303,11 +303,11 @@ func TestE2ERBAC(t *testing.T) {
 	cfg := shippedPodConfig(t, built)
 	keys, td := cfg.Keys, cfg.TrustDomain
 	entries := &memoryEntries{entries: map[string]*spiretypes.Entry{}}
-	backend := func(client kubernetes.Interface, now func() time.Time) *podbackend.Backend {
+	backend := func(client kubernetes.Interface, now func() time.Time) *pod.Backend {
 		c := cfg
 		c.Client, c.Namespace, c.Entries, c.Now = client, ns, entries, now
-		c.CorruptEvents = true // as functions/recover and handle configure it (shared/backends)
-		b, err := podbackend.New(c)
+		c.CorruptEvents = true // as functions/recover and handle configure it (shared/backend)
+		b, err := pod.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -321,9 +321,9 @@ func TestE2ERBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gitea := &giteaTasks{terminal: map[int64]bool{}, reports: map[int64]taskworker.Phase{}}
-	handle := taskworker.Worker{Backend: handleBackend, Bootstrap: boot, Keys: keys}
-	recoverW := taskworker.Worker{Backend: recoverBackend, Tasks: gitea, Bootstrap: boot, Keys: keys}
+	gitea := &giteaTasks{terminal: map[int64]bool{}, reports: map[int64]executor.Phase{}}
+	handle := executor.Worker{Backend: handleBackend, Bootstrap: boot, Keys: keys}
+	recoverW := executor.Worker{Backend: recoverBackend, Tasks: gitea, Bootstrap: boot, Keys: keys}
 
 	assignment := func(task int64) taskassignment.Assignment {
 		id, err := taskidentity.New(td, "owner/repo", "build", task)
@@ -353,18 +353,18 @@ func TestE2ERBAC(t *testing.T) {
 	}
 	setStatus := func(a taskassignment.Assignment, phase corev1.PodPhase, waiting string) { // what the kubelet does
 		t.Helper()
-		pod, err := pods.Get(ctx, handleBackend.PodName(a.ID), metav1.GetOptions{})
+		p, err := pods.Get(ctx, handleBackend.PodName(a.ID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		pod.Status.Phase = phase
+		p.Status.Phase = phase
 		if waiting != "" {
-			for _, c := range pod.Spec.Containers {
-				pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
+			for _, c := range p.Spec.Containers {
+				p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
 					Name: c.Name, Image: c.Image, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: waiting}}})
 			}
 		}
-		if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		if _, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("set the status of the Pod of %s: %v", a.ID, err)
 		}
 	}
@@ -372,7 +372,7 @@ func TestE2ERBAC(t *testing.T) {
 	// Pod): the backend must rewrite it.
 	staleSecret := func(a taskassignment.Assignment) {
 		t.Helper()
-		s, err := secrets.Get(ctx, podbackend.SecretName(handleBackend.PodName(a.ID)), metav1.GetOptions{})
+		s, err := secrets.Get(ctx, pod.SecretName(handleBackend.PodName(a.ID)), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -383,15 +383,15 @@ func TestE2ERBAC(t *testing.T) {
 	}
 	ownedByItsPod := func(a taskassignment.Assignment) bool {
 		t.Helper()
-		pod, err := pods.Get(ctx, handleBackend.PodName(a.ID), metav1.GetOptions{})
+		p, err := pods.Get(ctx, handleBackend.PodName(a.ID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := secrets.Get(ctx, podbackend.SecretName(pod.Name), metav1.GetOptions{})
+		s, err := secrets.Get(ctx, pod.SecretName(p.Name), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(s.OwnerReferences) == 1 && s.OwnerReferences[0].UID == pod.UID
+		return len(s.OwnerReferences) == 1 && s.OwnerReferences[0].UID == p.UID
 	}
 	accept := func(a taskassignment.Assignment, want bool) {
 		t.Helper()
@@ -446,7 +446,7 @@ func TestE2ERBAC(t *testing.T) {
 	if want := []string{"linux-1", "linux-2", "linux-3", "linux-4"}; !slices.Equal(ids, want) {
 		t.Fatalf("recover found %v, want %v", ids, want)
 	}
-	for task, want := range map[int64]taskworker.Phase{1: taskworker.PhaseSucceeded, 2: taskworker.PhaseFailed, 3: taskworker.PhaseFailed} {
+	for task, want := range map[int64]executor.Phase{1: executor.PhaseSucceeded, 2: executor.PhaseFailed, 3: executor.PhaseFailed} {
 		if got := gitea.reports[task]; got != want {
 			t.Errorf("recover reported task %d as %q, want %q", task, got, want)
 		}

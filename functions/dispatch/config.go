@@ -18,16 +18,16 @@ import (
 
 // Config is the configuration of dispatch, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	function.Ticks
-	natsconn.Config
-	taskassignment.Naming
-	gitea.Instance
-	runnerpool.Source
-	assignmentqueue.PayloadStore
+	function.CommonSettings
+	function.HTTPSettings
+	function.TickSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	assignmentqueue.PayloadSettings
 	assignmentsig.SigningSettings
-	assignmentevents.Publishing
+	assignmentevents.PublishSettings
 
 	Stream            string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	KeepAlive         time.Duration `envconfig:"KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
@@ -53,7 +53,7 @@ func (c *Config) Check() error {
 	if c.Interval < 0 || c.BusyInterval < 0 || c.BusyWindow < 0 {
 		pace = fmt.Errorf("GDR_INTERVAL %v, GDR_BUSY_INTERVAL %v, GDR_BUSY_WINDOW %v: none may be negative", c.Interval, c.BusyInterval, c.BusyWindow)
 	}
-	pools, err := c.Source.Load()
+	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.SigningSettings.Check(), c.Publishing.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
 }

@@ -26,9 +26,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -396,7 +396,7 @@ func TestE2ETerminalAndReport(t *testing.T) {
 	}
 	// The backend's reason (a Pod stuck on its image) reaches the job's log.
 	reason := `container runner: ImagePullBackOff: Back-off pulling image "registry.invalid/nope:1"`
-	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "failed", Reason: reason}); err != nil {
+	if err := ts.Report(ctx, id, executor.Executor{Phase: "failed", Reason: reason}); err != nil {
 		t.Fatal(err)
 	}
 	job := e.gitea.WaitJob(t, e.repo, func(j giteaenv.Job) bool { return j.Status == "completed" }, 10*time.Second)
@@ -410,7 +410,7 @@ func TestE2ETerminalAndReport(t *testing.T) {
 		t.Fatalf("Terminal of a reported task = %v, %v", terminal, err)
 	}
 	// Idempotent: a second report changes nothing and does not fail.
-	if err := ts.Report(ctx, id, taskworker.Executor{Phase: "succeeded"}); err != nil {
+	if err := ts.Report(ctx, id, executor.Executor{Phase: "succeeded"}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := ts.Result(ctx, id); err != nil || r != runnerv1.Result_RESULT_FAILURE {
@@ -486,7 +486,7 @@ func TestE2EKeepAliveDropsATaskWhoseRepositoryIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+	if _, err := payloads.Get(ctx, doomed[0].ID); !errors.Is(err, taskassignment.ErrPayloadNotFound) {
 		t.Fatalf("payload of the deleted repository's task: %v, want it dropped", err)
 	}
 }

@@ -157,7 +157,7 @@ func register(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.
 
 // newService connects to NATS and Gitea for the pools; its background rounds
 // run on ctx. The returned function drains the NATS connection.
-func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.Client, log *slog.Logger) (*service, func(), error) {
+func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.Client, log *slog.Logger) (_ *service, _ func(), err error) {
 	td, _, err := cfg.Parse()
 	if err != nil {
 		return nil, nil, err
@@ -171,19 +171,22 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		client := clients[p.Name]
 		dps = append(dps, dispatcher.Pool{Pool: p, Runner: client, Tasks: gitea.TaskState{Client: client}})
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
 		return nil, nil, err
 	}
-	closeFn := func() { _ = natsconn.Close(nc) }
+	closeNATS := func() { _ = natsconn.Close(nc) }
+	defer func() { // on any error below, nothing stays open
+		if err != nil {
+			closeNATS()
+		}
+	}()
 	signer, err := cfg.Signer()
 	if err != nil {
-		closeFn()
 		return nil, nil, err
 	}
 	// The finish notices' stream is the gateway's on both paths.
 	if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx); err != nil {
-		closeFn()
 		return nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
@@ -192,18 +195,15 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		// The Knative path: the channel keeps the messages in a stream of
 		// its own; no queue stream, no rejection stream, no consumer lag.
 		if send, err = assignmentevents.NewSender(cfg.EventSink, "/gitea-dynamic-runner/dispatch", signer); err != nil {
-			closeFn()
 			return nil, nil, err
 		}
 	} else if err := errors.Join(q.EnsureStream(ctx), q.EnsureRejections(ctx)); err != nil {
-		closeFn()
 		return nil, nil, err
 	}
 	// The bucket is every pool's: its TTL comes from the whole pools file,
 	// also when this process serves one pool.
 	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, cfg.pools.PayloadTTL(), cfg.PayloadKey)
 	if err != nil {
-		closeFn()
 		return nil, nil, err
 	}
 	reg := metrics.NewRegistry()
@@ -212,13 +212,14 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if !cfg.CloudEvents() {
 		reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), consumersOf(pools), log))
 	}
-	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.Ticks, log)
+	var cadence *dispatcher.Cadence
+	if cfg.Interval > 0 {
+		cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
+	}
+	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, cadence, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg
-	if cfg.Interval > 0 {
-		svc.cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
-	}
-	return svc, closeFn, nil
+	return svc, closeNATS, nil
 }
 
 // giteaReadyTTL is how long readiness trusts its last look at Gitea: a
@@ -254,7 +255,7 @@ func consumersOf(pools runnerpool.Pools) []string {
 // not read one back), so the report carries no run URLs: `recover status` has
 // them, and executors.
 func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format string, w io.Writer) error {
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "dispatch")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func TestMetricsCountARound(t *testing.T) {
 	pools := runnerpool.Pools{{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 3}}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(env.JetStream), env.Queue.Stream(), consumersOf(pools), nil))
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{{Pool: pools[0], Runner: runner, Tasks: runner}},
-		nil, function.Ticks{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
+		nil, function.TickSettings{TickToken: "t1ck"}, nil, slog.New(slog.DiscardHandler))
 	svc.metrics = reg
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)
@@ -82,7 +82,7 @@ func TestMetricsCountARound(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if !svc.rounds.wait(5 * time.Second) {
+	if !svc.rounds.Wait(5 * time.Second) {
 		t.Fatal("the round did not end")
 	}
 	after := scrape()

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -29,14 +28,12 @@ type service struct {
 	d        *dispatcher.Dispatcher
 	pools    []dispatcher.Pool
 	receiver webhook.Receiver
-	ticks    function.Ticks
-	rounds   *rounds
+	ticks    function.TickSettings
+	rounds   *dispatcher.Rounds
 	// cadence paces serve's polling of each pool; nil: serve polls not at
 	// all (webhooks and ticks only).
 	cadence *dispatcher.Cadence
-	// ended tells each pool's poll loop that a round of it ended.
-	ended map[string]chan struct{}
-	log   *slog.Logger
+	log     *slog.Logger
 	// probes answer /healthz (NATS connected, Gitea reachable) and /livez; without checks
 	// (a test) the service is always ready.
 	probes health.Probes
@@ -45,15 +42,13 @@ type service struct {
 }
 
 // newHTTPService returns the service of pools; its background rounds run on
-// ctx and stop claiming when it ends.
-func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.Ticks, log *slog.Logger) *service {
-	s := &service{d: d, pools: pools, log: log, ticks: ticks,
+// ctx and stop claiming when it ends. cadence paces serve's polling of each
+// pool; nil: serve polls not at all (webhooks and ticks only).
+func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.TickSettings,
+	cadence *dispatcher.Cadence, log *slog.Logger) *service {
+	s := &service{d: d, pools: pools, log: log, ticks: ticks, cadence: cadence,
 		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
-	s.ended = map[string]chan struct{}{}
-	for _, p := range pools {
-		s.ended[p.Name] = make(chan struct{}, 1)
-	}
-	s.rounds = newRounds(ctx, func(ctx context.Context, p dispatcher.Pool) { _ = s.dispatch(ctx, p) })
+	s.rounds = dispatcher.NewRounds(ctx, s.dispatch, cadence)
 	return s
 }
 
@@ -62,35 +57,28 @@ func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispa
 func (s *service) dispatchAll(ctx context.Context, pools []dispatcher.Pool) error {
 	var errs []error
 	for _, p := range pools {
-		errs = append(errs, s.dispatch(ctx, p))
+		_, err := s.dispatch(ctx, p)
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// dispatch runs one round for p, logs what it did, and tells p's poll loop
-// (the cadence has seen the round by then).
-func (s *service) dispatch(ctx context.Context, p dispatcher.Pool) error {
+// dispatch runs one round for p and logs what it did.
+func (s *service) dispatch(ctx context.Context, p dispatcher.Pool) (dispatcher.Result, error) {
 	res, err := s.d.Dispatch(ctx, p)
-	if err == nil && s.cadence != nil {
-		s.cadence.Observe(res)
-	}
-	select {
-	case s.ended[p.Name] <- struct{}{}:
-	default: // the loop has one to read already
-	}
 	attrs := []any{slog.String("pool", p.Name), slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
 		slog.Int("free", res.Free), slog.Int("kept_alive", res.KeptAlive), slog.Int("ended", res.Ended),
 		slog.Int("unbeaten", res.Unbeaten), slog.Int("rejected", res.Rejected)}
 	if err != nil {
 		s.log.Error("dispatch round failed", append(attrs, slog.Any("error", err))...)
-		return err
+		return res, err
 	}
 	level := slog.LevelDebug // polled often: an idle round is no news
 	if len(res.Claimed) > 0 || res.KeptAlive > 0 || res.Ended > 0 || res.Unbeaten > 0 || res.Rejected > 0 {
 		level = slog.LevelInfo
 	}
 	s.log.Log(ctx, level, "dispatch round", attrs...)
-	return nil
+	return res, nil
 }
 
 func (s *service) handler() http.Handler {
@@ -128,14 +116,14 @@ func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 			s.cadence.Wake(p.Name)
 		}
 	}
-	s.rounds.wake(pools...)
+	s.rounds.Wake(pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
 
 // tick wakes a round of every pool (a PingSource event, or any POST to /)
 // and answers 202 at once.
 func (s *service) tick(w http.ResponseWriter, _ *http.Request) {
-	s.rounds.wake(s.pools...)
+	s.rounds.Wake(s.pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
 
@@ -146,7 +134,7 @@ func (s *service) tick(w http.ResponseWriter, _ *http.Request) {
 func (s *service) serve(ctx context.Context, addr string) error {
 	s.log.Info("serving", slog.String("addr", addr))
 	defer func() {
-		if !s.rounds.wait(roundsGrace) {
+		if !s.rounds.Wait(roundsGrace) {
 			s.log.Warn("dispatch rounds still running at exit", slog.Duration("waited", roundsGrace))
 		}
 	}()
@@ -158,27 +146,7 @@ func (s *service) serve(ctx context.Context, addr string) error {
 		defer cancel() // before the wait above: the loops end when serving does
 		s.log.Info("polling", slog.Duration("interval", s.cadence.Idle), slog.Duration("busy_interval", s.cadence.Busy),
 			slog.Duration("busy_window", s.cadence.Window))
-		for _, p := range s.pools {
-			loops.Go(func() { s.poll(ctx, p) })
-		}
+		loops.Go(func() { s.rounds.Poll(ctx, s.pools...) })
 	}
 	return function.ListenAndServe(ctx, function.Server(s.handler(), webhook.MaxDelivery), addr)
-}
-
-// poll wakes a round of p once the cadence's interval has passed since the
-// end of p's last round, until ctx ends. A round another trigger (a webhook,
-// a tick) ran starts the wait again, so polling adds no round right after it.
-func (s *service) poll(ctx context.Context, p dispatcher.Pool) {
-	t := time.NewTimer(0) // the first round at once
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.rounds.wake(p) // its end starts the next wait
-		case <-s.ended[p.Name]:
-			t.Reset(s.cadence.Interval(p.Name))
-		}
-	}
 }

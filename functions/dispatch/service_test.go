@@ -59,12 +59,18 @@ type testService struct {
 
 func newTestService(t *testing.T, linux, gpu *countingRunner) testService {
 	t.Helper()
+	return newPacedTestService(t, linux, gpu, nil)
+}
+
+// newPacedTestService is newTestService whose serve polls at cadence's pace.
+func newPacedTestService(t *testing.T, linux, gpu *countingRunner, cadence *dispatcher.Cadence) testService {
+	t.Helper()
 	env := jetstreamenv.NewQueue(t)
 	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: env.Queue, Payloads: env.Payloads, KeepAlive: time.Minute}
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{
 		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Runner: linux, Tasks: linux},
 		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Runner: gpu, Tasks: gpu},
-	}, []byte("s3cret"), function.Ticks{TickToken: "t1ck"}, slog.New(slog.DiscardHandler))
+	}, []byte("s3cret"), function.TickSettings{TickToken: "t1ck"}, cadence, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)
 	return testService{svc: svc, url: srv.URL, linux: linux, gpu: gpu}
@@ -213,7 +219,7 @@ func TestWakeUpsDuringARoundCoalesce(t *testing.T) {
 		t.Fatalf("delivery for both pools: status %d, rounds linux=%d gpu=%d", code, ts.linux.declares.Load(), ts.gpu.declares.Load())
 	}
 	close(gate)
-	if !ts.svc.rounds.wait(5 * time.Second) {
+	if !ts.svc.rounds.Wait(5 * time.Second) {
 		t.Fatal("rounds still running 5 s after the gate opened")
 	}
 	if got := ts.gpu.declares.Load(); got != 2 {
@@ -224,8 +230,8 @@ func TestWakeUpsDuringARoundCoalesce(t *testing.T) {
 // serve polls each pool at its own pace: right away, then a pool a webhook
 // named is busy and polled every Busy, while the other waits its Idle.
 func TestServePacesEachPool(t *testing.T) {
-	ts := newTestService(t, &countingRunner{}, &countingRunner{})
-	ts.svc.cadence = &dispatcher.Cadence{Idle: 2 * time.Second, Busy: 10 * time.Millisecond, Window: time.Minute}
+	ts := newPacedTestService(t, &countingRunner{}, &countingRunner{},
+		&dispatcher.Cadence{Idle: 2 * time.Second, Busy: 10 * time.Millisecond, Window: time.Minute})
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
 	go func() { served <- ts.svc.serve(ctx, "127.0.0.1:0") }()

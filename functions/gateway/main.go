@@ -44,13 +44,13 @@ var program = function.Program{Name: "gateway"}
 
 // Config is the configuration of gateway, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	natsconn.Config
-	taskassignment.Naming
-	gitea.Instance
-	runnerpool.Source
-	assignmentqueue.PayloadStore
+	function.CommonSettings
+	function.HTTPSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	assignmentqueue.PayloadSettings
 	actionscache.Settings
 
 	BootstrapKey secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
@@ -80,9 +80,9 @@ func (c *Config) Check() error {
 	if (c.SVIDCert == "") != (c.SVIDKey == "") || (c.SVIDCert == "") != (c.SVIDBundle == "") {
 		svid = errors.New("GDR_SVID_CERT, GDR_SVID_KEY and GDR_SVID_BUNDLE go together")
 	}
-	pools, err := c.Source.Load()
+	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	return errors.Join(c.Naming.Check(), c.PayloadStore.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err, c.Settings.Check())
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err, c.Settings.Check())
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -102,7 +102,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "gateway")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "gateway")
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeSource()
-	backendOf := make(map[string]taskassignment.Backend, len(cfg.pools))
+	backendOf := make(map[string]taskassignment.BackendKind, len(cfg.pools))
 	for _, p := range cfg.pools {
 		backendOf[p.Name] = p.Backend
 	}

@@ -3,10 +3,10 @@
 package main
 
 import (
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox"
 )
 
 // opensandboxBackend is the builder of the opensandbox backend, linked unless the build
 // tags select other backends only (see linkedBackends).
-func opensandboxBackend() backends.Builder { return opensandbox.New }
+func opensandboxBackend() backend.Builder { return opensandbox.Build }

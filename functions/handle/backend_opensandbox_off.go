@@ -2,8 +2,8 @@
 
 package main
 
-import "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+import "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 
 // opensandboxBackend is nil: the build tags select other backends only (see
 // linkedBackends).
-func opensandboxBackend() backends.Builder { return nil }
+func opensandboxBackend() backend.Builder { return nil }

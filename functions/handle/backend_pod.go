@@ -3,10 +3,10 @@
 package main
 
 import (
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 )
 
 // podBackend is the builder of the pod backend (client-go, gRPC), linked
 // unless the build tags select other backends only (see linkedBackends).
-func podBackend() backends.Builder { return pod.New }
+func podBackend() backend.Builder { return pod.Build }

@@ -3,10 +3,10 @@
 package main
 
 import (
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/process"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 )
 
 // processBackend is the builder of the process backend, linked unless the build
 // tags select other backends only (see linkedBackends).
-func processBackend() backends.Builder { return process.New }
+func processBackend() backend.Builder { return process.Build }

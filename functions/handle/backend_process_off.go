@@ -2,8 +2,8 @@
 
 package main
 
-import "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+import "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 
 // processBackend is nil: the build tags select other backends only (see
 // linkedBackends).
-func processBackend() backends.Builder { return nil }
+func processBackend() backend.Builder { return nil }

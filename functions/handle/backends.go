@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -14,8 +14,8 @@ import (
 // one with every backend (docs/BENCHMARKS.md, "Cold start"). GDR_BACKEND
 // naming a backend the build does not link is a configuration error
 // (Config.Check).
-func linkedBackends() backends.Builders {
-	return backends.Builders{
+func linkedBackends() backend.Builders {
+	return backend.Builders{
 		taskassignment.BackendProcess:     processBackend(),
 		taskassignment.BackendOpenSandbox: opensandboxBackend(),
 		taskassignment.BackendPod:         podBackend(),

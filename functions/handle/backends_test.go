@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -16,7 +16,7 @@ import (
 // process backend (-tags gdr_process) links neither client-go nor gRPC,
 // whose package initialisation and code dominated its cold start.
 func TestBuildTagsSelectBackends(t *testing.T) {
-	for _, kind := range []taskassignment.Backend{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
+	for _, kind := range []taskassignment.BackendKind{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
 		if err := linkedBackends().Linked(kind); err != nil {
 			t.Errorf("the test build: %v", err) // go test builds with no gdr_ tag
 		}
@@ -28,8 +28,8 @@ func TestBuildTagsSelectBackends(t *testing.T) {
 		}
 		return strings.Fields(string(out))
 	}
-	heavy := []string{"k8s.io/client-go/kubernetes", "google.golang.org/grpc", "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend",
-		"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandboxbackend"}
+	heavy := []string{"k8s.io/client-go/kubernetes", "google.golang.org/grpc", "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod",
+		"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox"}
 	all, process := deps(""), deps("gdr_process")
 	for _, p := range heavy {
 		if !slices.Contains(all, p) {
@@ -39,13 +39,13 @@ func TestBuildTagsSelectBackends(t *testing.T) {
 			t.Errorf("-tags gdr_process links %s", p)
 		}
 	}
-	if !slices.Contains(process, "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend") {
+	if !slices.Contains(process, "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process") {
 		t.Error("-tags gdr_process does not link the process backend")
 	}
 	// Nor does any build of handle link what only dispatch and recover use:
-	// act's workflow model (go-git, OpenPGP), the dispatcher, recovery.
+	// act's workflow model (go-git, OpenPGP), the dispatcher, recoverer.
 	for _, p := range []string{"github.com/nektos/act/pkg/model", "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher",
-		"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"} {
+		"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"} {
 		if slices.Contains(all, p) {
 			t.Errorf("handle links %s", p)
 		}
@@ -55,7 +55,7 @@ func TestBuildTagsSelectBackends(t *testing.T) {
 // GDR_BACKEND naming a backend the build does not link is a configuration
 // error naming the variable, except in setup mode, which builds none.
 func TestBackendNotLinkedIsAConfigurationError(t *testing.T) {
-	processOnly := backends.Builders{taskassignment.BackendProcess: linkedBackends()[taskassignment.BackendProcess]}
+	processOnly := backend.Builders{taskassignment.BackendProcess: linkedBackends()[taskassignment.BackendProcess]}
 	pools := filepath.Join(t.TempDir(), "pools.yaml")
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3}\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -20,17 +20,17 @@ var program = function.Program{Name: "handle"}
 
 // Config is the configuration of handle, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	natsconn.Config
-	taskassignment.Naming
-	runnerpool.Source
+	function.CommonSettings
+	function.HTTPSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	runnerpool.PoolSettings
 	bootstrap.Settings
 	assignmentsig.VerifySettings
-	backends.Setup
+	backend.BuildSettings
 	// The payload bucket's name, for the end marks a redelivered message is
 	// checked against (job mode); handle never holds the payload key.
-	assignmentqueue.BucketName
+	assignmentqueue.PayloadBucketSettings
 
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
@@ -56,16 +56,16 @@ const (
 func (c *Config) Check() error { return c.check(linkedBackends()) }
 
 // check is Check for a handle that links the backends linked.
-func (c *Config) check(linked backends.Builders) error {
+func (c *Config) check(linked backend.Builders) error {
 	var errs []error
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
 	}
-	_, backendErr := taskassignment.ParseBackend(c.Backend)
+	_, backendErr := taskassignment.ParseBackendKind(c.Backend)
 	if backendErr != nil {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
-	errs = append(errs, c.Naming.Check())
+	errs = append(errs, c.NamingSettings.Check())
 	if c.Capacity < 1 {
 		errs = append(errs, fmt.Errorf("GDR_CAPACITY %d: want at least 1", c.Capacity))
 	}
@@ -75,7 +75,7 @@ func (c *Config) check(linked backends.Builders) error {
 	// Each must be positive: a delay that is not redelivers a failing
 	// assignment at once, burning its deliveries in seconds, and a hold that
 	// is not would mean none (or, at zero, any of them would quietly mean
-	// intake's default): a mistake to report, not guess.
+	// handler's default): a mistake to report, not guess.
 	for _, d := range []struct {
 		name  string
 		value time.Duration
@@ -87,11 +87,11 @@ func (c *Config) check(linked backends.Builders) error {
 	if c.Mode != modeSetup {
 		_, keysErr := c.Keyring()
 		td, _, _ := c.Parse()
-		pools, err := c.Source.Load()
+		pools, err := c.PoolSettings.Load()
 		c.pools = pools
-		errs = append(errs, keysErr, c.Settings.Check(td), err, c.Setup.Check(taskassignment.Backend(c.Backend)))
+		errs = append(errs, keysErr, c.Settings.Check(td), err, c.BuildSettings.Check(taskassignment.BackendKind(c.Backend)))
 		if backendErr == nil { // setup mode builds no backend: any may be set up
-			errs = append(errs, linked.Linked(taskassignment.Backend(c.Backend)))
+			errs = append(errs, linked.Linked(taskassignment.BackendKind(c.Backend)))
 		}
 	}
 	return errors.Join(errs...)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 )
 
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
@@ -78,8 +78,8 @@ func TestLoadConfig(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// The documented defaults are the intake package's own.
-				if len(cfg.Key) != 32 || cfg.FetchWait != intake.DefaultWait || cfg.NakDelay != intake.DefaultNakDelay || cfg.ErrorDelay != intake.DefaultErrorDelay || cfg.HoldFor != intake.DefaultHoldFor {
+				// The documented defaults are the handler package's own.
+				if len(cfg.Key) != 32 || cfg.FetchWait != handler.DefaultWait || cfg.NakDelay != handler.DefaultNakDelay || cfg.ErrorDelay != handler.DefaultErrorDelay || cfg.HoldFor != handler.DefaultHoldFor {
 					t.Fatalf("config = %+v", cfg)
 				}
 				return

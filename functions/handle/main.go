@@ -1,6 +1,6 @@
 // Command handle hands queued assignments to an executor backend: one
 // JetStream message (KEDA job mode) or one CloudEvent (Knative http mode) at a
-// time, each to taskworker.Worker.Accept. It keeps nothing between runs.
+// time, each to executor.Worker.Accept. It keeps nothing between runs.
 //
 // Exit status: 0 when it ran (whatever became of single messages, which are
 // settled and logged), 1 when it could not run, 2 for bad configuration.
@@ -17,14 +17,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 func main() {
@@ -40,7 +40,7 @@ func execute(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
-	backend := taskassignment.Backend(cfg.Backend)
+	backend := taskassignment.BackendKind(cfg.Backend)
 	if cfg.Mode == modeHTTP {
 		// The Knative path has no NATS connection, hence no end marks: a
 		// redelivered event after its task ended can create an executor
@@ -52,9 +52,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer func() { _ = closeBackend() }()
 		reg := metrics.NewRegistry()
 		h.Observer = metrics.NewAssignments(reg)
-		return serveHTTP(ctx, cfg.HTTPAddr, intake.Receiver{Handler: h}, reg, log)
+		return serveHTTP(ctx, cfg.HTTPAddr, handler.Receiver{Handler: h}, reg, log)
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "handle-"+cfg.Backend)
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "handle-"+cfg.Backend)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer func() { _ = closeBackend() }()
-	job := intake.Job{
+	job := handler.Job{
 		Handler:  h,
 		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay, HoldFor: cfg.HoldFor,
 	}
@@ -112,47 +112,47 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 // endings, the end marks a redelivered message is checked against; nil for
 // none), and the keys every message is authenticated with. The returned
 // function releases what the backend holds open.
-func newHandler(cfg Config, endings taskworker.Endings, log *slog.Logger) (intake.Handler, func() error, error) {
+func newHandler(cfg Config, endings executor.Endings, log *slog.Logger) (handler.Handler, func() error, error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
-		return intake.Handler{}, nil, err
+		return handler.Handler{}, nil, err
 	}
 	boot, err := cfg.Settings.New(td)
 	if err != nil {
-		return intake.Handler{}, nil, err
+		return handler.Handler{}, nil, err
 	}
 	ring, err := cfg.Keyring()
 	if err != nil {
-		return intake.Handler{}, nil, err
+		return handler.Handler{}, nil, err
 	}
-	backend, closeBackend, err := linkedBackends().New(taskassignment.Backend(cfg.Backend), cfg.Setup,
-		backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
+	backend, closeBackend, err := linkedBackends().New(taskassignment.BackendKind(cfg.Backend), cfg.BuildSettings,
+		backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
-		return intake.Handler{}, nil, err
+		return handler.Handler{}, nil, err
 	}
-	worker := taskworker.Worker{
+	worker := executor.Worker{
 		Backend: backend, Bootstrap: boot, Keys: keys, Endings: endings,
-		OnEvent: func(e taskworker.Event) {
+		OnEvent: func(e executor.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},
 	}
-	return intake.Handler{Worker: worker, TrustDomain: td, Keys: ring, Log: log}, closeBackend, nil
+	return handler.Handler{Worker: worker, TrustDomain: td, Keys: ring, Log: log}, closeBackend, nil
 }
 
-func serveHTTP(ctx context.Context, addr string, r intake.Receiver, g prometheus.Gatherer, log *slog.Logger) error {
+func serveHTTP(ctx context.Context, addr string, r handler.Receiver, g prometheus.Gatherer, log *slog.Logger) error {
 	h, err := httpHandler(ctx, r, g, log)
 	if err != nil {
 		return err
 	}
 	log.Info("serving CloudEvents", slog.String("addr", addr))
-	return function.ListenAndServe(ctx, function.Server(h, intake.MaxEventBytes), addr)
+	return function.ListenAndServe(ctx, function.Server(h, handler.MaxEventBytes), addr)
 }
 
 // httpHandler serves CloudEvents at / (any other path too: Knative posts
 // to /), readiness at GET /healthz and liveness at GET /livez (this mode
 // holds no NATS connection: nothing to check but the process), and g's
 // metrics at GET /metrics.
-func httpHandler(ctx context.Context, r intake.Receiver, g prometheus.Gatherer, log *slog.Logger) (http.Handler, error) {
+func httpHandler(ctx context.Context, r handler.Receiver, g prometheus.Gatherer, log *slog.Logger) (http.Handler, error) {
 	events, err := r.NewHTTPHandler(ctx)
 	if err != nil {
 		return nil, err

@@ -11,7 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -27,8 +27,8 @@ func (acceptAll) Accept(context.Context, taskassignment.Assignment) (bool, error
 func TestHTTPModeProbesAndMetrics(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
 	reg := metrics.NewRegistry()
-	h := intake.Handler{Worker: acceptAll{}, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: metrics.NewAssignments(reg)}
-	handler, err := httpHandler(t.Context(), intake.Receiver{Handler: h}, reg, slog.New(slog.DiscardHandler))
+	h := handler.Handler{Worker: acceptAll{}, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: metrics.NewAssignments(reg)}
+	handler, err := httpHandler(t.Context(), handler.Receiver{Handler: h}, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

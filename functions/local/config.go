@@ -17,7 +17,7 @@ import (
 // Config is local mode's configuration: GDR_LOCAL_* variables, each
 // overridden by its flag.
 type Config struct {
-	function.Common
+	function.CommonSettings
 	actionscache.Settings
 
 	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`

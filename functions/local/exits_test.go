@@ -15,14 +15,14 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // fakeGitea is Gitea's side of one task: whether it is over, what was
@@ -30,7 +30,7 @@ import (
 type fakeGitea struct {
 	mu       sync.Mutex
 	over     bool
-	reported []taskworker.Phase
+	reported []executor.Phase
 }
 
 func (g *fakeGitea) Terminal(context.Context, int64) (bool, error) {
@@ -39,7 +39,7 @@ func (g *fakeGitea) Terminal(context.Context, int64) (bool, error) {
 	return g.over, nil
 }
 
-func (g *fakeGitea) Report(_ context.Context, _ int64, e taskworker.Executor) error {
+func (g *fakeGitea) Report(_ context.Context, _ int64, e executor.Executor) error {
 	p := e.Phase
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -48,14 +48,14 @@ func (g *fakeGitea) Report(_ context.Context, _ int64, e taskworker.Executor) er
 	return nil
 }
 
-func (g *fakeGitea) reports() []taskworker.Phase {
+func (g *fakeGitea) reports() []executor.Phase {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]taskworker.Phase(nil), g.reported...)
+	return append([]executor.Phase(nil), g.reported...)
 }
 
 // TestEndedExecutorIsFinishedAtOnce runs local mode's finish path (the
-// process backend's OnExit -> exits -> Recovery.Finish -> a dispatch kick)
+// process backend's OnExit -> exits -> Recoverer.Finish -> a dispatch kick)
 // with a fake runner that ends at once: the task is reported as recover
 // would, its executor and payload are gone and a dispatch round is asked for
 // well within recover's interval, and recover's Run never runs.
@@ -65,28 +65,28 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 		name     string
 		runner   string // the fake runner's last line
 		over     bool   // Gitea knows the task is over (the runner reported it)
-		reported []taskworker.Phase
+		reported []executor.Phase
 	}{
 		{"the runner reported its result", `printf 0 > "$GDR_STATUS_FILE"`, true, nil},
-		{"ended with status 0, Gitea not told", `printf 0 > "$GDR_STATUS_FILE"`, false, []taskworker.Phase{taskworker.PhaseSucceeded}},
-		{"died without a status", `exit 3`, false, []taskworker.Phase{taskworker.PhaseFailed}},
+		{"ended with status 0, Gitea not told", `printf 0 > "$GDR_STATUS_FILE"`, false, []executor.Phase{executor.PhaseSucceeded}},
+		{"died without a status", `exit 3`, false, []executor.Phase{executor.PhaseFailed}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			l, a, g := finishFixture(t, "sleep 0.2\n"+tc.runner)
+			l, a, g, kicks := finishFixture(t, "sleep 0.2\n"+tc.runner)
 			g.over = tc.over
 			done := make(chan struct{})
 			go func() { defer close(done); l.exits.run(ctx) }()
 			defer func() { cancel(); <-done }()
 
 			started := time.Now()
-			w := taskworker.Worker{Backend: l.backend, Bootstrap: l.recover.Bootstrap, Keys: l.recover.Keys}
+			w := executor.Worker{Backend: l.backend, Bootstrap: l.recover.Bootstrap, Keys: l.recover.Keys}
 			if ok, err := w.Accept(ctx, a); err != nil || !ok {
 				t.Fatalf("Accept() = %v, %v", ok, err)
 			}
 			select {
-			case <-l.kick:
+			case <-kicks:
 			case <-time.After(bound):
 				t.Fatalf("no dispatch round asked for within %v of the executor's start", bound)
 			}
@@ -106,8 +106,9 @@ func TestEndedExecutorIsFinishedAtOnce(t *testing.T) {
 
 // finishFixture wires a local mode's finish path as start does, around a
 // process backend whose runner is a script ending with runnerBody, and
-// stores the payload of one claimed task; it returns that task's assignment.
-func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assignment, *fakeGitea) {
+// stores the payload of one claimed task; it returns that task's assignment,
+// and the channel that hears each dispatch round the finish path asks for.
+func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assignment, *fakeGitea, <-chan struct{}) {
 	t.Helper()
 	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	keys, err := taskassignment.NewKeys(prefix)
@@ -122,9 +123,15 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n"+runnerBody+"\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l := &local{log: slog.New(slog.DiscardHandler), kick: make(chan struct{}, 1)}
-	l.exits = newExits(l.finishOnce, l.kickDispatch)
-	l.backend, err = processbackend.New(processbackend.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
+	l := &local{log: slog.New(slog.DiscardHandler)}
+	kicks := make(chan struct{}, 1)
+	l.exits = newExits(l.finishOnce, func() {
+		select {
+		case kicks <- struct{}{}:
+		default:
+		}
+	})
+	l.backend, err = process.New(process.Config{Dir: t.TempDir(), Runner: script, Keys: keys, TrustDomain: td,
 		Minter: ca, Env: []string{"PATH=" + os.Getenv("PATH")}, OnExit: l.exits.exited})
 	if err != nil {
 		t.Fatal(err)
@@ -136,9 +143,9 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	g := &fakeGitea{}
 	env := jetstreamenv.NewQueue(t)
 	pool := runnerpool.Pool{Name: poolName, Backend: taskassignment.BackendProcess, Capacity: 1}
-	l.recover = &recovery.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: l.backend},
-		Pools:    map[string]recovery.Pool{poolName: {Pool: pool, Tasks: g}},
+	l.recover = &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: l.backend},
+		Pools:    map[string]recoverer.Pool{poolName: {Pool: pool, Tasks: g}},
 		Queue:    env.Queue, Sender: env.Queue, Payloads: env.Payloads}
 	id, err := taskidentity.New(td, "alice/repo", "build", 7)
 	if err != nil {
@@ -151,7 +158,7 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	if err := env.Payloads.Put(context.Background(), a.ID, &runnerv1.Task{Id: 7}); err != nil {
 		t.Fatal(err)
 	}
-	return l, a, g
+	return l, a, g, kicks
 }
 
 func TestExitsFinishEachEndOnceAndNeverBlock(t *testing.T) {

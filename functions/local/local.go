@@ -27,25 +27,26 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/processbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -61,11 +62,12 @@ type local struct {
 	cfg Config
 	log *slog.Logger
 
-	ns   *server.Server
-	nc   *nats.Conn
-	gw   *http.Server
-	kick chan struct{} // a webhook or a freed slot asks for a dispatch round now
-	// cadence paces the dispatch rounds between kicks.
+	ns *server.Server
+	nc *nats.Conn
+	gw *http.Server
+	// rounds runs the dispatch rounds: polled at cadence's pace, and at
+	// once when a webhook or a freed slot asks (kickDispatch).
+	rounds  *dispatcher.Rounds
 	cadence *dispatcher.Cadence
 	hook    *http.Server
 	ops     *http.Server // metrics and probes, with --metrics-addr
@@ -76,21 +78,23 @@ type local struct {
 	loops        sync.WaitGroup
 	d            *dispatcher.Dispatcher
 	pool         dispatcher.Pool
-	job          intake.Job
-	recover      *recovery.Recovery
+	job          handler.Job
+	recover      *recoverer.Recoverer
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
 	// executor, so concurrent passes converge); it saves duplicate calls.
 	recovering sync.Mutex
-	backend    *processbackend.Backend
+	backend    *process.Backend
 	exits      *exits // executors whose process ended, finished at once
 }
 
 // start brings everything up, failing fast, and in an order that writes
-// nothing to the state directory before Gitea has accepted the registration.
+// nothing to the state directory before Gitea has accepted the registration:
+// the registration, the queue (an embedded NATS), the executors' side (CA,
+// bootstrap, gateway, process backend), then the cores that join them.
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg := metrics.NewRegistry()
-	l := &local{cfg: cfg, log: log, kick: make(chan struct{}, 1), reg: reg, passes: recovermetrics.NewRecover(reg)}
+	l := &local{cfg: cfg, log: log, reg: reg, passes: recovermetrics.NewRecover(reg)}
 	giteaClient, err := l.registration(ctx)
 	if err != nil {
 		return nil, err
@@ -101,7 +105,6 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, err
 	}
-	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	metaKeys, err := taskassignment.NewKeys(prefix)
 	if err != nil {
 		return nil, err
@@ -110,80 +113,16 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, err := assignmentsig.NewSigner(secretkey.Key(keys.Signing))
-	if err != nil {
-		return nil, l.fail(err)
-	}
-	q := assignmentqueue.New(js, "").SignedBy(signer)
-	if err := q.EnsureStream(ctx); err != nil {
-		return nil, l.fail(err)
-	}
-	if err := q.EnsureRejections(ctx); err != nil {
-		return nil, l.fail(err)
-	}
-	consumer, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, cfg.Capacity)
-	if err != nil {
-		return nil, l.fail(err)
-	}
 	p := runnerpool.Pool{Name: poolName, Labels: cfg.labels(), Backend: taskassignment.BackendProcess, Capacity: cfg.Capacity}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, runnerpool.Pools{p}.PayloadTTL(), secretkey.Key(keys.Payload))
+	q, err := l.startQueue(ctx, js, keys, p)
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	ca, err := svidca.LoadOrCreate(filepath.Join(cfg.StateDir, "ca"), td)
+	boot, err := l.startExecutors(metaKeys, keys, q.payloads, client)
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	boot, err := bootstrap.New(secretkey.Key(keys.Bootstrap), "https://"+cfg.GatewayAddr, spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath))
-	if err != nil {
-		return nil, l.fail(err)
-	}
-	if err := l.startGateway(td, ca, payloads, boot, client); err != nil {
-		return nil, l.fail(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, l.fail(err)
-	}
-	l.exits = newExits(l.finishOnce, l.kickDispatch)
-	backend, err := processbackend.New(processbackend.Config{
-		Dir: filepath.Join(cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
-		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: processbackend.InheritedEnv(os.Environ()),
-		OnCorrupt: func(name string, err error) {
-			log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
-		},
-		OnExit: l.exits.exited,
-	})
-	if err != nil {
-		return nil, l.fail(err)
-	}
-	l.backend = backend
-	reg.MustRegister(metrics.NewExecutors(map[taskassignment.Backend]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
-	tasks := gitea.TaskState{Client: client}
-	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
-	l.cadence = &dispatcher.Cadence{Idle: cfg.PollInterval, Busy: cfg.BusyPollInterval, Window: cfg.BusyWindow}
-	l.statusSource = poolstatus.Source{Payloads: payloads, Tasks: payloads,
-		Executors: map[taskassignment.Backend]poolstatus.Executors{taskassignment.BackendProcess: backend},
-		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: q.Stream()}
-	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
-	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
-	worker := taskworker.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: payloads.Endings(),
-		OnEvent: func(e taskworker.Event) {
-			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
-			if e.Name == taskworker.EventExecutorCreated {
-				events.running(e.TaskID, e.Executor)
-			}
-		}}
-	l.job = intake.Job{
-		Handler:  intake.Handler{Worker: worker, TrustDomain: td, Keys: signer, Log: log, Observer: metrics.NewAssignments(reg)},
-		Consumer: consumer, Batch: cfg.Capacity,
-	}
-	l.recover = &recovery.Recovery{
-		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: backend},
-		Pools:    map[string]recovery.Pool{poolName: {Pool: p, Tasks: tasks}},
-		Queue:    q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Log: log,
-	}
+	l.wireCores(ctx, p, metaKeys, boot, q, client, events)
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {
 			return nil, l.fail(err)
@@ -199,14 +138,117 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	// before a restart, whose exits died with the process that started
 	// them, and finishes that failed.
 	l.every(ctx, cfg.RecoverInterval, l.recoverOnce)
-	l.paced(ctx, l.kick, l.dispatchOnce)
+	l.loops.Go(func() { l.rounds.Poll(ctx, l.pool) })
 	l.loop(ctx, l.handleOnce)
-	l.loops.Add(1)
-	go func() {
-		defer l.loops.Done()
-		l.exits.run(ctx)
-	}()
+	l.loops.Go(func() { l.exits.run(ctx) })
 	return l, nil
+}
+
+// queue is local mode's side of NATS: the signed assignment queue, the
+// process backend's consumer of it, and the payload store.
+type queue struct {
+	*assignmentqueue.Queue
+	signer   *assignmentsig.Signer
+	consumer delivery.Puller
+	payloads *assignmentqueue.Payloads
+	js       jetstream.JetStream
+}
+
+// startQueue ensures the queue's streams, the consumer and the payload
+// bucket of pool p on js.
+func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys keyFile, p runnerpool.Pool) (queue, error) {
+	signer, err := assignmentsig.NewSigner(secretkey.Key(keys.Signing))
+	if err != nil {
+		return queue{}, err
+	}
+	q := assignmentqueue.New(js, "").SignedBy(signer)
+	if err := q.EnsureStream(ctx); err != nil {
+		return queue{}, err
+	}
+	if err := q.EnsureRejections(ctx); err != nil {
+		return queue{}, err
+	}
+	consumer, err := q.OpenConsumer(ctx, taskassignment.BackendProcess, l.cfg.Capacity)
+	if err != nil {
+		return queue{}, err
+	}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, runnerpool.Pools{p}.PayloadTTL(), secretkey.Key(keys.Payload))
+	if err != nil {
+		return queue{}, err
+	}
+	return queue{Queue: q, signer: signer, consumer: consumer, payloads: payloads, js: js}, nil
+}
+
+// startExecutors brings up the executors' side: the local CA that mints
+// their SVIDs, the bootstrap they receive, the gateway they report through,
+// and the process backend that starts them (this binary, as `runner`).
+func (l *local) startExecutors(metaKeys taskassignment.Keys, keys keyFile, payloads *assignmentqueue.Payloads, client gateway.Forwarder) (*bootstrap.Bootstrap, error) {
+	td := spiffeid.RequireTrustDomainFromString(trustDomain)
+	ca, err := svidca.LoadOrCreate(filepath.Join(l.cfg.StateDir, "ca"), td)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := bootstrap.New(secretkey.Key(keys.Bootstrap), "https://"+l.cfg.GatewayAddr, spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath))
+	if err != nil {
+		return nil, err
+	}
+	if err := l.startGateway(td, ca, payloads, boot, client); err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	l.exits = newExits(l.finishOnce, l.kickDispatch)
+	backend, err := process.New(process.Config{
+		Dir: filepath.Join(l.cfg.StateDir, "executors"), Runner: self, RunnerArgs: []string{"runner"},
+		Keys: metaKeys, TrustDomain: td, Minter: ca, Env: process.InheritedEnv(os.Environ()),
+		OnCorrupt: func(name string, err error) {
+			l.log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
+		},
+		OnExit: l.exits.exited,
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.backend = backend
+	return boot, nil
+}
+
+// wireCores joins the queue and the executors with the three cores, as
+// dispatch, handle and recover would: the dispatcher and its rounds, the
+// handler's job, the recoverer; and the metrics and status they feed.
+func (l *local) wireCores(ctx context.Context, p runnerpool.Pool, metaKeys taskassignment.Keys, boot *bootstrap.Bootstrap, q queue,
+	client watched, events *jobEvents) {
+	td := spiffeid.RequireTrustDomainFromString(trustDomain)
+	backend, log, reg := l.backend, l.log, l.reg
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
+	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(q.js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
+	tasks := gitea.TaskState{Client: client}
+	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
+	l.statusSource = poolstatus.Source{Payloads: q.payloads, Tasks: q.payloads,
+		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
+		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(q.js)), Stream: q.Stream()}
+	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: q.payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
+	l.cadence = &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow}
+	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, l.cadence)
+	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: q.payloads.Endings(),
+		OnEvent: func(e executor.Event) {
+			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
+			if e.Name == executor.EventExecutorCreated {
+				events.running(e.TaskID, e.Executor)
+			}
+		}}
+	l.job = handler.Job{
+		Handler:  handler.Handler{Worker: worker, TrustDomain: td, Keys: q.signer, Log: log, Observer: metrics.NewAssignments(reg)},
+		Consumer: q.consumer, Batch: l.cfg.Capacity,
+	}
+	l.recover = &recoverer.Recoverer{
+		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: backend},
+		Pools:    map[string]recoverer.Pool{poolName: {Pool: p, Tasks: tasks}},
+		Queue:    q, Sender: q, Rejections: q, Payloads: q.payloads, Endings: q.payloads.Endings(), Log: log,
+	}
 }
 
 // registration loads the pool's credentials, or registers with the token,
@@ -417,27 +459,6 @@ func (l *local) every(ctx context.Context, interval time.Duration, f func(contex
 	}()
 }
 
-// paced runs f now, then again once the cadence's interval has passed
-// since it last ended, or whenever kick fires, until ctx ends.
-func (l *local) paced(ctx context.Context, kick <-chan struct{}, f func(context.Context)) {
-	l.loops.Add(1)
-	go func() {
-		defer l.loops.Done()
-		t := time.NewTimer(0)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			case <-kick:
-			}
-			f(ctx)
-			t.Reset(l.cadence.Interval(poolName))
-		}
-	}()
-}
-
 // loop runs f back to back until ctx ends.
 func (l *local) loop(ctx context.Context, f func(context.Context)) {
 	l.loops.Add(1)
@@ -449,22 +470,24 @@ func (l *local) loop(ctx context.Context, f func(context.Context)) {
 	}()
 }
 
-func (l *local) dispatchOnce(ctx context.Context) {
+// dispatchOnce runs one dispatch round (l.rounds runs it, and shows its
+// result to the cadence), logs it and writes the status file.
+func (l *local) dispatchOnce(ctx context.Context, p dispatcher.Pool) (dispatcher.Result, error) {
 	defer l.writeStatus(ctx)
-	res, err := l.d.Dispatch(ctx, l.pool)
+	res, err := l.d.Dispatch(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.log.Warn("dispatch round failed", slog.Any("error", err))
 		}
-		return
+		return res, err
 	}
-	l.cadence.Observe(res)
 	level := slog.LevelDebug // an idle round is no news
 	if len(res.Claimed) > 0 || res.Ended > 0 || res.Rejected > 0 {
 		level = slog.LevelInfo
 	}
 	l.log.Log(ctx, level, "dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
 		slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected))
+	return res, nil
 }
 
 func (l *local) handleOnce(ctx context.Context) {
@@ -503,14 +526,9 @@ func (l *local) drainRejected(ctx context.Context, n int) {
 	}
 }
 
-// kickDispatch makes the dispatch loop run a round now (or right after the
-// one it runs); it never blocks.
-func (l *local) kickDispatch() {
-	select {
-	case l.kick <- struct{}{}:
-	default:
-	}
-}
+// kickDispatch runs a dispatch round now (or right after the one that
+// runs); it never blocks.
+func (l *local) kickDispatch() { l.rounds.Wake(l.pool) }
 
 // finishOnce finishes the executor of an assignment whose process ended, as
 // recover would; true means the task's slot is free.
@@ -534,7 +552,7 @@ func (l *local) recoverOnce(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("recover failed", slog.Any("error", err))
 	}
-	if sum != (recovery.Summary{}) {
+	if sum != (recoverer.Summary{}) {
 		l.log.Info("recover", sum.Attrs()...)
 	}
 }
@@ -544,6 +562,7 @@ func (l *local) recoverOnce(ctx context.Context) {
 func (l *local) wait(ctx context.Context) {
 	<-ctx.Done()
 	l.loops.Wait()
+	l.rounds.Wait(3 * dispatcher.ClaimTimeout)
 	removeStatus(l.cfg.StateDir)
 	l.shutdown()
 }

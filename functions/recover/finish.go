@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -20,15 +20,15 @@ const modeFinish = "finish"
 
 // finish is one finish-mode run: for each backend of the pools file, one
 // batch of finish notices from the backend's durable consumer, each notice
-// settled (recovery.Notices), then exit. The backends' batches run side by
+// settled (recoverer.Notices), then exit. The backends' batches run side by
 // side. It only binds the consumers: handle-setup creates them
 // (assignmentqueue.Finished.Ensure), as it creates the queue's, so recover's
 // NATS user needs no right to create or change a consumer.
 //
 // It holds nothing across runs: a run that is killed leaves its notices to
 // come back after the consumer's ack wait, and every notice it settles is
-// re-checked against Gitea and the backend (recovery.Finish).
-func finish(ctx context.Context, cfg Config, r *recovery.Recovery, js jetstream.JetStream, log *slog.Logger) error {
+// re-checked against Gitea and the backend (recoverer.Finish).
+func finish(ctx context.Context, cfg Config, r *recoverer.Recoverer, js jetstream.JetStream, log *slog.Logger) error {
 	finished := assignmentqueue.NewFinished(js, cfg.Stream)
 	var (
 		mu   sync.Mutex
@@ -43,7 +43,7 @@ func finish(ctx context.Context, cfg Config, r *recovery.Recovery, js jetstream.
 			mu.Unlock()
 			continue
 		}
-		n := recovery.Notices{Recovery: r, Backend: b, Executors: recovery.Listed(r.Backends[b]), Consumer: consumer,
+		n := recoverer.Notices{Recoverer: r, Backend: b, Executors: recoverer.Listed(r.Backends[b]), Consumer: consumer,
 			Batch: cfg.Batch, Wait: cfg.FetchWait, Retry: cfg.Retry}
 		wg.Go(func() {
 			sum, err := n.Run(ctx)
@@ -62,8 +62,8 @@ func finish(ctx context.Context, cfg Config, r *recovery.Recovery, js jetstream.
 }
 
 // sortedBackends are the backends of the configured pools, in a fixed order.
-func sortedBackends(r *recovery.Recovery) []taskassignment.Backend {
-	var bs []taskassignment.Backend
+func sortedBackends(r *recoverer.Recoverer) []taskassignment.BackendKind {
+	var bs []taskassignment.BackendKind
 	for b := range r.Backends {
 		bs = append(bs, b)
 	}

@@ -24,21 +24,21 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // giteaTasks is Gitea's side for the benchmark: a task is over once
 // reported.
 type giteaTasks struct {
 	mu       sync.Mutex
-	reported map[int64]taskworker.Phase
+	reported map[int64]executor.Phase
 }
 
 func (g *giteaTasks) Terminal(_ context.Context, id int64) (bool, error) {
@@ -48,7 +48,7 @@ func (g *giteaTasks) Terminal(_ context.Context, id int64) (bool, error) {
 	return ok, nil
 }
 
-func (g *giteaTasks) Report(_ context.Context, id int64, e taskworker.Executor) error {
+func (g *giteaTasks) Report(_ context.Context, id int64, e executor.Executor) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reported[id] = e.Phase
@@ -101,7 +101,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	pool := runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendPod, Capacity: 100,
 		JobTimeout: runnerpool.Duration(90 * time.Minute),
 		Profile:    json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"runner:v1"}]}}}`)}
-	backend, err := podbackend.New(podbackend.Config{Client: client, Namespace: ns, Keys: keys, TrustDomain: td,
+	backend, err := pod.New(pod.Config{Client: client, Namespace: ns, Keys: keys, TrustDomain: td,
 		Pools: runnerpool.Pools{pool}, Entries: spire.Entries(), Cluster: "test-cluster"})
 	if err != nil {
 		b.Fatal(err)
@@ -122,10 +122,10 @@ func BenchmarkE2EFinish(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	gitea := &giteaTasks{reported: map[int64]taskworker.Phase{}}
-	r := &recovery.Recovery{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendPod: backend},
-		Pools:    map[string]recovery.Pool{"linux": {Pool: pool, Tasks: gitea}},
+	gitea := &giteaTasks{reported: map[int64]executor.Phase{}}
+	r := &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendPod: backend},
+		Pools:    map[string]recoverer.Pool{"linux": {Pool: pool, Tasks: gitea}},
 		Queue:    q.Queue, Sender: q.Queue, Payloads: q.Payloads}
 
 	// The executors, as handle leaves them: created, scheduled, bound, running.
@@ -133,7 +133,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := taskworker.Worker{Backend: backend, Tasks: gitea, Bootstrap: boot, Keys: keys}
+	w := executor.Worker{Backend: backend, Tasks: gitea, Bootstrap: boot, Keys: keys}
 	var as []taskassignment.Assignment
 	for i := range b.N * finishPods {
 		id := int64(i + 1)
@@ -183,7 +183,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	runsDone := make(chan struct{})
 	go func() {
 		defer close(runsDone)
-		n := recovery.Notices{Recovery: r, Backend: taskassignment.BackendPod, Executors: recovery.Listed(backend),
+		n := recoverer.Notices{Recoverer: r, Backend: taskassignment.BackendPod, Executors: recoverer.Listed(backend),
 			Consumer: consumer, Batch: 8, Wait: 2 * time.Second, Retry: 2 * time.Second}
 		for runCtx.Err() == nil {
 			if _, err := n.Run(runCtx); err != nil {
@@ -232,13 +232,13 @@ func BenchmarkE2EFinish(b *testing.B) {
 	<-runsDone
 
 	for _, a := range as {
-		if gitea.reported[a.Task.ID] != taskworker.PhaseSucceeded {
+		if gitea.reported[a.Task.ID] != executor.PhaseSucceeded {
 			b.Errorf("task %d reported %q", a.Task.ID, gitea.reported[a.Task.ID])
 		}
 		if _, err := q.Payloads.Get(ctx, a.ID); err == nil {
 			b.Errorf("payload of %s still stored", a.ID)
 		}
-		if _, err := client.CoreV1().Secrets(ns).Get(ctx, podbackend.SecretName(backend.PodName(a.ID)), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := client.CoreV1().Secrets(ns).Get(ctx, pod.SecretName(backend.PodName(a.ID)), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			b.Errorf("Secret of %s: %v, want not found", a.ID, err)
 		}
 	}

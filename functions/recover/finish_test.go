@@ -9,10 +9,10 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 // finish binds each backend's notices consumer, which handle-setup creates;
@@ -21,9 +21,9 @@ func TestFinishModeBindsHandleSetupsConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	env := jetstreamenv.NewQueue(t)
-	r := &recovery.Recovery{
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: taskworkertest.NewMemory("")},
-		Pools:    map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
+	r := &recoverer.Recoverer{
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	cfg := Config{Stream: assignmentqueue.DefaultStream, Batch: 4, FetchWait: 300 * time.Millisecond, Retry: time.Second}

@@ -9,29 +9,29 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker/taskworkertest"
 )
 
 // In http mode a tick runs a pass that /metrics counts, and /healthz
 // follows the NATS connection (503 once the server is gone).
 func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
-	r := &recovery.Recovery{
-		Backends: map[taskassignment.Backend]recovery.Backend{taskassignment.BackendProcess: taskworkertest.NewMemory("")},
-		Pools:    map[string]recovery.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
+	r := &recoverer.Recoverer{
+		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}
 	reg := metrics.NewRegistry()
 	probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(env.Conn)}}}
-	h, err := handler(t.Context(), function.Ticks{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
+	h, err := handler(t.Context(), function.TickSettings{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 // Command recover finishes, reports and cleans up whatever the backends hold
-// (see package recovery): one pass, then exit. Run it as a CronJob, from a
+// (see package recoverer): one pass, then exit. Run it as a CronJob, from a
 // Knative PingSource (GDR_RECOVER_MODE=http: every POST runs a pass), or by
 // hand. GDR_RECOVER_MODE=finish is the fast path: one run takes a batch of
 // finish notices (sent by the gateway when a runner's final result reached
@@ -10,7 +10,7 @@
 // pool: capacity, tasks in flight, started, waiting, the oldest wait, queued
 // messages) and, per task, its Gitea run URL, its executor and phase, and
 // why it waits: recover's NATS user may read the payloads and recover has
-// the backends. It reads only.
+// the backend. It reads only.
 //
 // Exit status: 0 when the pass ran (single assignments that failed are
 // logged and retried by the next pass), 1 when it could not run at all, 2 for
@@ -33,10 +33,10 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/pod"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backends/process"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -44,7 +44,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -54,23 +54,23 @@ var program = function.Program{Name: "recover", Synopsis: "| status [-o table|js
 
 // Config is the configuration of recover, read from GDR_* variables.
 type Config struct {
-	function.Common
-	function.HTTP
-	function.Ticks
-	natsconn.Config
-	taskassignment.Naming
-	gitea.Instance
-	runnerpool.Source
-	assignmentqueue.PayloadStore
+	function.CommonSettings
+	function.HTTPSettings
+	function.TickSettings
+	natsconn.ConnSettings
+	taskassignment.NamingSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	assignmentqueue.PayloadSettings
 	assignmentsig.SigningSettings
 	bootstrap.Settings
-	backends.Setup
-	assignmentevents.Publishing
+	backend.BuildSettings
+	assignmentevents.PublishSettings
 
 	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
 	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
-	// OrphanGrace is the Knative path's orphan rule (recovery.Recovery).
+	// OrphanGrace is the Knative path's orphan rule (recoverer.Recoverer).
 	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"30m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago (a send lost between dispatch and the channel); a repeat of a message the channel still offers is harmless"`
 
 	// Finish mode.
@@ -97,15 +97,15 @@ func (c *Config) Check() error {
 		mode = fmt.Errorf("GDR_ORPHAN_GRACE %v: want a positive duration", c.OrphanGrace)
 	}
 	td, _, _ := c.Parse()
-	pools, err := c.Source.Load()
+	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	errs := []error{c.Naming.Check(), c.Settings.Check(td), c.PayloadStore.Check(), c.SigningSettings.Check(),
-		c.Publishing.Check(os.Getenv("K_SINK")), mode, err}
-	checked := map[taskassignment.Backend]bool{}
+	errs := []error{c.NamingSettings.Check(), c.Settings.Check(td), c.PayloadSettings.Check(), c.SigningSettings.Check(),
+		c.PublishSettings.Check(os.Getenv("K_SINK")), mode, err}
+	checked := map[taskassignment.BackendKind]bool{}
 	for _, p := range pools {
 		if !checked[p.Backend] {
 			checked[p.Backend] = true
-			errs = append(errs, c.Setup.Check(p.Backend))
+			errs = append(errs, c.BuildSettings.Check(p.Backend))
 		}
 	}
 	return errors.Join(errs...)
@@ -141,7 +141,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	switch cfg.Mode {
 	case "http":
 		reg := metrics.NewRegistry()
-		listers := map[taskassignment.Backend]metrics.ExecutorLister{}
+		listers := map[taskassignment.BackendKind]metrics.ExecutorLister{}
 		for b, backend := range r.Backends {
 			listers[b] = backend
 		}
@@ -154,7 +154,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		dead := assignmentevents.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
-		return serve(ctx, cfg.HTTPAddr, cfg.Ticks, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
+		return serve(ctx, cfg.HTTPAddr, cfg.TickSettings, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
@@ -163,11 +163,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // passObserver hears of every pass (recovermetrics.Recover).
 type passObserver interface {
-	Pass(sum recovery.Summary, err error)
+	Pass(sum recoverer.Summary, err error)
 }
 
 // pass runs once and logs one summary line; obs, when not nil, hears of it.
-func pass(ctx context.Context, r *recovery.Recovery, obs passObserver, log *slog.Logger) error {
+func pass(ctx context.Context, r *recoverer.Recoverer, obs passObserver, log *slog.Logger) error {
 	sum, err := r.Run(ctx)
 	if obs != nil {
 		obs.Pass(sum, err)
@@ -182,15 +182,15 @@ func pass(ctx context.Context, r *recovery.Recovery, obs passObserver, log *slog
 
 // linkedBackends are the backends recover builds: all of them, since its
 // pools file may name any.
-func linkedBackends() backends.Builders {
-	return backends.Builders{
-		taskassignment.BackendProcess:     process.New,
-		taskassignment.BackendOpenSandbox: opensandbox.New,
-		taskassignment.BackendPod:         pod.New,
+func linkedBackends() backend.Builders {
+	return backend.Builders{
+		taskassignment.BackendProcess:     process.Build,
+		taskassignment.BackendOpenSandbox: opensandbox.Build,
+		taskassignment.BackendPod:         pod.Build,
 	}
 }
 
-func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recovery, jetstream.JetStream, func(), error) {
+func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recoverer, jetstream.JetStream, func(), error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
 		return nil, nil, nil, err
@@ -213,14 +213,14 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 			_ = closers[i]()
 		}
 	}
-	rp := map[string]recovery.Pool{}
-	bs := map[taskassignment.Backend]recovery.Backend{}
+	rp := map[string]recoverer.Pool{}
+	bs := map[taskassignment.BackendKind]recoverer.Backend{}
 	for _, p := range cfg.pools {
-		rp[p.Name] = recovery.Pool{Pool: p, Tasks: gitea.TaskState{Client: clients[p.Name]}}
+		rp[p.Name] = recoverer.Pool{Pool: p, Tasks: gitea.TaskState{Client: clients[p.Name]}}
 		if _, ok := bs[p.Backend]; ok {
 			continue
 		}
-		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.Setup, backends.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
+		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.BuildSettings, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
 			closeAll()
 			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
@@ -228,7 +228,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		closers = append(closers, closeBackend)
 		bs[p.Backend] = b
 	}
-	nc, js, err := natsconn.Connect(ctx, cfg.Config, "recover")
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "recover")
 	if err != nil {
 		closeAll()
 		return nil, nil, nil, err
@@ -240,7 +240,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 		return nil, nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
-	r := &recovery.Recovery{
+	r := &recoverer.Recoverer{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
 		Queue: q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
 	}
@@ -261,7 +261,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recovery.Recover
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
+func serve(ctx context.Context, addr string, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
 	h, err := handler(ctx, ticks, r, dead, probes, g, obs, log)
 	if err != nil {
 		return err
@@ -275,7 +275,7 @@ func serve(ctx context.Context, addr string, ticks function.Ticks, r *recovery.R
 // and handle's rejection replies: each must carry an authentic assignment),
 // answers probes at GET /healthz (NATS connected) and GET /livez, and g's
 // metrics at GET /metrics.
-func handler(ctx context.Context, ticks function.Ticks, r *recovery.Recovery, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
+func handler(ctx context.Context, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
 	events, err := dead.NewHTTPHandler(ctx)
 	if err != nil {
 		return nil, err

@@ -52,7 +52,7 @@ func status(ctx context.Context, cfg Config, format string, w io.Writer, log *sl
 	if !ok {
 		return errors.New("recover status: the payload store cannot be read for a report")
 	}
-	executors := map[taskassignment.Backend]poolstatus.Executors{}
+	executors := map[taskassignment.BackendKind]poolstatus.Executors{}
 	for b, backend := range r.Backends {
 		executors[b] = backend
 	}

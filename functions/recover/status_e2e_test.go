@@ -24,13 +24,13 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // `recover status` against the real API server and NATS, with recover's own
@@ -90,17 +90,17 @@ func TestE2EStatusShowsWhyATaskWaits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	td, keys, err := taskassignment.Naming{TrustDomain: "ci.example.org", MetadataPrefix: "gitea-dynamic-runner.io"}.Parse()
+	td, keys, err := taskassignment.NamingSettings{TrustDomain: "ci.example.org", MetadataPrefix: "gitea-dynamic-runner.io"}.Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
-	pods, err := podbackend.New(podbackend.Config{Client: client, Namespace: ns, Keys: keys, TrustDomain: td, Cluster: "test-cluster", Entries: noEntries{},
+	pods, err := pod.New(pod.Config{Client: client, Namespace: ns, Keys: keys, TrustDomain: td, Cluster: "test-cluster", Entries: noEntries{},
 		Pools: runnerpool.Pools{{Name: "linux", Backend: taskassignment.BackendPod, JobTimeout: runnerpool.Duration(time.Hour), Profile: json.RawMessage(profile)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := assignmentFor(t, td, 1)
-	e, err := pods.Create(ctx, a, taskworker.LaunchSpec{Metadata: keys.Metadata(a), Environment: map[string]string{"CI_RUNNER_CAPABILITY": "cap-s3cret"}})
+	e, err := pods.Create(ctx, a, executor.LaunchSpec{Metadata: keys.Metadata(a), Environment: map[string]string{"CI_RUNNER_CAPABILITY": "cap-s3cret"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,4 +165,4 @@ func assignmentFor(t *testing.T, td spiffeid.TrustDomain, taskID int64) taskassi
 
 // noEntries is the SPIRE entry client of a backend that only creates Pods
 // here: Create binds no identity, and no entry method is called.
-type noEntries struct{ podbackend.EntryClient }
+type noEntries struct{ pod.EntryClient }

@@ -25,7 +25,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -145,7 +145,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gitea.Stop()
-	osb := opensandboxtest.New(t, opensandboxtest.WithAPIKey(osbAPIKey))
+	osb := sandboxapitest.New(t, sandboxapitest.WithAPIKey(osbAPIKey))
 
 	ns := NewNATS(bins.NATS, filepath.Join(dir, "nats"), filepath.Join(logs, "nats.log"), testenv.FreePort(t))
 	if err := ns.Start(ctx); err != nil {
@@ -370,11 +370,11 @@ func scaleAckWait(ctx context.Context, t *testing.T, js jetstream.JetStream) jet
 // osbFaults fails a tenth of the backend's calls: 5xx or 429 before the call
 // takes effect, 5xx after it (the answer lost), or no answer at all, before
 // or after.
-func osbFaults(seed uint64) func(method, path string) *opensandboxtest.Fault {
+func osbFaults(seed uint64) func(method, path string) *sandboxapitest.Fault {
 	var mu sync.Mutex
 	r := mathrand.New(mathrand.NewPCG(seed, 3))
 	statuses := []int{http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable}
-	return func(string, string) *opensandboxtest.Fault {
+	return func(string, string) *sandboxapitest.Fault {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Float64() >= faultRate {
@@ -382,15 +382,15 @@ func osbFaults(seed uint64) func(method, path string) *opensandboxtest.Fault {
 		}
 		switch p := r.Float64(); {
 		case p < 0.4:
-			return &opensandboxtest.Fault{Status: statuses[r.IntN(len(statuses))]}
+			return &sandboxapitest.Fault{Status: statuses[r.IntN(len(statuses))]}
 		case p < 0.55:
-			return &opensandboxtest.Fault{Status: http.StatusTooManyRequests, RetryAfter: 1}
+			return &sandboxapitest.Fault{Status: http.StatusTooManyRequests, RetryAfter: 1}
 		case p < 0.8:
-			return &opensandboxtest.Fault{Status: statuses[r.IntN(len(statuses))], AfterEffect: true}
+			return &sandboxapitest.Fault{Status: statuses[r.IntN(len(statuses))], AfterEffect: true}
 		case p < 0.9:
-			return &opensandboxtest.Fault{Drop: true}
+			return &sandboxapitest.Fault{Drop: true}
 		default:
-			return &opensandboxtest.Fault{Drop: true, AfterEffect: true}
+			return &sandboxapitest.Fault{Drop: true, AfterEffect: true}
 		}
 	}
 }
@@ -484,7 +484,7 @@ func waitDrained(ctx context.Context, limit time.Duration, drained func() (bool,
 	}
 }
 
-func drainState(ctx context.Context, g *Gitea, osb *opensandboxtest.Server, js jetstream.JetStream, n int) (bool, string) {
+func drainState(ctx context.Context, g *Gitea, osb *sandboxapitest.Server, js jetstream.JetStream, n int) (bool, string) {
 	done := g.Done()
 	sandboxes := len(osb.Sandboxes())
 	keys, msgs, err := queueLeft(ctx, js)
@@ -615,7 +615,7 @@ func poolsOf(labels []string) []string {
 
 // duplicated counts the assignments whose executor was created more than
 // once (the fake records every creation, deleted sandboxes included).
-func duplicated(created []opensandboxtest.Sandbox, keys taskassignment.Keys) (int, []string) {
+func duplicated(created []sandboxapitest.Sandbox, keys taskassignment.Keys) (int, []string) {
 	by := map[string][]string{}
 	for _, sb := range created {
 		a := sb.Metadata[keys.AssignmentID]
@@ -632,7 +632,7 @@ func duplicated(created []opensandboxtest.Sandbox, keys taskassignment.Keys) (in
 
 // leaks counts what is left: sandboxes, keys in the payload bucket, messages
 // in the stream.
-func leaks(ctx context.Context, osb *opensandboxtest.Server, js jetstream.JetStream) (int, []string) {
+func leaks(ctx context.Context, osb *sandboxapitest.Server, js jetstream.JetStream) (int, []string) {
 	var lines []string
 	for _, sb := range osb.Sandboxes() {
 		lines = append(lines, fmt.Sprintf("LEAKED: sandbox %s (%s) of assignment %s", sb.ID, sb.State, sb.Metadata["gitea-dynamic-runner.io/assignment-id"]))

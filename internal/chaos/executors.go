@@ -9,8 +9,7 @@ import (
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -29,7 +28,7 @@ type Gateway interface {
 // executor whose sandbox is deleted stops where it is, as a killed sandbox
 // would.
 type Executors struct {
-	Sandboxes *opensandboxtest.Server
+	Sandboxes *sandboxapitest.Server
 	Gitea     *Gitea
 	Gateway   func() Gateway
 	Keys      taskassignment.Keys
@@ -83,7 +82,7 @@ func (x *Executors) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // run is one sandbox's executor.
-func (x *Executors) run(ctx context.Context, sb opensandboxtest.Sandbox) {
+func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	id := sb.ID
 	aid := sb.Metadata[x.Keys.AssignmentID]
 	_, taskID, err := taskassignment.ParseID(aid)
@@ -174,4 +173,4 @@ func (x *Executors) Counts() (started, reported, unreported int) {
 	return x.started, x.reported, x.unreported
 }
 
-func isNotFound(err error) bool { return errors.Is(err, assignmentqueue.ErrPayloadNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, taskassignment.ErrPayloadNotFound) }

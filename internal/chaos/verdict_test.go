@@ -6,7 +6,7 @@ import (
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/opensandbox/opensandboxtest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -75,10 +75,10 @@ func TestDuplicated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := func(id, aid string) opensandboxtest.Sandbox {
-		return opensandboxtest.Sandbox{ID: id, Metadata: map[string]string{keys.AssignmentID: aid}}
+	sb := func(id, aid string) sandboxapitest.Sandbox {
+		return sandboxapitest.Sandbox{ID: id, Metadata: map[string]string{keys.AssignmentID: aid}}
 	}
-	n, lines := duplicated([]opensandboxtest.Sandbox{sb("a", "linux-1"), sb("b", "linux-2"), sb("c", "linux-1")}, keys)
+	n, lines := duplicated([]sandboxapitest.Sandbox{sb("a", "linux-1"), sb("b", "linux-2"), sb("c", "linux-1")}, keys)
 	if n != 1 || len(lines) != 1 {
 		t.Errorf("duplicated = %d, %q; want linux-1 only", n, lines)
 	}

@@ -86,7 +86,7 @@ build() {
   chmod 644 "$tmp"/crds/*.yaml
   chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
   # The main package's module is recorded as "mod" (not "dep"), though it is not the main module.
-  go version -m "$tmp/keda-operator" | grep -qE "^[[:space:]](mod|dep)[[:space:]]+$KEDA_MODULE[[:space:]]+$KEDA_VERSION([[:space:]]|$)" ||
+  grep -qE "^[[:space:]](mod|dep)[[:space:]]+$KEDA_MODULE[[:space:]]+$KEDA_VERSION([[:space:]]|$)" <<<"$(go version -m "$tmp/keda-operator")" ||
     die "built keda-operator does not embed $KEDA_MODULE $KEDA_VERSION"
   {
     echo "keda=$KEDA_VERSION"

@@ -114,9 +114,11 @@ build() {
   )
   chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
   for c in "${KUBE_COMMANDS[@]}"; do
-    "$tmp/$c" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION" || die "built $c does not report $K8S_VERSION"
+    grep -qx "Kubernetes $K8S_VERSION" <<<"$("$tmp/$c" --version 2>/dev/null)" || die "built $c does not report $K8S_VERSION"
   done
-  "$tmp/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" ||
+  # The output is read whole before grep sees it: grep -q in a pipe exits at its first match, and
+  # under pipefail the writer's SIGPIPE would fail the check at random.
+  grep -qx "etcd Version: ${ETCD_VERSION#v}" <<<"$("$tmp/etcd" --version 2>/dev/null)" ||
     die "built etcd does not report $ETCD_VERSION"
   {
     echo "kubernetes=$K8S_VERSION (${KUBE_COMMANDS[*]})"

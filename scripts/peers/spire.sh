@@ -62,7 +62,7 @@ build() {
   chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
   local b
   for b in spire-server spire-agent; do
-    "$tmp/$b" --version 2>&1 | grep -q "${VERSION#v}" || die "built $b does not report ${VERSION#v}"
+    grep -q "${VERSION#v}" <<<"$("$tmp/$b" --version 2>&1)" || die "built $b does not report ${VERSION#v}"
   done
   {
     echo "spire-server=$VERSION"

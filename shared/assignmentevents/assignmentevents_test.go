@@ -19,7 +19,6 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -143,7 +142,7 @@ type failer struct {
 	err     error
 }
 
-func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reason string) (recovery.DeadLetterOutcome, error) {
+func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reason string) (taskassignment.DeadLetterOutcome, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -151,7 +150,7 @@ func (f *failer) DeadLetter(_ context.Context, a taskassignment.Assignment, reas
 	}
 	f.ids = append(f.ids, a.ID)
 	f.reasons = append(f.reasons, reason)
-	return recovery.DeadLetterFailed, nil
+	return taskassignment.DeadLetterFailed, nil
 }
 
 func TestDeadLetters(t *testing.T) {
@@ -241,11 +240,11 @@ type blockingFailer struct {
 	cancelled        chan bool
 }
 
-func (f blockingFailer) DeadLetter(ctx context.Context, _ taskassignment.Assignment, _ string) (recovery.DeadLetterOutcome, error) {
+func (f blockingFailer) DeadLetter(ctx context.Context, _ taskassignment.Assignment, _ string) (taskassignment.DeadLetterOutcome, error) {
 	close(f.started)
 	<-f.release
 	f.cancelled <- ctx.Err() != nil
-	return recovery.DeadLetterFailed, nil
+	return taskassignment.DeadLetterFailed, nil
 }
 
 // TestDeadLetterOutlivesItsRequest: a sender that goes away while recover
@@ -296,18 +295,18 @@ func TestDeadLetterOutlivesItsRequest(t *testing.T) {
 func TestPublishingCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		p       Publishing
+		p       PublishSettings
 		kSink   string
 		want    string // "" for no error
 		wantURL string
 	}{
-		{"jetstream", Publishing{Publish: "jetstream"}, "", "", ""},
-		{"unknown", Publishing{Publish: "kafka"}, "", "GDR_PUBLISH", ""},
-		{"cloudevents without a sink", Publishing{Publish: "cloudevents"}, "", "K_SINK", ""},
-		{"cloudevents from K_SINK", Publishing{Publish: "cloudevents"}, "http://channel.ns.svc", "", "http://channel.ns.svc"},
-		{"GDR_EVENT_SINK first", Publishing{Publish: "cloudevents", EventSink: "http://broker"}, "http://channel", "", "http://broker"},
-		{"bad sink", Publishing{Publish: "cloudevents", EventSink: "channel:80"}, "", "GDR_EVENT_SINK: not an http(s) URL", ""},
-		{"bad K_SINK", Publishing{Publish: "cloudevents"}, "/relative", "K_SINK: not an http(s) URL", ""},
+		{"jetstream", PublishSettings{Publish: "jetstream"}, "", "", ""},
+		{"unknown", PublishSettings{Publish: "kafka"}, "", "GDR_PUBLISH", ""},
+		{"cloudevents without a sink", PublishSettings{Publish: "cloudevents"}, "", "K_SINK", ""},
+		{"cloudevents from K_SINK", PublishSettings{Publish: "cloudevents"}, "http://channel.ns.svc", "", "http://channel.ns.svc"},
+		{"GDR_EVENT_SINK first", PublishSettings{Publish: "cloudevents", EventSink: "http://broker"}, "http://channel", "", "http://broker"},
+		{"bad sink", PublishSettings{Publish: "cloudevents", EventSink: "channel:80"}, "", "GDR_EVENT_SINK: not an http(s) URL", ""},
+		{"bad K_SINK", PublishSettings{Publish: "cloudevents"}, "/relative", "K_SINK: not an http(s) URL", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.p.Check(tc.kSink)

@@ -11,10 +11,10 @@ const (
 	PublishCloudEvents = "cloudevents"
 )
 
-// Publishing is where dispatch and recover send assignments, embedded in
+// PublishSettings is where dispatch and recover send assignments, embedded in
 // their configurations: the JetStream queue (KEDA) or a CloudEvents sink
 // (Knative). Call Check with the value of K_SINK.
-type Publishing struct {
+type PublishSettings struct {
 	Publish   string `envconfig:"PUBLISH" default:"jetstream" desc:"where assignments go: jetstream (the queue stream GDR_STREAM; KEDA) or cloudevents (the CloudEvents sink GDR_EVENT_SINK: a NatsJetStreamChannel or a Broker; Knative)"`
 	EventSink string `envconfig:"EVENT_SINK" desc:"cloudevents: the sink's URL; empty: K_SINK, which a Knative SinkBinding injects"`
 }
@@ -23,7 +23,7 @@ type Publishing struct {
 // is missing or not an http(s) URL; kSink is the value of K_SINK, the sink
 // when GDR_EVENT_SINK is empty. Its errors name the variable, never a URL's
 // credentials.
-func (p *Publishing) Check(kSink string) error {
+func (p *PublishSettings) Check(kSink string) error {
 	switch p.Publish {
 	case PublishJetStream:
 		return nil
@@ -46,4 +46,4 @@ func (p *Publishing) Check(kSink string) error {
 }
 
 // CloudEvents reports whether assignments go to a CloudEvents sink.
-func (p Publishing) CloudEvents() bool { return p.Publish == PublishCloudEvents }
+func (p PublishSettings) CloudEvents() bool { return p.Publish == PublishCloudEvents }

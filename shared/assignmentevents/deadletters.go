@@ -14,7 +14,6 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -30,9 +29,9 @@ type Opener interface {
 }
 
 // Failer ends the task of an assignment the channel gave up on
-// (recovery.Recovery).
+// (recoverer.Recoverer).
 type Failer interface {
-	DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (recovery.DeadLetterOutcome, error)
+	DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (taskassignment.DeadLetterOutcome, error)
 }
 
 // FailTimeout bounds the work on one dead letter (a Gitea report, a

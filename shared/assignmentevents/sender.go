@@ -78,7 +78,7 @@ func (s *Sender) Event(a taskassignment.Assignment) (cloudevents.Event, error) {
 	if a.ID == "" {
 		return cloudevents.Event{}, fmt.Errorf("assignment events: assignment of task %d has no ID", a.Task.ID)
 	}
-	if _, err := taskassignment.ParseBackend(string(a.Backend)); err != nil {
+	if _, err := taskassignment.ParseBackendKind(string(a.Backend)); err != nil {
 		return cloudevents.Event{}, fmt.Errorf("assignment events: assignment %s: %w", a.ID, err)
 	}
 	msg, err := taskassignment.Encode(a)

@@ -15,7 +15,7 @@ const endedPrefix = "ended."
 // Endings remembers which assignments are over, in the payload bucket beside
 // the payloads (key "ended.<assignment ID>", an empty value), so that a queue
 // message delivered again after its task ended creates no second executor
-// (taskworker.Worker.Accept consults it). It reads and writes marks only:
+// (executor.Worker.Accept consults it). It reads and writes marks only:
 // it holds no payload key and never reads a payload, so handle, which needs
 // it, gets a NATS grant for the "ended." keys alone.
 //

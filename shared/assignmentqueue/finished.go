@@ -23,7 +23,7 @@ import (
 // stores one notice.
 //
 // A notice is unauthenticated data and carries nothing secret. It is
-// harmless: recover acts on a notice only through recovery.Finish, which acts
+// harmless: recover acts on a notice only through recoverer.Finish, which acts
 // only on facts it reads itself from Gitea and the backend. A forged notice,
 // or one for a task that is not over, causes one early check of one executor
 // and changes nothing. A lost notice costs only time: recover's periodic pass
@@ -40,21 +40,13 @@ const (
 	// FinishedAckWait is how long a delivered notice stays with its receiver
 	// before it is delivered again. One Finish takes a few API calls.
 	FinishedAckWait = time.Minute
-	// FinishedMaxDeliver bounds the deliveries of one notice: an executor
-	// still exiting after that many retries is left to recover's pass. The
-	// receiver terminates a notice on its last delivery rather than nak it
-	// (a work-queue message past MaxDeliver would stay in the stream).
-	FinishedMaxDeliver = 5
 	// finishedMaxAckPending caps the notices of one backend out at once.
 	finishedMaxAckPending = 256
-	// maxNoticeBytes is more than any assignment ID (a label value, at
-	// most 63 bytes): a longer body is refused unread, and never logged.
-	maxNoticeBytes = 256
 )
 
 // FinishedSubject returns the subject of finish notices for backend b:
 // "ci.finished.<b>".
-func FinishedSubject(b taskassignment.Backend) string {
+func FinishedSubject(b taskassignment.BackendKind) string {
 	return FinishedSubjectPrefix + "." + string(b)
 }
 
@@ -89,14 +81,14 @@ func (f *Finished) streamConfig() jetstream.StreamConfig {
 	}
 }
 
-func finishedConsumerConfig(b taskassignment.Backend) jetstream.ConsumerConfig {
+func finishedConsumerConfig(b taskassignment.BackendKind) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       string(b),
 		FilterSubject: FinishedSubject(b),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       FinishedAckWait,
-		MaxDeliver:    FinishedMaxDeliver,
+		MaxDeliver:    taskassignment.FinishedMaxDeliver,
 		MaxAckPending: finishedMaxAckPending,
 	}
 }
@@ -108,7 +100,7 @@ func finishedConsumerConfig(b taskassignment.Backend) jetstream.ConsumerConfig {
 // consumers. It is idempotent and safe to run from several processes at once.
 // As with EnsureStream, a stream with another retention or storage is left
 // unchanged and reported.
-func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.Backend) error {
+func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.BackendKind) error {
 	want := f.streamConfig()
 	s, err := f.js.Stream(ctx, f.stream)
 	switch {
@@ -140,7 +132,7 @@ func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.Backe
 // Consumer returns the existing durable consumer of backend b without
 // changing it (Ensure creates it). It wraps jetstream.ErrConsumerNotFound when
 // there is none.
-func (f *Finished) Consumer(ctx context.Context, b taskassignment.Backend) (jetstream.Consumer, error) {
+func (f *Finished) Consumer(ctx context.Context, b taskassignment.BackendKind) (jetstream.Consumer, error) {
 	if err := checkBackend(b); err != nil {
 		return nil, fmt.Errorf("finish notices: stream %q: consumer: %w", f.stream, err)
 	}
@@ -157,7 +149,7 @@ func (f *Finished) Consumer(ctx context.Context, b taskassignment.Backend) (jets
 // the publish fails (no responders). A notice of the same assignment stored
 // less than DuplicateWindow ago makes this one a no-op. An unknown backend or
 // an ID that is not an assignment ID is refused before anything is sent.
-func (f *Finished) Publish(ctx context.Context, b taskassignment.Backend, assignmentID string) error {
+func (f *Finished) Publish(ctx context.Context, b taskassignment.BackendKind, assignmentID string) error {
 	if err := checkBackend(b); err != nil {
 		return fmt.Errorf("finish notices: publish notice of %s: %w", assignmentID, err)
 	}
@@ -168,17 +160,4 @@ func (f *Finished) Publish(ctx context.Context, b taskassignment.Backend, assign
 		return fmt.Errorf("finish notices: publish notice of %s: %w", assignmentID, err)
 	}
 	return nil
-}
-
-// FinishedNotice returns the assignment ID a finish notice's body names, or
-// an error when it names none (the caller terminates such a notice).
-func FinishedNotice(body []byte) (string, error) {
-	if len(body) > maxNoticeBytes {
-		return "", fmt.Errorf("finish notice: %d bytes, longer than any assignment ID", len(body))
-	}
-	id := string(body)
-	if _, _, err := taskassignment.ParseID(id); err != nil {
-		return "", fmt.Errorf("finish notice: %w", err)
-	}
-	return id, nil
 }

@@ -53,7 +53,7 @@ func decode(data []byte) (taskassignment.Assignment, error) {
 }
 
 // assignment returns a valid assignment of task taskID to backend b.
-func assignment(t testing.TB, b taskassignment.Backend, taskID int64) taskassignment.Assignment {
+func assignment(t testing.TB, b taskassignment.BackendKind, taskID int64) taskassignment.Assignment {
 	t.Helper()
 	id, err := taskidentity.New(testTD(), "Owner/Repo", "build", taskID)
 	if err != nil {

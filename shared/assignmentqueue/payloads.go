@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // DefaultPayloadBucket is the conventional name of the payload bucket.
@@ -29,9 +30,6 @@ const (
 )
 
 var (
-	// ErrPayloadNotFound means no payload is stored under the assignment ID:
-	// it was never put, was deleted, or outlived the bucket's TTL.
-	ErrPayloadNotFound = errors.New("task payload not found")
 	// ErrPayloadSealed means a stored value does not open to a task under
 	// this store's key for this assignment ID: another key sealed it, it was
 	// altered, or it was sealed for another assignment ID. No part of such a
@@ -152,7 +150,7 @@ func (p *Payloads) Put(ctx context.Context, assignmentID string, task *runnerv1.
 	return nil
 }
 
-// Get returns the task stored under assignmentID. It wraps ErrPayloadNotFound
+// Get returns the task stored under assignmentID. It wraps taskassignment.ErrPayloadNotFound
 // if there is none, and ErrPayloadSealed if the stored value does not open
 // under this store's key for this ID or does not hold a task.
 func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error) {
@@ -161,7 +159,7 @@ func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task
 	}
 	e, err := p.kv.Get(ctx, assignmentID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, ErrPayloadNotFound)
+		return nil, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, taskassignment.ErrPayloadNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("payload store %q: get assignment %s: %w", p.bucket, assignmentID, err)
@@ -251,7 +249,7 @@ func (p *Payloads) MarkSent(ctx context.Context, assignmentID string) error {
 
 // LastSent returns when the assignment of assignmentID was last sent: the
 // time of its MarkSent, else when its payload was stored (dispatch sends
-// right after the store). It wraps ErrPayloadNotFound when there is no
+// right after the store). It wraps taskassignment.ErrPayloadNotFound when there is no
 // payload.
 func (p *Payloads) LastSent(ctx context.Context, assignmentID string) (time.Time, error) {
 	stored, err := p.StoredAt(ctx, assignmentID)
@@ -314,22 +312,22 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	return slices.Compact(ids), nil
 }
 
-// PayloadStore is embedded in the configuration of every function that reads
+// PayloadSettings is embedded in the configuration of every function that reads
 // or writes payloads.
-type PayloadStore struct {
-	BucketName
+type PayloadSettings struct {
+	PayloadBucketSettings
 	PayloadKey secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 }
 
-// BucketName names the payload bucket; handle embeds it alone, for the end
+// PayloadBucketSettings names the payload bucket; handle embeds it alone, for the end
 // marks (Endings), never holding the payload key.
-type BucketName struct {
+type PayloadBucketSettings struct {
 	PayloadBucket string `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 }
 
 // Check reports a payload key that is not exactly 32 bytes, naming the
 // variable and never the key.
-func (p PayloadStore) Check() error {
+func (p PayloadSettings) Check() error {
 	if len(p.PayloadKey) != payloadKeySize {
 		return fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly %d", len(p.PayloadKey), payloadKeySize)
 	}
@@ -360,11 +358,11 @@ func (p *Payloads) Stored(ctx context.Context) (map[string]time.Time, error) {
 }
 
 // StoredAt returns when the payload of assignmentID was stored (the task's
-// claim), without opening it; it wraps ErrPayloadNotFound if there is none.
+// claim), without opening it; it wraps taskassignment.ErrPayloadNotFound if there is none.
 func (p *Payloads) StoredAt(ctx context.Context, assignmentID string) (time.Time, error) {
 	e, err := p.kv.Get(ctx, assignmentID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, ErrPayloadNotFound)
+		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, taskassignment.ErrPayloadNotFound)
 	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("payload store %q: assignment %s: %w", p.bucket, assignmentID, err)

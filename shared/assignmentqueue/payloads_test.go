@@ -19,6 +19,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 const (
@@ -297,8 +298,8 @@ func TestPayloadSealed(t *testing.T) {
 
 func TestPayloadNotFoundAndDelete(t *testing.T) {
 	ctx, _, p, _ := newPayloads(t, testKey(1))
-	if _, err := p.Get(ctx, "pool-a-1"); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
-		t.Fatalf("Get of a missing payload: err = %v, want ErrPayloadNotFound", err)
+	if _, err := p.Get(ctx, "pool-a-1"); !errors.Is(err, taskassignment.ErrPayloadNotFound) {
+		t.Fatalf("Get of a missing payload: err = %v, want taskassignment.ErrPayloadNotFound", err)
 	} else if !strings.Contains(err.Error(), "pool-a-1") {
 		t.Errorf("error %q does not name the assignment", err)
 	}
@@ -313,8 +314,8 @@ func TestPayloadNotFoundAndDelete(t *testing.T) {
 			t.Fatalf("Delete #%d: %v", i+1, err)
 		}
 	}
-	if _, err := p.Get(ctx, "pool-a-1"); !errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
-		t.Errorf("Get after Delete: err = %v, want ErrPayloadNotFound", err)
+	if _, err := p.Get(ctx, "pool-a-1"); !errors.Is(err, taskassignment.ErrPayloadNotFound) {
+		t.Errorf("Get after Delete: err = %v, want taskassignment.ErrPayloadNotFound", err)
 	}
 	// A deleted payload can be put again.
 	if err := p.Put(ctx, "pool-a-1", testTask(t, 1)); err != nil {
@@ -372,7 +373,7 @@ func TestPayloadExpires(t *testing.T) {
 	}
 	eventually(t, "payload expires after the TTL", func() (bool, string) {
 		_, err := p.Get(ctx, "pool-a-1")
-		return errors.Is(err, assignmentqueue.ErrPayloadNotFound), fmt.Sprintf("Get error %v", err)
+		return errors.Is(err, taskassignment.ErrPayloadNotFound), fmt.Sprintf("Get error %v", err)
 	})
 	if ids, err := p.IDs(ctx); err != nil || len(ids) != 0 {
 		t.Errorf("IDs after expiry = %v, %v; want none", ids, err)

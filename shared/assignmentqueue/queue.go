@@ -37,15 +37,11 @@ const (
 	// receiver before it is delivered again. A consumer holding a message
 	// longer must signal progress (InProgress) or it loses it.
 	AckWait = 5 * time.Minute
-	// MaxDeliver bounds the deliveries of one message. A message delivered
-	// this many times without an ack is no longer delivered but stays in the
-	// stream (see Queue.Queued).
-	MaxDeliver = 1000
 )
 
 // Subject returns the subject that assignments for backend b are published
 // on: "ci.assignment.<b>".
-func Subject(b taskassignment.Backend) string {
+func Subject(b taskassignment.BackendKind) string {
 	return SubjectPrefix + "." + string(b)
 }
 
@@ -152,21 +148,21 @@ func (q *Queue) EnsureStream(ctx context.Context) error {
 
 // checkBackend returns an error naming b if it is not a known backend; a
 // consumer name or subject built from an unknown one could address anything.
-func checkBackend(b taskassignment.Backend) error {
-	_, err := taskassignment.ParseBackend(string(b))
+func checkBackend(b taskassignment.BackendKind) error {
+	_, err := taskassignment.ParseBackendKind(string(b))
 	return err
 }
 
 // consumerConfig is the configuration OpenConsumer converges a backend's
 // consumer to.
-func consumerConfig(b taskassignment.Backend, capacity int) jetstream.ConsumerConfig {
+func consumerConfig(b taskassignment.BackendKind, capacity int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       string(b),
 		FilterSubject: Subject(b),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       AckWait,
-		MaxDeliver:    MaxDeliver,
+		MaxDeliver:    taskassignment.MaxDeliver,
 		MaxAckPending: capacity,
 	}
 }
@@ -179,7 +175,7 @@ func consumerConfig(b taskassignment.Backend, capacity int) jetstream.ConsumerCo
 // to MaxDeliver times. capacity below 1 is an error. It is idempotent; calling
 // it with another capacity changes the limit in place without losing messages
 // or deliveries in flight.
-func (q *Queue) OpenConsumer(ctx context.Context, b taskassignment.Backend, capacity int) (jetstream.Consumer, error) {
+func (q *Queue) OpenConsumer(ctx context.Context, b taskassignment.BackendKind, capacity int) (jetstream.Consumer, error) {
 	if err := checkBackend(b); err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: consumer: %w", q.stream, err)
 	}
@@ -196,7 +192,7 @@ func (q *Queue) OpenConsumer(ctx context.Context, b taskassignment.Backend, capa
 // Consumer returns the existing consumer of backend b without changing its
 // configuration, so a reader never undoes what OpenConsumer set. It wraps
 // jetstream.ErrConsumerNotFound if OpenConsumer has not created it.
-func (q *Queue) Consumer(ctx context.Context, b taskassignment.Backend) (jetstream.Consumer, error) {
+func (q *Queue) Consumer(ctx context.Context, b taskassignment.BackendKind) (jetstream.Consumer, error) {
 	if err := checkBackend(b); err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: consumer: %w", q.stream, err)
 	}
@@ -255,7 +251,7 @@ func (q *Queue) Send(ctx context.Context, a taskassignment.Assignment) error {
 // by a moment (the consumer counts a stored message asynchronously), so it can
 // understate use for an instant; the consumer's MaxAckPending is what enforces
 // the cap. The consumer must exist.
-func (q *Queue) Outstanding(ctx context.Context, b taskassignment.Backend) (int, error) {
+func (q *Queue) Outstanding(ctx context.Context, b taskassignment.BackendKind) (int, error) {
 	c, err := q.Consumer(ctx, b)
 	if err != nil {
 		return 0, err
@@ -278,7 +274,7 @@ func (q *Queue) Outstanding(ctx context.Context, b taskassignment.Backend) (int,
 // b. Every message stored before the call and still stored after it is
 // reported; messages published during the call are not, and messages removed
 // during the call may or may not be.
-func (q *Queue) Queued(ctx context.Context, b taskassignment.Backend, td spiffeid.TrustDomain) (ids map[string]bool, malformed int, err error) {
+func (q *Queue) Queued(ctx context.Context, b taskassignment.BackendKind, td spiffeid.TrustDomain) (ids map[string]bool, malformed int, err error) {
 	if err := checkBackend(b); err != nil {
 		return nil, 0, fmt.Errorf("assignment queue: stream %q: queued: %w", q.stream, err)
 	}

@@ -20,7 +20,7 @@ import (
 
 func TestSubject(t *testing.T) {
 	for _, tc := range []struct {
-		b    taskassignment.Backend
+		b    taskassignment.BackendKind
 		want string
 	}{
 		{taskassignment.BackendPod, "ci.assignment.pod"},
@@ -265,9 +265,9 @@ func TestOpenConsumerCorrectsDrift(t *testing.T) {
 		t.Fatalf("consumer: %v", err)
 	}
 	cfg := c.CachedInfo().Config
-	if cfg.AckWait != assignmentqueue.AckWait || cfg.MaxDeliver != assignmentqueue.MaxDeliver || cfg.MaxAckPending != 4 {
+	if cfg.AckWait != assignmentqueue.AckWait || cfg.MaxDeliver != taskassignment.MaxDeliver || cfg.MaxAckPending != 4 {
 		t.Errorf("after OpenConsumer: AckWait %v, MaxDeliver %d, MaxAckPending %d; want %v, %d, 4",
-			cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, assignmentqueue.AckWait, assignmentqueue.MaxDeliver)
+			cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, assignmentqueue.AckWait, taskassignment.MaxDeliver)
 	}
 }
 
@@ -275,7 +275,7 @@ func TestOpenConsumerRefuses(t *testing.T) {
 	ctx, js, q := newQueue(t)
 	for _, tc := range []struct {
 		name     string
-		backend  taskassignment.Backend
+		backend  taskassignment.BackendKind
 		capacity int
 		want     string
 	}{

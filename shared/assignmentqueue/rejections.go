@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -50,13 +49,6 @@ const (
 
 	terminatedAdvisoryPrefix    = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 	maxDeliveriesAdvisoryPrefix = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-
-	// MaxReasonBytes caps the explanation RejectedReason carries: it goes
-	// into an advisory and the job's log, not a novel.
-	MaxReasonBytes = 512
-
-	reasonPermanent = "permanent"
-	reasonExhausted = "exhausted"
 )
 
 // RejectionStream returns the name of the queue's capture stream.
@@ -119,92 +111,6 @@ func (q *Queue) EnsureRejections(ctx context.Context) error {
 	return nil
 }
 
-// RejectedReason is the termination reason of an assignment handle can
-// never accept: "permanent <assignment ID>: <why>", why on one line and at
-// most MaxReasonBytes long. why must not carry a credential (error texts in
-// this codebase never do): it reaches the job's log.
-func RejectedReason(assignmentID, why string) string {
-	return reasonPermanent + " " + assignmentID + ": " + oneLine(why, MaxReasonBytes)
-}
-
-// ExhaustedReason is the termination reason of a message handed back on its
-// last delivery: "exhausted <assignment ID>: deliveries exhausted", or
-// "deliveries exhausted" when the message did not decode to an assignment.
-func ExhaustedReason(assignmentID string) string {
-	if assignmentID == "" {
-		return "deliveries exhausted"
-	}
-	return reasonExhausted + " " + assignmentID + ": deliveries exhausted"
-}
-
-// oneLine joins s's lines with "; " and cuts it to at most n bytes, on a
-// rune boundary.
-func oneLine(s string, n int) string {
-	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
-	for i := range lines {
-		lines[i] = strings.TrimSpace(lines[i])
-	}
-	s = strings.Join(lines, "; ")
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("...")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
-
-// RejectionKind is what a captured advisory says happened.
-type RejectionKind string
-
-const (
-	// Terminated: handle terminated the message, with a reason.
-	Terminated RejectionKind = "terminated"
-	// MaxDeliveries: the message reached MaxDeliver without a termination;
-	// it is still in the queue's stream (QueueSeq).
-	MaxDeliveries RejectionKind = "max_deliveries"
-)
-
-// Rejection is one entry of the capture stream.
-type Rejection struct {
-	// Seq is the entry's sequence in the capture stream (RemoveRejection).
-	Seq  uint64
-	Kind RejectionKind
-	// Consumer is the consumer the message was delivered by: the backend.
-	Consumer string
-	// QueueSeq is the message's sequence in the queue's stream.
-	QueueSeq   uint64
-	Deliveries uint64
-	// Reason is the termination reason as handle gave it (Terminated only).
-	Reason string
-	// Err says why the entry did not decode; the other fields but Seq are
-	// then unset. Such an entry is not for recover to act on.
-	Err error
-}
-
-// Cause parses a Terminated rejection's reason: the assignment ID and why it
-// was rejected (RejectedReason), or that its deliveries were exhausted
-// (ExhaustedReason: exhausted true). ok is false for any other reason
-// (poison, a reason without an ID, a forgery that does not parse).
-func (r Rejection) Cause() (assignmentID, why string, exhausted, ok bool) {
-	if r.Kind != Terminated {
-		return "", "", false, false
-	}
-	kind, rest, found := strings.Cut(r.Reason, " ")
-	if !found || (kind != reasonPermanent && kind != reasonExhausted) {
-		return "", "", false, false
-	}
-	id, why, found := strings.Cut(rest, ": ")
-	if !found {
-		return "", "", false, false
-	}
-	if _, _, err := taskassignment.ParseID(id); err != nil {
-		return "", "", false, false
-	}
-	return id, why, kind == reasonExhausted, true
-}
-
 // advisory is the part of the two advisories Rejections reads. Its fields
 // are those of nats-server's JSConsumerDeliveryTerminatedAdvisory (schema
 // io.nats.jetstream.advisory.v1.terminated) and
@@ -228,14 +134,14 @@ const (
 // first (limit 0: all stored when the call starts). It reads without a
 // consumer and removes nothing: an entry stays until RemoveRejection. An
 // entry that does not decode is returned with Err set.
-func (q *Queue) Rejections(ctx context.Context, limit int) ([]Rejection, error) {
+func (q *Queue) Rejections(ctx context.Context, limit int) ([]taskassignment.Rejection, error) {
 	name := q.RejectionStream()
 	s, err := q.js.Stream(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("assignment queue: rejection stream %q: %w", name, err)
 	}
 	state := s.CachedInfo().State
-	var out []Rejection
+	var out []taskassignment.Rejection
 	for seq := max(state.FirstSeq, 1); seq <= state.LastSeq && (limit <= 0 || len(out) < limit); seq++ {
 		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -253,8 +159,8 @@ func (q *Queue) Rejections(ctx context.Context, limit int) ([]Rejection, error) 
 	return out, nil
 }
 
-func (q *Queue) decodeRejection(m *jetstream.RawStreamMsg) Rejection {
-	r := Rejection{Seq: m.Sequence}
+func (q *Queue) decodeRejection(m *jetstream.RawStreamMsg) taskassignment.Rejection {
+	r := taskassignment.Rejection{Seq: m.Sequence}
 	var a advisory
 	if err := json.Unmarshal(m.Data, &a); err != nil {
 		r.Err = fmt.Errorf("entry %d on %s: %w", m.Sequence, m.Subject, err)
@@ -262,9 +168,9 @@ func (q *Queue) decodeRejection(m *jetstream.RawStreamMsg) Rejection {
 	}
 	switch {
 	case a.Type == terminatedAdvisoryType && strings.HasPrefix(m.Subject, terminatedAdvisoryPrefix+"."):
-		r.Kind = Terminated
+		r.Kind = taskassignment.Terminated
 	case a.Type == maxDeliveriesAdvisoryType && strings.HasPrefix(m.Subject, maxDeliveriesAdvisoryPrefix+"."):
-		r.Kind = MaxDeliveries
+		r.Kind = taskassignment.MaxDeliveries
 	default:
 		r.Err = fmt.Errorf("entry %d on %s: advisory type %q", m.Sequence, m.Subject, a.Type)
 		return r
@@ -288,7 +194,7 @@ func (q *Queue) RemoveRejection(ctx context.Context, seq uint64) error {
 // MaxDeliveries rejection names, and returns its assignment, authenticated
 // by the queue's signer and decoded in trust domain td. found is false when
 // the message is gone; a message that does not authenticate or decode is an
-// error wrapping ErrNotAnAssignment.
+// error wrapping taskassignment.ErrNotAnAssignment.
 func (q *Queue) ExhaustedAssignment(ctx context.Context, seq uint64, td spiffeid.TrustDomain) (a taskassignment.Assignment, found bool, err error) {
 	if q.signer == nil {
 		return a, false, fmt.Errorf("assignment queue: stream %q: read message %d: the queue has no key to authenticate messages with", q.stream, seq)
@@ -306,17 +212,13 @@ func (q *Queue) ExhaustedAssignment(ctx context.Context, seq uint64, td spiffeid
 	}
 	msg, err := q.signer.Open(m.Data)
 	if err != nil {
-		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, ErrNotAnAssignment, err)
+		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, taskassignment.ErrNotAnAssignment, err)
 	}
 	if a, err = taskassignment.Decode(msg, td); err != nil {
-		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, ErrNotAnAssignment, err)
+		return a, true, fmt.Errorf("assignment queue: stream %q: message %d: %w: %w", q.stream, seq, taskassignment.ErrNotAnAssignment, err)
 	}
 	return a, true, nil
 }
-
-// ErrNotAnAssignment: a message of the queue that does not authenticate or
-// decode.
-var ErrNotAnAssignment = errors.New("not an authentic assignment")
 
 // DeleteMessage removes message seq from the queue's stream (a message past
 // MaxDeliver, which no consumer delivers again); one already gone is

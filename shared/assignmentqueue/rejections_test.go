@@ -14,36 +14,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-func TestReasons(t *testing.T) {
-	long := strings.Repeat("é", 400) // 800 bytes
-	tests := []struct {
-		name                string
-		reason              string
-		id, why             string
-		exhausted, parsedOK bool
-	}{
-		{"rejected", assignmentqueue.RejectedReason("linux-7", "pool \"gpu\" is not a pod pool"), "linux-7", "pool \"gpu\" is not a pod pool", false, true},
-		{"rejected, several lines", assignmentqueue.RejectedReason("linux-7", "Pod is invalid:\n  spec.image: Required\r\n"), "linux-7", "Pod is invalid:; spec.image: Required", false, true},
-		{"rejected, long", assignmentqueue.RejectedReason("linux-7", long), "linux-7", strings.Repeat("é", 254) + "...", false, true},
-		{"exhausted", assignmentqueue.ExhaustedReason("linux-7"), "linux-7", "deliveries exhausted", true, true},
-		{"exhausted, no ID", assignmentqueue.ExhaustedReason(""), "", "", false, false},
-		{"poison", "malformed assignment", "", "", false, false},
-		{"no such kind", "forged linux-7: x", "", "", false, false},
-		{"not an ID", "permanent linux: x", "", "", false, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			id, why, exhausted, ok := assignmentqueue.Rejection{Kind: assignmentqueue.Terminated, Reason: tt.reason}.Cause()
-			if id != tt.id || why != tt.why || exhausted != tt.exhausted || ok != tt.parsedOK {
-				t.Fatalf("Cause(%q) = %q, %q, %v, %v; want %q, %q, %v, %v", tt.reason, id, why, exhausted, ok, tt.id, tt.why, tt.exhausted, tt.parsedOK)
-			}
-			if len(why) > assignmentqueue.MaxReasonBytes {
-				t.Fatalf("why is %d bytes", len(why))
-			}
-		})
-	}
-}
-
 // TestAdvisoryFields ties the advisory decoding to nats-server's own types:
 // what the server marshals, Rejections reads.
 func TestAdvisoryFields(t *testing.T) {
@@ -51,16 +21,16 @@ func TestAdvisoryFields(t *testing.T) {
 	for _, tt := range []struct {
 		subject string
 		event   any
-		want    assignmentqueue.Rejection
+		want    taskassignment.Rejection
 	}{
 		{"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.CI_RUNNER.pod", server.JSConsumerDeliveryTerminatedAdvisory{
 			TypedEvent: server.TypedEvent{Type: server.JSConsumerDeliveryTerminatedAdvisoryType, ID: "x", Time: time.Now()},
 			Stream:     "CI_RUNNER", Consumer: "pod", StreamSeq: 12, Deliveries: 3, Reason: "permanent linux-7: no"},
-			assignmentqueue.Rejection{Kind: assignmentqueue.Terminated, Consumer: "pod", QueueSeq: 12, Deliveries: 3, Reason: "permanent linux-7: no"}},
+			taskassignment.Rejection{Kind: taskassignment.Terminated, Consumer: "pod", QueueSeq: 12, Deliveries: 3, Reason: "permanent linux-7: no"}},
 		{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.CI_RUNNER.pod", server.JSConsumerDeliveryExceededAdvisory{
 			TypedEvent: server.TypedEvent{Type: server.JSConsumerDeliveryExceededAdvisoryType, ID: "y", Time: time.Now()},
 			Stream:     "CI_RUNNER", Consumer: "pod", StreamSeq: 13, Deliveries: 1000},
-			assignmentqueue.Rejection{Kind: assignmentqueue.MaxDeliveries, Consumer: "pod", QueueSeq: 13, Deliveries: 1000}},
+			taskassignment.Rejection{Kind: taskassignment.MaxDeliveries, Consumer: "pod", QueueSeq: 13, Deliveries: 1000}},
 	} {
 		data, err := json.Marshal(tt.event)
 		if err != nil {
@@ -116,7 +86,7 @@ func TestRejectionsCaptureTheServersAdvisories(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := om.TermWithReason(assignmentqueue.RejectedReason("linux-9", "elsewhere")); err != nil {
+	if err := om.TermWithReason(taskassignment.RejectedReason("linux-9", "elsewhere")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -134,29 +104,29 @@ func TestRejectionsCaptureTheServersAdvisories(t *testing.T) {
 		switch a.ID {
 		case a1.ID:
 			seq1 = md.Sequence.Stream
-			if err := m.TermWithReason(assignmentqueue.RejectedReason(a1.ID, "pool \"gpu\" is not a pod pool")); err != nil {
+			if err := m.TermWithReason(taskassignment.RejectedReason(a1.ID, "pool \"gpu\" is not a pod pool")); err != nil {
 				t.Fatal(err)
 			}
 		case a2.ID:
 			seq2 = md.Sequence.Stream // left unacknowledged on its only delivery
 		}
 	}
-	var got []assignmentqueue.Rejection
+	var got []taskassignment.Rejection
 	eventually(t, "two advisories captured", func() (bool, string) {
 		got, err = q.Rejections(ctx, 0)
 		return err == nil && len(got) == 2, fmt.Sprintf("%d entries, %v", len(got), err)
 	})
 	term, maxd := got[0], got[1]
-	if term.Kind == assignmentqueue.MaxDeliveries {
+	if term.Kind == taskassignment.MaxDeliveries {
 		term, maxd = maxd, term
 	}
-	if term.Kind != assignmentqueue.Terminated || term.Consumer != "pod" || term.QueueSeq != seq1 || term.Err != nil {
+	if term.Kind != taskassignment.Terminated || term.Consumer != "pod" || term.QueueSeq != seq1 || term.Err != nil {
 		t.Fatalf("termination = %+v", term)
 	}
 	if id, why, exhausted, ok := term.Cause(); !ok || id != a1.ID || exhausted || why != `pool "gpu" is not a pod pool` {
 		t.Fatalf("Cause = %q, %q, %v, %v", id, why, exhausted, ok)
 	}
-	if maxd.Kind != assignmentqueue.MaxDeliveries || maxd.QueueSeq != seq2 || maxd.Err != nil {
+	if maxd.Kind != taskassignment.MaxDeliveries || maxd.QueueSeq != seq2 || maxd.Err != nil {
 		t.Fatalf("max deliveries = %+v", maxd)
 	}
 	// The message past MaxDeliver is still in the queue: read it, delete it.

@@ -141,7 +141,7 @@ func (b *Bootstrap) Verify(assignmentID string, taskID int64, spiffeID, capabili
 }
 
 // Environment returns the executor environment of a. It implements
-// taskworker.Bootstrap.
+// executor.Bootstrap.
 func (b *Bootstrap) Environment(a taskassignment.Assignment) (map[string]string, error) {
 	if a.ID == "" || a.Task.ID <= 0 || a.Identity.SPIFFEID == "" {
 		return nil, fmt.Errorf("bootstrap: assignment %q of task %d has no identity", a.ID, a.Task.ID)

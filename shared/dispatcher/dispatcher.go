@@ -26,7 +26,6 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
@@ -39,7 +38,7 @@ type Runner interface {
 }
 
 // Tasks is what dispatch needs of gitea.TaskState for the same registration.
-// An error of Result that wraps gitea.ErrTaskGone says the task is over for
+// An error of Result that wraps taskassignment.ErrTaskGone says the task is over for
 // this registration.
 type Tasks interface {
 	Result(ctx context.Context, taskID int64) (runnerv1.Result, error)
@@ -377,7 +376,7 @@ func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Ass
 // deleted, and recover deletes any executor it has. (Registrations do not
 // declare "cancelling", so a cancelled task is done at once and needs no
 // final report from us.) So is a task Gitea no longer has for this
-// registration (gitea.ErrTaskGone: deleted with its repository, another
+// registration (taskassignment.ErrTaskGone: deleted with its repository, another
 // runner's): its payload would otherwise count against the pool's capacity
 // until it expired, hours later. Any other error leaves the task as it is,
 // due again next round.
@@ -398,7 +397,7 @@ func (d *Dispatcher) keepAlive(ctx context.Context, p Pool, assignmentID string)
 		return false, false, nil
 	}
 	result, err := p.Tasks.Result(ctx, taskID)
-	if errors.Is(err, gitea.ErrTaskGone) {
+	if errors.Is(err, taskassignment.ErrTaskGone) {
 		err = d.drop(ctx, p, assignmentID, taskID, "waiting task gone from Gitea; dropped", slog.Any("answer", err))
 		return false, err == nil, err
 	}

@@ -41,16 +41,16 @@ const (
 	ExitConfig = 2
 )
 
-// Common is embedded in every function's configuration.
-type Common struct {
+// CommonSettings is embedded in every function's configuration.
+type CommonSettings struct {
 	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 // Level is the configured log level.
-func (c Common) Level() slog.Level { return c.LogLevel }
+func (c CommonSettings) Level() slog.Level { return c.LogLevel }
 
-// HTTP is embedded in the configuration of every function that listens.
-type HTTP struct {
+// HTTPSettings is embedded in the configuration of every function that listens.
+type HTTPSettings struct {
 	HTTPAddr string `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (dispatch: serve; handle and recover: http mode; gateway: always)"`
 }
 

@@ -20,8 +20,8 @@ import (
 )
 
 type testConfig struct {
-	Common
-	HTTP
+	CommonSettings
+	HTTPSettings
 	Key   string `envconfig:"TEST_KEY" required:"true" desc:"a secret"`
 	Count int    `envconfig:"TEST_COUNT" default:"1" desc:"how many"`
 	Name  string `envconfig:"TEST_NAME" default:"env" desc:"a name, also a flag"`
@@ -228,7 +228,7 @@ func TestTicksAuthorized(t *testing.T) {
 				req.Header.Set(k, v)
 			}
 			w := httptest.NewRecorder()
-			Ticks{TickToken: tc.token}.Authorized(next).ServeHTTP(w, req)
+			TickSettings{TickToken: tc.token}.Authorized(next).ServeHTTP(w, req)
 			if w.Code != tc.want || (ran > before) != (tc.want == http.StatusAccepted) {
 				t.Fatalf("status %d (ran %v), want %d", w.Code, ran > before, tc.want)
 			}

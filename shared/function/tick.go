@@ -11,9 +11,9 @@ import (
 // binary mode carries as Ce-Gdrtoken. A PingSource cannot set Authorization.
 const HeaderTickToken = "Ce-Gdrtoken"
 
-// Ticks is embedded in the configuration of the functions a schedule ticks
+// TickSettings is embedded in the configuration of the functions a schedule ticks
 // over HTTP (dispatch serve, recover in http mode).
-type Ticks struct {
+type TickSettings struct {
 	TickToken string `envconfig:"TICK_TOKEN" desc:"bearer token a schedule tick (POST /) must carry; empty: ticks are refused"`
 }
 
@@ -22,7 +22,7 @@ type Ticks struct {
 // other request is 401 without its body being read. With no token
 // configured every tick is refused: a tick starts work, and nobody may start
 // it unauthenticated.
-func (t Ticks) Authorized(next http.Handler) http.Handler {
+func (t TickSettings) Authorized(next http.Handler) http.Handler {
 	want := []byte(t.TickToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := r.Header.Get(HeaderTickToken)

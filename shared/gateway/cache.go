@@ -6,8 +6,6 @@ import (
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 )
@@ -30,13 +28,7 @@ func (g *Gateway) MaxBodyBytes() int64 {
 // A refused request is answered before any byte of its body is read.
 func (g *Gateway) cacheScoped(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var peer *spiffeid.ID
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			if id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0]); err == nil {
-				peer = &id
-			}
-		}
-		c, err := g.authenticate(peer, r.Header)
+		c, err := g.authenticate(peerID(r), r.Header)
 		if err == nil {
 			var task *runnerv1.Task
 			if task, err = g.bound(r.Context(), c); err == nil {

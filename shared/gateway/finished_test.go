@@ -33,7 +33,7 @@ func noticesFixture(t *testing.T) (fixture, jetstream.Consumer) {
 	}
 	f := startWith(t, func(g *Gateway) {
 		g.Finished = finished
-		g.Backends = map[string]taskassignment.Backend{"linux": taskassignment.BackendPod}
+		g.Backends = map[string]taskassignment.BackendKind{"linux": taskassignment.BackendPod}
 	})
 	return f, c
 }
@@ -105,7 +105,7 @@ type failingNotifier struct {
 	calls int
 }
 
-func (n *failingNotifier) Publish(context.Context, taskassignment.Backend, string) error {
+func (n *failingNotifier) Publish(context.Context, taskassignment.BackendKind, string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.calls++
@@ -116,7 +116,7 @@ func TestFailedNoticeDoesNotFailTheUpdateTask(t *testing.T) {
 	n := &failingNotifier{}
 	f := startWith(t, func(g *Gateway) {
 		g.Finished = n
-		g.Backends = map[string]taskassignment.Backend{"linux": taskassignment.BackendPod}
+		g.Backends = map[string]taskassignment.BackendKind{"linux": taskassignment.BackendPod}
 	})
 	if err := updateTask(context.Background(), f, t, runnerv1.Result_RESULT_SUCCESS); err != nil {
 		t.Fatalf("UpdateTask failed with its notice: %v", err)

@@ -31,7 +31,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -81,7 +80,7 @@ type Verifier interface {
 
 // Notifier publishes finish notices (assignmentqueue.Finished).
 type Notifier interface {
-	Publish(ctx context.Context, b taskassignment.Backend, assignmentID string) error
+	Publish(ctx context.Context, b taskassignment.BackendKind, assignmentID string) error
 }
 
 // Gateway serves executors.
@@ -97,7 +96,7 @@ type Gateway struct {
 	// to its backend, which the notice is addressed to. Nil: no notices, and
 	// recover's periodic pass finds every finished executor.
 	Finished Notifier
-	Backends map[string]taskassignment.Backend
+	Backends map[string]taskassignment.BackendKind
 	// Observer, if set, hears of every task handed to its executor.
 	Observer Observer
 	// Cache, if set, is served under actionscache.PathPrefix to each
@@ -176,19 +175,27 @@ type callerKey struct{}
 func (g *Gateway) authenticated(next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var peer *spiffeid.ID
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			if id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0]); err == nil {
-				peer = &id
-			}
-		}
-		c, err := g.authenticate(peer, r.Header)
+		c, err := g.authenticate(peerID(r), r.Header)
 		if err != nil {
 			_ = errs.Write(w, r, err)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// peerID is the SPIFFE ID of r's TLS peer (its leaf certificate, which the
+// TLS handshake verified against the trust bundle), or nil when r came with
+// no client certificate or one without a SPIFFE ID.
+func peerID(r *http.Request) *spiffeid.ID {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return nil
+	}
+	id, err := x509svid.IDFromCert(r.TLS.PeerCertificates[0])
+	if err != nil {
+		return nil
+	}
+	return &id
 }
 
 // callerOf returns the caller authenticated reaches the service with.
@@ -264,7 +271,7 @@ func fromGitea(err error) error {
 // capability for another repository with this task's ID; it still gets 403.
 func (g *Gateway) bound(ctx context.Context, c caller) (*runnerv1.Task, error) {
 	task, err := g.Payloads.Get(ctx, c.assignmentID)
-	if errors.Is(err, assignmentqueue.ErrPayloadNotFound) {
+	if errors.Is(err, taskassignment.ErrPayloadNotFound) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
 	}
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 func TestClassify(t *testing.T) {
@@ -57,7 +59,7 @@ func TestClassify(t *testing.T) {
 
 // TestErrTaskGone: the answers of Gitea v1.27 about a task it no longer has
 // for this registration (routers/api/actions/runner: UpdateTask,
-// UpdateLog) are ErrTaskGone; a transport failure, an unregistered runner or
+// UpdateLog) are taskassignment.ErrTaskGone; a transport failure, an unregistered runner or
 // another call's not-found are not.
 func TestErrTaskGone(t *testing.T) {
 	gitea := func(code, desc string) error {
@@ -79,8 +81,8 @@ func TestErrTaskGone(t *testing.T) {
 		{"FetchTask", gitea("Internal", "pick task: resource does not exist"), false},
 	} {
 		err := fmt.Errorf("task 7: %w", classify(tc.op, tc.err))
-		if got := errors.Is(err, ErrTaskGone); got != tc.gone {
-			t.Errorf("%s %v: errors.Is(ErrTaskGone) = %v, want %v", tc.op, tc.err, got, tc.gone)
+		if got := errors.Is(err, taskassignment.ErrTaskGone); got != tc.gone {
+			t.Errorf("%s %v: errors.Is(taskassignment.ErrTaskGone) = %v, want %v", tc.op, tc.err, got, tc.gone)
 		}
 	}
 }

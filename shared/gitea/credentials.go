@@ -110,8 +110,8 @@ func PoolClients(rootURL string, hc *http.Client, pools runnerpool.Pools) (map[s
 	return clients, nil
 }
 
-// Instance is embedded in the configuration of every function that talks to
+// InstanceSettings is embedded in the configuration of every function that talks to
 // Gitea.
-type Instance struct {
+type InstanceSettings struct {
 	GiteaURL string `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
 }

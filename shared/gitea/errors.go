@@ -8,6 +8,8 @@ import (
 	"unicode"
 
 	"connectrpc.com/connect"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // Error is a failed runner-protocol call.
@@ -37,19 +39,10 @@ func (e *Error) Retryable() bool {
 	return false
 }
 
-// ErrTaskGone is what errors.Is finds in an answer about one task (UpdateTask,
-// UpdateLog) saying Gitea has no such task for this registration, for good:
-// the task does not exist (deleted with its run or repository; Gitea answers
-// Internal "... resource does not exist", its 404 error, or NotFound), or
-// another runner holds it (Internal "invalid runner for task"). No later call
-// about that task can succeed, unlike an unavailable Gitea or an unregistered
-// runner, which are not task facts.
-var ErrTaskGone = errors.New("task gone from Gitea")
-
-// Is reports whether e means target: ErrTaskGone for an answer that says the
+// Is reports whether e means target: taskassignment.ErrTaskGone for an answer that says the
 // task is gone (errors.Is uses it).
 func (e *Error) Is(target error) bool {
-	if target != ErrTaskGone || (e.Op != "UpdateTask" && e.Op != "UpdateLog") {
+	if target != taskassignment.ErrTaskGone || (e.Op != "UpdateTask" && e.Op != "UpdateLog") {
 		return false
 	}
 	switch e.Code {

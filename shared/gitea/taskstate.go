@@ -10,7 +10,8 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // Reporter is what TaskState calls of a registration (*Client, or a
@@ -21,7 +22,7 @@ type Reporter interface {
 }
 
 // TaskState asks Gitea about the tasks one registration claimed, and ends
-// those whose executor cannot. It implements taskworker.TaskState. Every
+// those whose executor cannot. It implements executor.TaskState. Every
 // method is idempotent: Gitea never changes a finished task, which keeps
 // answering its first final result.
 type TaskState struct {
@@ -54,12 +55,12 @@ func (s TaskState) Result(ctx context.Context, taskID int64) (runnerv1.Result, e
 }
 
 // Terminal reports whether the task is over in Gitea: done, cancelled or
-// being cancelled, or gone (ErrTaskGone: its repository deleted, or no
+// being cancelled, or gone (taskassignment.ErrTaskGone: its repository deleted, or no
 // longer this runner's). A gone task is over for us: its executor is
 // deleted and its payload dropped, instead of failing every pass for ever.
 func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 	r, err := s.Result(ctx, taskID)
-	if errors.Is(err, ErrTaskGone) {
+	if errors.Is(err, taskassignment.ErrTaskGone) {
 		return true, nil
 	}
 	return r != runnerv1.Result_RESULT_UNSPECIFIED, err
@@ -71,7 +72,7 @@ func (s TaskState) Terminal(ctx context.Context, taskID int64) (bool, error) {
 // backend's reason when it has one: an image that cannot be pulled): a job
 // whose steps never reported is never shown green. A task already over is
 // left as it is.
-func (s TaskState) Report(ctx context.Context, taskID int64, e taskworker.Executor) error {
+func (s TaskState) Report(ctx context.Context, taskID int64, e executor.Executor) error {
 	terminal, err := s.Terminal(ctx, taskID)
 	if err != nil || terminal {
 		return err

@@ -3,11 +3,11 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// Assignments is intake.Observer: assignments handed to a backend, by
+// Assignments is handler.Observer: assignments handed to a backend, by
 // outcome.
 type Assignments struct {
 	total *prometheus.CounterVec
@@ -24,9 +24,9 @@ func NewAssignments(reg prometheus.Registerer) *Assignments {
 
 // Handled counts one message. A backend that is not a known one (a message
 // that did not decode) counts as "unknown".
-func (m *Assignments) Handled(backend taskassignment.Backend, o intake.Outcome) {
+func (m *Assignments) Handled(backend taskassignment.BackendKind, o handler.Outcome) {
 	label := "unknown"
-	if b, err := taskassignment.ParseBackend(string(backend)); err == nil {
+	if b, err := taskassignment.ParseBackendKind(string(backend)); err == nil {
 		label = string(b)
 	}
 	m.total.WithLabelValues(label, o.String()).Inc()

@@ -6,31 +6,31 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // ExecutorLister is what Executors reads of a backend on every scrape:
-// its executors' assignments, then each one's executor (taskworker.Backend
-// and taskworker.Recoverer). A scrape costs one list and one find per
+// its executors' assignments, then each one's executor (executor.Backend
+// and executor.Recoverer). A scrape costs one list and one find per
 // executor: cheap for the process backend, an API call each for the
 // others.
 type ExecutorLister interface {
 	RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error)
-	Find(ctx context.Context, assignmentID string) (*taskworker.Executor, error)
+	Find(ctx context.Context, assignmentID string) (*executor.Executor, error)
 }
 
 // Executors is a collector of the executors each backend holds, by phase,
 // read on scrape.
 type Executors struct {
-	backends map[taskassignment.Backend]ExecutorLister
+	backends map[taskassignment.BackendKind]ExecutorLister
 	log      *slog.Logger
 	count    *prometheus.Desc
 }
 
 // NewExecutors returns the collector of backends; register it with a
 // Registry.
-func NewExecutors(backends map[taskassignment.Backend]ExecutorLister, log *slog.Logger) *Executors {
+func NewExecutors(backends map[taskassignment.BackendKind]ExecutorLister, log *slog.Logger) *Executors {
 	return &Executors{backends: backends, log: log,
 		count: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "executors"),
 			"Executors the backend holds, by phase (pending, running, succeeded, failed, unknown), read at this scrape.",
@@ -45,7 +45,7 @@ func (c *Executors) Describe(ch chan<- *prometheus.Desc) { ch <- c.count }
 func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
 	defer cancel()
-	phases := []taskworker.Phase{taskworker.PhasePending, taskworker.PhaseRunning, taskworker.PhaseSucceeded, taskworker.PhaseFailed, taskworker.PhaseUnknown}
+	phases := []executor.Phase{executor.PhasePending, executor.PhaseRunning, executor.PhaseSucceeded, executor.PhaseFailed, executor.PhaseUnknown}
 	for b, l := range c.backends {
 		as, err := l.RecoverAssignments(ctx)
 		if err != nil {
@@ -54,15 +54,15 @@ func (c *Executors) Collect(ch chan<- prometheus.Metric) {
 			}
 			continue
 		}
-		n := map[taskworker.Phase]int{}
+		n := map[executor.Phase]int{}
 		for _, a := range as {
 			e, err := l.Find(ctx, a.ID)
 			if err != nil || e == nil {
 				continue // gone since the list, or unreadable: the next scrape tells
 			}
 			p := e.Phase
-			if p != taskworker.PhasePending && p != taskworker.PhaseRunning && !p.Terminal() {
-				p = taskworker.PhaseUnknown
+			if p != executor.PhasePending && p != executor.PhaseRunning && !p.Terminal() {
+				p = executor.PhaseUnknown
 			}
 			n[p]++
 		}

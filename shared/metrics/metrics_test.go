@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/intake"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // serve serves h and returns its URL.
@@ -73,10 +73,10 @@ func TestRequests(t *testing.T) {
 func TestAssignments(t *testing.T) {
 	reg := NewRegistry()
 	a := NewAssignments(reg)
-	var obs intake.Observer = a
-	obs.Handled("pod", intake.Accepted)
-	obs.Handled("pod", intake.NotYet)
-	obs.Handled("not-a-backend", intake.Poison)
+	var obs handler.Observer = a
+	obs.Handled("pod", handler.Accepted)
+	obs.Handled("pod", handler.NotYet)
+	obs.Handled("not-a-backend", handler.Poison)
 	fams := gather(t, reg)
 	for _, want := range []struct {
 		name   string
@@ -133,7 +133,7 @@ func gather(t *testing.T, reg prometheus.Gatherer) Families {
 }
 
 // lister is a backend of fixed executors.
-type lister map[string]taskworker.Phase
+type lister map[string]executor.Phase
 
 func (l lister) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
 	var as []taskassignment.Assignment
@@ -143,14 +143,14 @@ func (l lister) RecoverAssignments(context.Context) ([]taskassignment.Assignment
 	return as, nil
 }
 
-func (l lister) Find(_ context.Context, id string) (*taskworker.Executor, error) {
-	return &taskworker.Executor{Name: id, Phase: l[id]}, nil
+func (l lister) Find(_ context.Context, id string) (*executor.Executor, error) {
+	return &executor.Executor{Name: id, Phase: l[id]}, nil
 }
 
 func TestExecutors(t *testing.T) {
 	reg := NewRegistry()
-	reg.MustRegister(NewExecutors(map[taskassignment.Backend]ExecutorLister{
-		"process": lister{"linux-1": taskworker.PhaseRunning, "linux-2": taskworker.PhaseRunning, "linux-3": taskworker.PhasePending, "linux-4": "odd"},
+	reg.MustRegister(NewExecutors(map[taskassignment.BackendKind]ExecutorLister{
+		"process": lister{"linux-1": executor.PhaseRunning, "linux-2": executor.PhaseRunning, "linux-3": executor.PhasePending, "linux-4": "odd"},
 	}, nil))
 	fams := gather(t, reg)
 	for phase, want := range map[string]float64{"running": 2, "pending": 1, "succeeded": 0, "unknown": 1} {

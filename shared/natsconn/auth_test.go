@@ -51,21 +51,21 @@ func TestConnectWithNkey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	nc, _, err := Connect(ctx, Config{URL: url, NKey: seed}, "test")
+	nc, _, err := Connect(ctx, ConnSettings{URL: url, NKey: seed}, "test")
 	if err != nil {
 		t.Fatalf("Connect with the user's seed: %v", err)
 	}
 	_ = Close(nc)
 	for _, tc := range []struct {
 		name string
-		cfg  Config
+		cfg  ConnSettings
 		want string
 	}{
-		{"no credentials", Config{URL: url}, "Authorization Violation"},
-		{"another user's seed", Config{URL: url, NKey: stranger}, "Authorization Violation"},
-		{"missing seed file", Config{URL: url, NKey: filepath.Join(t.TempDir(), "none")}, "GDR_NATS_NKEY"},
-		{"creds and nkey", Config{URL: url, NKey: seed, Creds: seed}, "set one, not both"},
-		{"cert without key", Config{URL: url, TLSCert: seed}, "go together"},
+		{"no credentials", ConnSettings{URL: url}, "Authorization Violation"},
+		{"another user's seed", ConnSettings{URL: url, NKey: stranger}, "Authorization Violation"},
+		{"missing seed file", ConnSettings{URL: url, NKey: filepath.Join(t.TempDir(), "none")}, "GDR_NATS_NKEY"},
+		{"creds and nkey", ConnSettings{URL: url, NKey: seed, Creds: seed}, "set one, not both"},
+		{"cert without key", ConnSettings{URL: url, TLSCert: seed}, "go together"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nc, _, err := Connect(ctx, tc.cfg, "test")
@@ -97,7 +97,7 @@ func TestRepliesComeToTheConnectionsOwnInbox(t *testing.T) {
 		name string
 		ok   bool
 	}{{"probe", true}, {"other", false}} {
-		nc, js, err := Connect(ctx, Config{URL: url, NKey: seed}, tc.name)
+		nc, js, err := Connect(ctx, ConnSettings{URL: url, NKey: seed}, tc.name)
 		if err != nil {
 			t.Fatal(err)
 		}

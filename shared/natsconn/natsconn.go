@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Config is embedded in each function's configuration.
-type Config struct {
+// ConnSettings is embedded in each function's configuration.
+type ConnSettings struct {
 	URL     string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
 	Creds   string `envconfig:"NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
 	NKey    string `envconfig:"NATS_NKEY" desc:"path of an nkey seed file (NATS users with nkeys); empty for none"`
@@ -25,7 +25,7 @@ type Config struct {
 }
 
 // options are the authentication and TLS options of c.
-func (c Config) options() ([]nats.Option, error) {
+func (c ConnSettings) options() ([]nats.Option, error) {
 	var opts []nats.Option
 	if c.Creds != "" && c.NKey != "" {
 		return nil, errors.New("GDR_NATS_CREDS and GDR_NATS_NKEY: set one, not both")
@@ -54,7 +54,7 @@ func (c Config) options() ([]nats.Option, error) {
 }
 
 // Check reports what in c cannot work, naming the variable.
-func (c Config) Check() error {
+func (c ConnSettings) Check() error {
 	_, err := c.options()
 	return err
 }
@@ -70,7 +70,7 @@ func InboxPrefix(name string) string { return "_INBOX_" + name }
 // context on it. The caller closes the
 // connection with Close before it exits, so that acknowledgements in flight
 // are sent.
-func Connect(ctx context.Context, cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+func Connect(ctx context.Context, cfg ConnSettings, name string) (*nats.Conn, jetstream.JetStream, error) {
 	auth, err := cfg.options()
 	if err != nil {
 		return nil, nil, err

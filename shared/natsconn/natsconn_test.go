@@ -25,7 +25,7 @@ func TestRedact(t *testing.T) {
 
 func TestConnect(t *testing.T) {
 	_, url := jetstreamenv.Start(t)
-	nc, js, err := Connect(context.Background(), Config{URL: url}, "natsconn-test")
+	nc, js, err := Connect(context.Background(), ConnSettings{URL: url}, "natsconn-test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestConnect(t *testing.T) {
 }
 
 func TestConnectErrorHidesCredentials(t *testing.T) {
-	_, _, err := Connect(context.Background(), Config{URL: "nats://s3cret@127.0.0.1:1"}, "natsconn-test")
+	_, _, err := Connect(context.Background(), ConnSettings{URL: "nats://s3cret@127.0.0.1:1"}, "natsconn-test")
 	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("err = %v", err)
 	}

@@ -22,9 +22,9 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // Payloads is what a report reads of the payload store
@@ -41,15 +41,15 @@ type Tasks interface {
 	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
 }
 
-// Executors finds a task's executor in its backend (taskworker.Backend);
+// Executors finds a task's executor in its backend (executor.Backend);
 // optional: a reader without backend access leaves executors out.
 type Executors interface {
-	Find(ctx context.Context, assignmentID string) (*taskworker.Executor, error)
+	Find(ctx context.Context, assignmentID string) (*executor.Executor, error)
 }
 
 // Waits says why an executor that has not started its job waits
-// (podbackend.Backend.WaitReason: the scheduler's or kubelet's reason;
-// opensandboxbackend.Backend.WaitReason: the sandbox's state). Optional: an
+// (pod.Backend.WaitReason: the scheduler's or kubelet's reason;
+// opensandbox.Backend.WaitReason: the sandbox's state). Optional: an
 // Executors that implements it gives each pending executor its reason.
 type Waits interface {
 	WaitReason(ctx context.Context, assignmentID string) (string, error)
@@ -64,7 +64,7 @@ type Source struct {
 	// Tasks, when set, gives each task its Gitea URL.
 	Tasks Tasks
 	// Executors, when set, finds each task's executor, by backend.
-	Executors map[taskassignment.Backend]Executors
+	Executors map[taskassignment.BackendKind]Executors
 	// Consumers and Stream give each backend's queued messages; nil leaves
 	// them out.
 	Consumers ConsumerInfo
@@ -217,7 +217,7 @@ func executorOf(ctx context.Context, ex Executors, id string) (name, phase, reas
 		return "", "", ""
 	}
 	reason = e.Reason
-	if w, ok := ex.(Waits); ok && e.Phase == taskworker.PhasePending && reason == "" {
+	if w, ok := ex.(Waits); ok && e.Phase == executor.PhasePending && reason == "" {
 		if why, err := w.WaitReason(ctx, id); err == nil {
 			reason = why
 		}

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 // A report of a real queue: two tasks of linux in flight, one started;
@@ -49,7 +49,7 @@ func TestRead(t *testing.T) {
 		return c.CachedInfo(), nil
 	}
 	now := time.Now().Add(time.Minute)
-	executors := map[taskassignment.Backend]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: taskworker.PhaseRunning}}}
+	executors := map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: executor.PhaseRunning}}}
 	r, err := Read(ctx, Source{Payloads: env.Payloads, Tasks: env.Payloads, Executors: executors, Consumers: consumers, Stream: env.Queue.Stream()}, pools, now)
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +111,9 @@ func TestReadEmpty(t *testing.T) {
 }
 
 // findExecutors is a backend of fixed executors, by assignment ID.
-type findExecutors map[string]*taskworker.Executor
+type findExecutors map[string]*executor.Executor
 
-func (f findExecutors) Find(_ context.Context, id string) (*taskworker.Executor, error) {
+func (f findExecutors) Find(_ context.Context, id string) (*executor.Executor, error) {
 	return f[id], nil
 }
 
@@ -141,11 +141,11 @@ func TestReadSaysWhyATaskWaits(t *testing.T) {
 	}
 	const unschedulable = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
 	ex := waitingExecutors{
-		findExecutors: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: taskworker.PhasePending},
-			"linux-3": {Name: "gdr-linux-3", Phase: taskworker.PhaseFailed, Reason: "container runner: ErrImagePull"}},
+		findExecutors: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: executor.PhasePending},
+			"linux-3": {Name: "gdr-linux-3", Phase: executor.PhaseFailed, Reason: "container runner: ErrImagePull"}},
 		why: map[string]string{"linux-2": unschedulable, "linux-3": "must not be asked: it failed"},
 	}
-	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.Backend]Executors{taskassignment.BackendPod: ex},
+	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: ex},
 		Consumers: func(ctx context.Context, stream, name string) (*jetstream.ConsumerInfo, error) {
 			c, err := env.JetStream.Consumer(ctx, stream, name)
 			if err != nil {

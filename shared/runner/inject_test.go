@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/podbackend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -21,16 +21,16 @@ func TestInstallAsThePodBackendInjectsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl, err := podbackend.ParseProfile(json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1"}]}}}`), keys)
+	tmpl, err := pod.ParseProfile(json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1"}]}}}`), keys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(tmpl.Spec.InitContainers) != 1 || len(tmpl.Spec.InitContainers[0].Command) != 0 {
 		t.Fatalf("init containers %+v: want one running its image's entrypoint", tmpl.Spec.InitContainers)
 	}
-	volume := t.TempDir() // the emptyDir, mounted at podbackend.RunnerDir
+	volume := t.TempDir() // the emptyDir, mounted at pod.RunnerDir
 	mapped := func(p string) string {
-		if rest, ok := strings.CutPrefix(p, podbackend.RunnerDir+"/"); ok {
+		if rest, ok := strings.CutPrefix(p, pod.RunnerDir+"/"); ok {
 			return filepath.Join(volume, rest)
 		}
 		return p

@@ -18,8 +18,8 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/reporter"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/reporter"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/taskrun"
 )
 
 func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {

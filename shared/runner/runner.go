@@ -30,13 +30,13 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskrun"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/taskrun"
 )
 
 // Config is the configuration of runner that the executor image sets (not
 // the per-task CI_* values), read from GDR_* variables.
 type Config struct {
-	function.Common
+	function.CommonSettings
 
 	WorkDir    string `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
 	StatusFile string `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`

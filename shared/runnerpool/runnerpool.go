@@ -29,8 +29,8 @@ type Pool struct {
 	Name string `json:"name"`
 	// Labels are declared to Gitea; a job whose runs-on labels are all
 	// among them may be claimed by the pool.
-	Labels  []string               `json:"labels"`
-	Backend taskassignment.Backend `json:"backend"`
+	Labels  []string                   `json:"labels"`
+	Backend taskassignment.BackendKind `json:"backend"`
 	// Capacity is the most tasks of the pool claimed and not yet finished.
 	Capacity int `json:"capacity"`
 	// Credentials is the file holding the pool's registration; empty means
@@ -168,7 +168,7 @@ func (p Pool) validate() error {
 			return fmt.Errorf("pool %q: empty label", p.Name)
 		}
 	}
-	if _, err := taskassignment.ParseBackend(string(p.Backend)); err != nil {
+	if _, err := taskassignment.ParseBackendKind(string(p.Backend)); err != nil {
 		return fmt.Errorf("pool %q: %w", p.Name, err)
 	}
 	if p.Capacity < 1 {
@@ -180,12 +180,12 @@ func (p Pool) validate() error {
 	return nil
 }
 
-// Source is embedded in the configuration of every function that reads the
+// PoolSettings is embedded in the configuration of every function that reads the
 // pools: where the file is, and where credentials live by default.
-type Source struct {
+type PoolSettings struct {
 	PoolsFile string `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
 	StateDir  string `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 }
 
 // Load reads the pools of s.
-func (s Source) Load() (Pools, error) { return Load(s.PoolsFile, s.StateDir) }
+func (s PoolSettings) Load() (Pools, error) { return Load(s.PoolsFile, s.StateDir) }

@@ -153,7 +153,7 @@ func (m *Minter) bundle(ctx context.Context, id spiffeid.ID) (*x509bundle.Bundle
 
 // rpcError words a failed call to the SPIRE Server so an operator knows
 // what to fix. It wraps err (its gRPC status stays readable with
-// status.Code) and is never taskworker.Permanent.
+// status.Code) and is never executor.Permanent.
 func rpcError(method string, id spiffeid.ID, err error) error {
 	var why string
 	switch status.Code(err) {

@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint/spiremintest"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworker"
 )
 
 var (
@@ -91,7 +91,7 @@ func TestMintX509SVIDEachCallHasItsOwnKey(t *testing.T) {
 }
 
 // TestMintX509SVIDFailures: every failure is an error naming the identity
-// and what to fix, transient (never taskworker.Permanent), without key
+// and what to fix, transient (never executor.Permanent), without key
 // material; a refused answer is never handed out.
 func TestMintX509SVIDFailures(t *testing.T) {
 	other := spiffeid.RequireFromString("spiffe://ci.example.org/gateway")
@@ -166,7 +166,7 @@ func checkFailure(t *testing.T, err error, want string) {
 	if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), taskID.String()) {
 		t.Fatalf("err = %v, want one naming %s and %q", err, taskID, want)
 	}
-	if taskworker.IsPermanent(err) {
+	if executor.IsPermanent(err) {
 		t.Fatalf("err = %v is permanent; an operator or time can fix it", err)
 	}
 	if strings.Contains(err.Error(), "PRIVATE KEY") || strings.Contains(err.Error(), "BEGIN") {

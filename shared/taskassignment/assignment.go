@@ -17,30 +17,30 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
-// Backend names the kind of executor that runs an assignment. It is part of
+// BackendKind names the kind of executor that runs an assignment. It is part of
 // the queue subject (ci.assignment.<backend>) and of backend metadata.
-type Backend string
+type BackendKind string
 
 const (
 	// BackendPod runs the task in a Kubernetes Pod.
-	BackendPod Backend = "pod"
+	BackendPod BackendKind = "pod"
 	// BackendOpenSandbox runs the task in an OpenSandbox sandbox.
-	BackendOpenSandbox Backend = "opensandbox"
+	BackendOpenSandbox BackendKind = "opensandbox"
 	// BackendProcess runs the task as a local child process (local mode).
-	BackendProcess Backend = "process"
+	BackendProcess BackendKind = "process"
 )
 
-var backends = []Backend{BackendPod, BackendOpenSandbox, BackendProcess}
+var backends = []BackendKind{BackendPod, BackendOpenSandbox, BackendProcess}
 
 // Backends returns every known backend, in a fixed order.
-func Backends() []Backend { return append([]Backend(nil), backends...) }
+func Backends() []BackendKind { return append([]BackendKind(nil), backends...) }
 
-// ParseBackend returns the backend named s, or an error naming s.
-func ParseBackend(s string) (Backend, error) {
+// ParseBackendKind returns the backend named s, or an error naming s.
+func ParseBackendKind(s string) (BackendKind, error) {
 	for _, b := range backends {
 		if string(b) == s {
 			return b, nil
@@ -115,26 +115,26 @@ type Task struct {
 	// Services are the job's `services:`, sorted by ID, as the workflow
 	// writes them (no expression evaluated, no credentials): a backend that
 	// runs services builds them from here, never from an unsigned source.
-	Services []jobservice.Service
+	Services []jobservices.Service
 }
 
 // Assignment is one claimed task bound to one backend.
 type Assignment struct {
 	ID       string
-	Backend  Backend
+	Backend  BackendKind
 	Task     Task
 	Identity taskidentity.Identity
 }
 
 // New returns the assignment of task to backend with the given identity, its
 // ID derived from the task.
-func New(backend Backend, task Task, identity taskidentity.Identity) (Assignment, error) {
+func New(backend BackendKind, task Task, identity taskidentity.Identity) (Assignment, error) {
 	id, err := ID(task.Pool, task.ID)
 	if err != nil {
 		return Assignment{}, fmt.Errorf("assignment of task %d: %w", task.ID, err)
 	}
 	a := Assignment{ID: id, Backend: backend, Task: task, Identity: identity}
-	if _, err := ParseBackend(string(backend)); err != nil {
+	if _, err := ParseBackendKind(string(backend)); err != nil {
 		return Assignment{}, fmt.Errorf("assignment %s: %w", id, err)
 	}
 	return a, nil
@@ -144,7 +144,7 @@ func New(backend Backend, task Task, identity taskidentity.Identity) (Assignment
 // message, backend metadata) must hold: a known backend, an ID derived from
 // its task, and an identity that is exactly the task's identity in td.
 func (a Assignment) Validate(td spiffeid.TrustDomain) error {
-	if _, err := ParseBackend(string(a.Backend)); err != nil {
+	if _, err := ParseBackendKind(string(a.Backend)); err != nil {
 		return fmt.Errorf("assignment %s: %w", a.ID, err)
 	}
 	want, err := ID(a.Task.Pool, a.Task.ID)

@@ -10,7 +10,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -98,12 +98,12 @@ func TestIDRejects(t *testing.T) {
 
 func TestParseBackend(t *testing.T) {
 	for _, b := range Backends() {
-		got, err := ParseBackend(string(b))
+		got, err := ParseBackendKind(string(b))
 		if err != nil || got != b {
 			t.Fatalf("ParseBackend(%q) = %q, %v", b, got, err)
 		}
 	}
-	if _, err := ParseBackend("docker"); err == nil || !strings.Contains(err.Error(), `"docker"`) {
+	if _, err := ParseBackendKind("docker"); err == nil || !strings.Contains(err.Error(), `"docker"`) {
 		t.Fatalf("ParseBackend(docker) error = %v", err)
 	}
 }
@@ -135,7 +135,7 @@ func TestWireServices(t *testing.T) {
 		t.Fatalf("a job without services encodes %s", plain)
 	}
 	want := sample(t)
-	want.Task.Services = []jobservice.Service{
+	want.Task.Services = []jobservices.Service{
 		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}, Ports: []string{"5432"},
 			Cmd: []string{"-c", "fsync=off"}, Options: "--health-cmd pg_isready", Credentials: true},
 		{ID: "redis", Image: "redis:7"},

@@ -133,7 +133,7 @@ func (k Keys) FromMetadata(labels, annotations map[string]string, td spiffeid.Tr
 	}
 	a := Assignment{
 		ID:      values[k.AssignmentID],
-		Backend: Backend(values[k.Backend]),
+		Backend: BackendKind(values[k.Backend]),
 		Task:    Task{ID: taskID, Pool: values[k.Pool], Image: annotations[k.Image]},
 		Identity: taskidentity.Identity{
 			Repository: values[k.Repository],
@@ -147,20 +147,20 @@ func (k Keys) FromMetadata(labels, annotations map[string]string, td spiffeid.Tr
 	return a, nil
 }
 
-// Naming is the installation-wide naming every function must agree on.
-type Naming struct {
+// NamingSettings is the installation-wide naming every function must agree on.
+type NamingSettings struct {
 	TrustDomain    string `envconfig:"TRUST_DOMAIN" required:"true" desc:"SPIFFE trust domain of executor identities"`
 	MetadataPrefix string `envconfig:"METADATA_PREFIX" default:"gitea-dynamic-runner.io" desc:"key prefix of executor labels and annotations"`
 }
 
 // Check reports what Parse would fail on.
-func (n Naming) Check() error {
+func (n NamingSettings) Check() error {
 	_, _, err := n.Parse()
 	return err
 }
 
 // Parse returns the trust domain and the metadata keys of n.
-func (n Naming) Parse() (spiffeid.TrustDomain, Keys, error) {
+func (n NamingSettings) Parse() (spiffeid.TrustDomain, Keys, error) {
 	td, err := spiffeid.TrustDomainFromString(n.TrustDomain)
 	if err == nil && td.Name() != n.TrustDomain {
 		err = fmt.Errorf("want a bare name such as %q", td.Name())

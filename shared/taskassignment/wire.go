@@ -9,7 +9,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
@@ -87,7 +87,7 @@ type wireServiceV1 struct {
 	Credentials bool              `json:"credentials,omitempty"`
 }
 
-func wireServices(services []jobservice.Service) []wireServiceV1 {
+func wireServices(services []jobservices.Service) []wireServiceV1 {
 	var out []wireServiceV1
 	for _, s := range services {
 		out = append(out, wireServiceV1{ID: s.ID, Image: s.Image, Env: s.Env, Ports: s.Ports, Volumes: s.Volumes,
@@ -96,8 +96,8 @@ func wireServices(services []jobservice.Service) []wireServiceV1 {
 	return out
 }
 
-func fromWireServices(ws []wireServiceV1) ([]jobservice.Service, error) {
-	var out []jobservice.Service
+func fromWireServices(ws []wireServiceV1) ([]jobservices.Service, error) {
+	var out []jobservices.Service
 	for i, w := range ws {
 		switch {
 		case w.ID == "":
@@ -107,7 +107,7 @@ func fromWireServices(ws []wireServiceV1) ([]jobservice.Service, error) {
 		case i > 0 && ws[i-1].ID >= w.ID:
 			return nil, fmt.Errorf("task.services: %q after %q: want distinct IDs in order", w.ID, ws[i-1].ID)
 		}
-		s := jobservice.Service{ID: w.ID, Image: w.Image, Env: w.Env, Ports: w.Ports, Volumes: w.Volumes,
+		s := jobservices.Service{ID: w.ID, Image: w.Image, Env: w.Env, Ports: w.Ports, Volumes: w.Volumes,
 			Cmd: w.Cmd, Options: w.Options, Credentials: w.Credentials}
 		// Empty is absent, as Encode writes it: a decoded assignment
 		// encodes to the same bytes.
@@ -196,7 +196,7 @@ func decode(data []byte, td spiffeid.TrustDomain) (Assignment, error) {
 	}
 	a := Assignment{
 		ID:      w.ID,
-		Backend: Backend(w.Backend),
+		Backend: BackendKind(w.Backend),
 		Task:    Task{ID: w.Task.ID, Pool: w.Task.Pool, Image: w.Task.Image, Services: services},
 		Identity: taskidentity.Identity{
 			Repository: w.Identity.Repository,

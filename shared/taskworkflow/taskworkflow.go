@@ -21,7 +21,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -30,7 +30,7 @@ import (
 // backend): its identity from the task's context in trust domain td, and the
 // image of its job's `container:` and its `services:`. dispatch builds it when it claims the
 // task and recover when it re-publishes it, and both get the same one.
-func FromTask(td spiffeid.TrustDomain, backend taskassignment.Backend, pool string, task *runnerv1.Task) (taskassignment.Assignment, error) {
+func FromTask(td spiffeid.TrustDomain, backend taskassignment.BackendKind, pool string, task *runnerv1.Task) (taskassignment.Assignment, error) {
 	identity, err := taskidentity.FromTask(td, task)
 	if err != nil {
 		return taskassignment.Assignment{}, err
@@ -83,7 +83,7 @@ func JobImage(payload []byte) (string, error) {
 // FromWorkflow returns the services of the single job of a task's workflow
 // payload, sorted by ID; none when the job has no `services:`. It uses act's
 // workflow model, as the runner does.
-func FromWorkflow(payload []byte) ([]jobservice.Service, error) {
+func FromWorkflow(payload []byte) ([]jobservices.Service, error) {
 	wf, err := model.ReadWorkflow(bytes.NewReader(payload))
 	if err != nil {
 		return nil, fmt.Errorf("workflow payload: %w", err)
@@ -96,8 +96,8 @@ func FromWorkflow(payload []byte) ([]jobservice.Service, error) {
 }
 
 // FromJob returns the services of job, sorted by ID.
-func FromJob(job *model.Job) ([]jobservice.Service, error) {
-	var out []jobservice.Service
+func FromJob(job *model.Job) ([]jobservices.Service, error) {
+	var out []jobservices.Service
 	for id, spec := range job.Services {
 		if spec == nil {
 			return nil, fmt.Errorf("service %q: empty", id)
@@ -105,11 +105,11 @@ func FromJob(job *model.Job) ([]jobservice.Service, error) {
 		if spec.Image == "" {
 			return nil, fmt.Errorf("service %q: no image", id)
 		}
-		out = append(out, jobservice.Service{
+		out = append(out, jobservices.Service{
 			ID: id, Image: spec.Image, Env: spec.Env, Ports: spec.Ports, Volumes: spec.Volumes,
 			Cmd: spec.Cmd, Options: spec.Options, Credentials: len(spec.Credentials) > 0,
 		})
 	}
-	slices.SortFunc(out, func(a, b jobservice.Service) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b jobservices.Service) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservice"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -43,7 +43,7 @@ func TestFromTaskCarriesServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []jobservice.Service{
+	want := []jobservices.Service{
 		{ID: "db", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}},
 		{ID: "redis", Image: "redis:7", Ports: []string{"6379"}},
 	}
@@ -83,7 +83,7 @@ func TestFromWorkflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []jobservice.Service{
+	want := []jobservices.Service{
 		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres"}, Ports: []string{"5432:5432"},
 			Cmd: []string{"postgres", "-c", "fsync=off"}, Options: `--health-cmd "pg_isready -U postgres" --health-interval 2s`, Credentials: true},
 		{ID: "redis", Image: "redis:7", Ports: []string{"6379"}},
@@ -91,7 +91,7 @@ func TestFromWorkflow(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("FromWorkflow =\n%+v\nwant\n%+v", got, want)
 	}
-	if ids := jobservice.IDs(got); !reflect.DeepEqual(ids, []string{"postgres", "redis"}) {
+	if ids := jobservices.IDs(got); !reflect.DeepEqual(ids, []string{"postgres", "redis"}) {
 		t.Fatalf("IDs = %v", ids)
 	}
 

@@ -80,7 +80,7 @@ func Signer() *assignmentsig.Signer {
 // OpenConsumer opens backend b's durable consumer as handle does
 // (assignmentqueue.Queue.OpenConsumer, at most capacity messages in flight)
 // and fails the test if it cannot.
-func (q *Queue) OpenConsumer(t testing.TB, b taskassignment.Backend, capacity int) jetstream.Consumer {
+func (q *Queue) OpenConsumer(t testing.TB, b taskassignment.BackendKind, capacity int) jetstream.Consumer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()

@@ -1,6 +1,6 @@
 // Package recovermetrics is the Prometheus instrumentation of recover's
 // passes, apart from shared/metrics so that what does not recover (handle,
-// the gateway) does not link the recovery package. The invariants of
+// the gateway) does not link the recoverer package. The invariants of
 // shared/metrics hold: a registry per process, nothing registered at init,
 // label values from small fixed sets.
 package recovermetrics
@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 )
 
 // Recover counts recover's passes and what they did.
@@ -33,7 +33,7 @@ func NewRecover(reg prometheus.Registerer) *Recover {
 }
 
 // Pass counts one pass with its summary and error.
-func (m *Recover) Pass(sum recovery.Summary, err error) {
+func (m *Recover) Pass(sum recoverer.Summary, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"

@@ -6,14 +6,14 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/metricsenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recovery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 )
 
 func TestRecover(t *testing.T) {
 	reg := metrics.NewRegistry()
 	r := NewRecover(reg)
-	r.Pass(recovery.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
-	r.Pass(recovery.Summary{}, errors.New("backend down"))
+	r.Pass(recoverer.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
+	r.Pass(recoverer.Summary{}, errors.New("backend down"))
 	fams := metricsenv.Gather(t, reg)
 	for _, want := range []struct {
 		name   string

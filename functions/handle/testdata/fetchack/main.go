@@ -29,7 +29,7 @@ func run(ctx context.Context) error {
 	if stream == "" {
 		stream = "CI_RUNNER"
 	}
-	nc, js, err := natsconn.Connect(ctx, natsconn.Config{URL: os.Getenv("GDR_NATS_URL")}, "handle-"+backend)
+	nc, js, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: os.Getenv("GDR_NATS_URL")}, "handle-"+backend)
 	if err != nil {
 		return err
 	}

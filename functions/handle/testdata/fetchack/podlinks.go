@@ -3,7 +3,7 @@
 package main
 
 // Built with -tags fetchack_pod, the reference also links what the pod
-// backend's builder links (shared/backends/pod), and runs their package
+// backend's builder links (shared/backend/pod), and runs their package
 // initialisation, without using them: the floor of a handle that can serve
 // the pod backend.
 import (

@@ -1,0 +1,138 @@
+// Package backends is the contract by which handle and recover (which must
+// agree) build the executor backend they are configured for: its settings
+// (BuildSettings), what it is built from (Deps), and the builders a binary links
+// (Builders).
+//
+// Each backend's builder lives in a package of its own (backends/process,
+// backends/opensandbox, backends/pod), and this one imports none of them:
+// a binary links a backend's client (client-go for the pod backend, gRPC
+// for SPIRE, the OpenSandbox API client) and pays for its package
+// initialisation only when it imports that builder. Nothing connects before
+// a builder runs.
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// Backend is what handle and recover use of a backend.
+type Backend interface {
+	executor.Backend
+	executor.Recoverer
+}
+
+// BuildSettings is embedded in the configuration of handle and recover: how to reach each backend.
+type BuildSettings struct {
+	ProcessDir     string `envconfig:"PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
+	RunnerBin      string `envconfig:"RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
+	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
+	OpenSandboxURL string `envconfig:"OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
+	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
+	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
+	OpenSandboxSPIRE string `envconfig:"OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
+	KubeNamespace    string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
+	SPIRESocket      string `envconfig:"SPIRE_SERVER_SOCKET" default:"/run/spire/server-sockets/api.sock" desc:"pod backend: unix socket of the SPIRE Server API, for registration entries"`
+	ClusterName      string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
+}
+
+// Check reports the settings backend kind needs and lacks, or holds in a
+// combination it refuses, as its builder would, but without connecting to
+// anything: a function checks them with the rest of its configuration, so
+// that a missing setting is a configuration error (exit 2), not a failure
+// to start. Every builder starts with this check.
+func (c BuildSettings) Check(kind taskassignment.BackendKind) error {
+	switch kind {
+	case taskassignment.BackendProcess:
+		if c.CADir == "" {
+			return errors.New("GDR_CA_DIR: the process backend needs a CA to mint executor SVIDs")
+		}
+	case taskassignment.BackendOpenSandbox:
+		var errs []error
+		if c.OpenSandboxURL == "" {
+			errs = append(errs, errors.New("GDR_OPENSANDBOX_URL is required for the opensandbox backend"))
+		}
+		if c.OpenSandboxSPIRE != "" && c.CADir != "" {
+			// Which root the gateway trusts decides which one works:
+			// refuse to guess.
+			errs = append(errs, errors.New("GDR_OPENSANDBOX_SPIRE_SERVER and GDR_CA_DIR: set one, not both, for the opensandbox backend"))
+		}
+		return errors.Join(errs...)
+	case taskassignment.BackendPod:
+		if c.ClusterName == "" {
+			return errors.New("GDR_CLUSTER_NAME is required for the pod backend")
+		}
+	}
+	return nil
+}
+
+// Deps is what a backend is built from, besides its BuildSettings.
+type Deps struct {
+	Keys        taskassignment.Keys
+	TrustDomain spiffeid.TrustDomain
+	Pools       runnerpool.Pools
+	// Log hears of executors the backend skips (corrupt metadata).
+	Log *slog.Logger
+}
+
+// Builder builds one backend from c and d, after c.Check of its kind. The
+// returned function releases what the backend holds open (a SPIRE Server
+// API connection); call it once the backend is no longer used.
+type Builder func(c BuildSettings, d Deps) (Backend, func() error, error)
+
+// Builders are the backends a binary links, by kind. A nil Builder counts as
+// not linked.
+type Builders map[taskassignment.BackendKind]Builder
+
+// Linked reports nil when kind's builder is linked, else an error naming
+// GDR_BACKEND and the kinds that are.
+func (bs Builders) Linked(kind taskassignment.BackendKind) error {
+	if _, err := taskassignment.ParseBackendKind(string(kind)); err != nil {
+		return fmt.Errorf("GDR_BACKEND %q: unknown backend", kind)
+	}
+	if bs[kind] == nil {
+		return fmt.Errorf("GDR_BACKEND %q: this binary was built without that backend; it has %s", kind, bs.kinds())
+	}
+	return nil
+}
+
+// kinds lists the linked kinds, sorted, for messages ("none" for none).
+func (bs Builders) kinds() string {
+	var ks []string
+	for k, b := range bs {
+		if b != nil {
+			ks = append(ks, string(k))
+		}
+	}
+	if len(ks) == 0 {
+		return "none"
+	}
+	slices.Sort(ks)
+	return strings.Join(ks, ", ")
+}
+
+// New builds backend kind with its builder. The returned function releases
+// what the backend holds open; call it once the backend is no longer used.
+func (bs Builders) New(kind taskassignment.BackendKind, c BuildSettings, d Deps) (Backend, func() error, error) {
+	if err := bs.Linked(kind); err != nil {
+		return nil, nil, err
+	}
+	return bs[kind](c, d)
+}
+
+// Corrupt returns the OnCorrupt hook of a backend's configuration: an
+// executor with corrupt metadata is logged on d.Log and skipped.
+func (d Deps) Corrupt() func(name string, err error) {
+	return func(name string, err error) {
+		d.Log.Error("executor with corrupt metadata skipped", slog.String("executor", name), slog.Any("error", err))
+	}
+}

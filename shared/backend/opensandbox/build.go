@@ -1,0 +1,47 @@
+package opensandbox
+
+import (
+	"fmt"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// New is the opensandbox backend's backend.Builder. The SPIRE Server, when
+// set, is dialled lazily (connected on the first mint, so recover, which
+// never mints, never connects); the returned function closes that
+// connection.
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+	if err := c.Check(taskassignment.BackendOpenSandbox); err != nil {
+		return nil, nil, err
+	}
+	client, err := sandboxapi.New(sandboxapi.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt()}
+	release := func() error { return nil }
+	switch {
+	case c.OpenSandboxSPIRE != "":
+		spire, err := spiremint.Dial(c.OpenSandboxSPIRE, d.TrustDomain)
+		if err != nil {
+			return nil, nil, fmt.Errorf("GDR_OPENSANDBOX_SPIRE_SERVER: %w", err)
+		}
+		cfg.Minter, release = spire, spire.Close
+	case c.CADir != "":
+		ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
+		if err != nil {
+			return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
+		}
+		cfg.Minter = ca
+	}
+	b, err := New(cfg)
+	if err != nil {
+		_ = release()
+		return nil, nil, err
+	}
+	return b, release, nil
+}

@@ -1,0 +1,51 @@
+package pod
+
+import (
+	"fmt"
+	"log/slog"
+
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// New is the pod backend's backend.Builder: the API server comes from
+// KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
+// c.SPIRESocket (gRPC connects on first use). The returned function closes
+// the SPIRE connection.
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+	if err := c.Check(taskassignment.BackendPod); err != nil {
+		return nil, nil, err
+	}
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		if rc, err = rest.InClusterConfig(); err != nil {
+			return nil, nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
+		}
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := grpc.NewClient("unix://"+c.SPIRESocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
+	}
+	b, err := New(Config{
+		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
+		Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
+		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
+	})
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return b, conn.Close, nil
+}

@@ -1,0 +1,172 @@
+package pod
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// RunnerContainer is the fixed name of the container in a pool's pod template
+// that runs the one-shot runner: it receives the executor environment and the
+// job's container image, and runs the injected runner (see RunnerPath).
+const RunnerContainer = "runner"
+
+// Profile is the pod backend's part of a runner pool (runnerpool.Pool.Profile).
+// Exactly one of PodTemplate and PodTemplateFile is set. In YAML:
+//
+//	profile:
+//	  runnerImage: registry.example.com/gdr-runner:v1   # optional
+//	  workloadAPI: {csiDriver: csi.spiffe.io}           # optional, the default
+//	  podTemplate:            # a corev1.PodTemplateSpec
+//	    metadata: {labels: {team: ci}}
+//	    spec:
+//	      containers:
+//	      - name: runner
+//	        image: registry.example.com/gdr-runner-host:v1
+//
+// or
+//
+//	profile:
+//	  podTemplateFile: /etc/gdr/pod-templates/default.yaml
+//
+// A template kept in a ConfigMap is used by mounting the ConfigMap as a volume
+// and naming the mounted file in podTemplateFile.
+type Profile struct {
+	// PodTemplate is the template inline.
+	PodTemplate *corev1.PodTemplateSpec `json:"podTemplate,omitempty"`
+	// PodTemplateFile is a YAML or JSON file holding one PodTemplateSpec. It
+	// is read once, when the backend is constructed.
+	PodTemplateFile string `json:"podTemplateFile,omitempty"`
+	// RunnerImage is the image the init container copies the runner from:
+	// its entrypoint must be the static runner (the `runner` image of make
+	// images), which `install <path>` copies. Default: the runner
+	// container's image in the template (runner-host's entrypoint is the
+	// runner too), never the job's.
+	RunnerImage string `json:"runnerImage,omitempty"`
+	// WorkloadAPI is how the runner reaches the SPIRE agent. Default: the
+	// SPIFFE CSI driver csi.spiffe.io.
+	WorkloadAPI *WorkloadAPI `json:"workloadAPI,omitempty"`
+	// ServiceTimeout is how long the runner waits for the ports of a job's
+	// `services:` to accept connections before it fails the job. Default
+	// DefaultServiceTimeout.
+	ServiceTimeout *metav1.Duration `json:"serviceTimeout,omitempty"`
+}
+
+// serviceTimeout returns the profile's ServiceTimeout, or the default. The
+// profile is one ParseProfile accepted.
+func serviceTimeout(raw json.RawMessage) (time.Duration, error) {
+	var p Profile
+	if err := yaml.Unmarshal(raw, &p); err != nil {
+		return 0, fmt.Errorf("profile: %w", err)
+	}
+	if p.ServiceTimeout == nil {
+		return DefaultServiceTimeout, nil
+	}
+	if p.ServiceTimeout.Duration <= 0 {
+		return 0, fmt.Errorf("profile serviceTimeout: %s is not positive", p.ServiceTimeout.Duration)
+	}
+	return p.ServiceTimeout.Duration, nil
+}
+
+// ParseProfile reads a pool's profile (JSON, as runnerpool keeps it) and
+// returns its validated pod template with the runner injection and the
+// Workload API volume added (see inject): every Pod of the pool is this
+// template with the job's metadata, environment Secret and image. Unknown
+// fields, in the profile and in the template, are errors; so is every rule of
+// validateTemplate and checkReserved. Errors name the field at fault; the
+// caller adds the pool.
+func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemplateSpec, error) {
+	if len(raw) == 0 {
+		return corev1.PodTemplateSpec{}, errors.New("profile is missing: set podTemplate or podTemplateFile")
+	}
+	var p Profile
+	if err := yaml.UnmarshalStrict(raw, &p); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile: %w", err)
+	}
+	var (
+		tmpl  corev1.PodTemplateSpec
+		field string
+	)
+	switch {
+	case p.PodTemplate != nil && p.PodTemplateFile != "":
+		return corev1.PodTemplateSpec{}, errors.New("profile: podTemplate and podTemplateFile are both set; set one")
+	case p.PodTemplate != nil:
+		tmpl, field = *p.PodTemplate, "podTemplate"
+	case p.PodTemplateFile != "":
+		data, err := os.ReadFile(p.PodTemplateFile)
+		if err != nil {
+			return corev1.PodTemplateSpec{}, fmt.Errorf("profile podTemplateFile: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &tmpl); err != nil {
+			return corev1.PodTemplateSpec{}, fmt.Errorf("profile podTemplateFile %s: %w", p.PodTemplateFile, err)
+		}
+		field = "podTemplateFile " + p.PodTemplateFile + ":"
+	default:
+		return corev1.PodTemplateSpec{}, errors.New("profile: set podTemplate or podTemplateFile")
+	}
+	if err := validateTemplate(tmpl, keys); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
+	}
+	if err := checkReserved(tmpl.Spec); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
+	}
+	var w WorkloadAPI
+	if p.WorkloadAPI != nil {
+		w = *p.WorkloadAPI
+	}
+	if err := w.validate(); err != nil {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("profile workloadAPI: %w", err)
+	}
+	image := p.RunnerImage
+	if image == "" {
+		image = tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)].Image
+	}
+	inject(&tmpl, image, w)
+	return tmpl, nil
+}
+
+// validateTemplate enforces what Create relies on. The error starts with the
+// offending field, relative to the template.
+func validateTemplate(t corev1.PodTemplateSpec, keys taskassignment.Keys) error {
+	if t.Name != "" || t.GenerateName != "" || t.Namespace != "" {
+		return errors.New("metadata: name, generateName and namespace are set by the backend; leave them empty")
+	}
+	reserved := []string{keys.Runner, keys.AssignmentID, keys.TaskID, keys.Backend, keys.Pool,
+		keys.Repository, keys.Job, keys.SPIFFEID, keys.Image}
+	for k := range t.Labels {
+		if slices.Contains(reserved, k) {
+			return fmt.Errorf("metadata.labels: %q is a metadata contract key set by the backend", k)
+		}
+	}
+	for k := range t.Annotations {
+		if slices.Contains(reserved, k) {
+			return fmt.Errorf("metadata.annotations: %q is a metadata contract key set by the backend", k)
+		}
+	}
+	switch t.Spec.RestartPolicy {
+	case "", corev1.RestartPolicyNever:
+	default:
+		return fmt.Errorf("spec.restartPolicy: %q: an executor runs once, only Never is allowed", t.Spec.RestartPolicy)
+	}
+	i := runnerIndex(t.Spec.Containers)
+	if i < 0 {
+		return fmt.Errorf("spec.containers: no container named %q", RunnerContainer)
+	}
+	if t.Spec.Containers[i].Image == "" {
+		return fmt.Errorf("spec.containers[%s].image: empty", RunnerContainer)
+	}
+	return nil
+}
+
+func runnerIndex(cs []corev1.Container) int {
+	return slices.IndexFunc(cs, func(c corev1.Container) bool { return c.Name == RunnerContainer })
+}

@@ -1,0 +1,29 @@
+package process
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// New is the process backend's backend.Builder: its CA is loaded from
+// c.CADir (created if absent), and its executors inherit the environment
+// InheritedEnv keeps of this process's. It holds nothing open.
+func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+	if err := c.Check(taskassignment.BackendProcess); err != nil {
+		return nil, nil, err
+	}
+	ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)
+	if err != nil {
+		return nil, nil, fmt.Errorf("GDR_CA_DIR: %w", err)
+	}
+	b, err := New(Config{Dir: c.ProcessDir, Runner: c.RunnerBin, Keys: d.Keys,
+		TrustDomain: d.TrustDomain, Minter: ca, Env: InheritedEnv(os.Environ()), OnCorrupt: d.Corrupt()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, func() error { return nil }, nil
+}

@@ -1,0 +1,386 @@
+package handler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// The defaults of Job's timings, used where a field is zero.
+const (
+	// DefaultWait: a KEDA-started run finds its message within a poll.
+	DefaultWait = 2 * time.Second
+	// DefaultNakDelay: a Pod is usually scheduled within seconds.
+	DefaultNakDelay = 5 * time.Second
+	// DefaultErrorDelay: a failed backend call is not retried at once.
+	DefaultErrorDelay = 15 * time.Second
+	// DefaultHoldFor: long enough for a Pod to be scheduled on a node that
+	// is still starting, short enough that a stuck one does not keep a run.
+	DefaultHoldFor = 2 * time.Minute
+	// MaxErrorDelay caps the backoff of a message that keeps failing.
+	MaxErrorDelay = 5 * time.Minute
+	// ackTimeout bounds the wait for the server to confirm an ack.
+	ackTimeout = 5 * time.Second
+)
+
+// ErrorBackoff is when a message that failed on its delivered-th delivery
+// comes back: base, doubled with every delivery, at most MaxErrorDelay. A
+// backend that is down for an hour costs a few dozen deliveries, not
+// hundreds, and a blip still costs only base.
+func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
+	d := base
+	for i := uint64(1); i < delivered && d < MaxErrorDelay; i++ {
+		d *= 2
+	}
+	return min(d, MaxErrorDelay)
+}
+
+// Job is the KEDA ScaledJob mode: each run pulls at most Batch messages and
+// settles every one of them before it returns.
+//
+// A message whose executor waits to be scheduled (NotYet) is held, not
+// handed back: the run keeps it in progress and offers it again, soon at
+// first and then less often, up to every NakDelay (holdDelay), for at most
+// HoldFor. While it holds, the message is ack-pending
+// and the run is running, so KEDA's default scaling strategy (new Jobs =
+// lag - running Jobs, lag = pending + ack-pending) starts no Job for it: an
+// assignment that waits for its executor costs one running handle, not one
+// new handle per polling interval. A run that holds fetches nothing more:
+// under KEDA other Jobs take the rest; a caller that runs Job in a loop
+// (local mode) fetches again once every held message is settled.
+type Job struct {
+	Handler  Handler
+	Consumer delivery.Puller
+	// Batch is the most messages one run takes (at least 1).
+	Batch int
+	// Wait is how long a run waits for its first message (zero:
+	// DefaultWait).
+	Wait time.Duration
+	// NakDelay is how often a held message is offered again, and when a
+	// NotYet message the run stops holding comes back (zero:
+	// DefaultNakDelay). It must stay well below the consumer's AckWait: a
+	// held message is kept in progress once per offer.
+	NakDelay time.Duration
+	// ErrorDelay is when a Failed message comes back (zero:
+	// DefaultErrorDelay).
+	ErrorDelay time.Duration
+	// HoldFor bounds how long a run holds a NotYet message, from its first
+	// NotYet: no offer is made later than that, the message is naked with
+	// NakDelay instead (zero: DefaultHoldFor; shorter than NakDelay: never
+	// held).
+	HoldFor time.Duration
+	// MaxDeliver is the consumer's MaxDeliver (zero:
+	// taskassignment.MaxDeliver, what OpenConsumer sets). A message handed
+	// back on its last delivery is terminated, not naked (see nak), with a
+	// reason naming its assignment (taskassignment.ExhaustedReason), for
+	// recover to fail the task with. With the backoff cap that is days
+	// away, longer than a payload lives, so in practice the job's own
+	// deadline ends such a task first; the rule guarantees that no message
+	// is ever left undeliverable in the stream.
+	MaxDeliver int
+}
+
+// Summary counts what one run did with the messages it fetched.
+type Summary struct {
+	Fetched, Accepted, NotYet, Failed, Poison, Rejected int
+}
+
+func (s *Summary) count(o Outcome) {
+	switch o {
+	case Accepted:
+		s.Accepted++
+	case NotYet:
+		s.NotYet++
+	case Failed:
+		s.Failed++
+	case Poison:
+		s.Poison++
+	case Rejected:
+		s.Rejected++
+	}
+}
+
+// Run fetches and settles one batch. Every message it fetched is settled
+// before it returns: acknowledged (Accepted), naked with a delay (NotYet,
+// Failed) or terminated (Poison, Rejected). A NotYet message is first held (see Job)
+// and counts as NotYet only when the run gives it up. When ctx is cancelled
+// (SIGTERM), the message in flight, those held and those not yet started are
+// naked at once, so another handler takes them without waiting for AckWait.
+//
+// Crash window: a run killed while it holds a message (SIGKILL, a lost
+// node) settles nothing; the message comes back AckWait after its last
+// in-progress signal, to a run whose Accept finds the executor it created.
+//
+// An ack is confirmed by the server before Run counts the message Accepted;
+// naks and terminations are published on the consumer's connection without
+// a reply: flush it before the process exits. The error is only for a run
+// that could not fetch at all; outcomes of single messages are in the
+// Summary and the log. No message available is a
+// successful, empty run.
+func (j Job) Run(ctx context.Context) (Summary, error) {
+	var sum Summary
+	if ctx.Err() != nil {
+		return sum, nil
+	}
+	batch := max(j.Batch, 1)
+	fetchCtx, cancel := context.WithTimeout(ctx, cmp.Or(j.Wait, DefaultWait))
+	defer cancel()
+	msgs, err := j.Consumer.Fetch(batch, jetstream.FetchContext(fetchCtx))
+	if err != nil {
+		return sum, fmt.Errorf("fetch from consumer: %w", err)
+	}
+	j.settleAll(ctx, msgs.Messages(), &sum)
+	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, jetstream.ErrNoMessages) {
+		return sum, fmt.Errorf("fetch from consumer: %w", err)
+	}
+	return sum, nil
+}
+
+// held is a message the run holds: offered again at next, never after
+// deadline (zero until its first NotYet).
+type held struct {
+	msg      jetstream.Msg
+	next     time.Time
+	deadline time.Time
+	offers   int // NotYet answers so far
+}
+
+// settleAll settles every message of in as it arrives and offers each held
+// one again when it is due, until in is closed, nothing is held and every
+// ack is confirmed. Held messages wait side by side: one that waits delays
+// neither the rest of the batch nor another held one (offers are made one at
+// a time, so a slow Accept delays the next due offer by its own duration).
+// Acks are confirmed side by side too: the next message is offered while the
+// server's answer to the last ack is on its way, and a message counts
+// Accepted once its answer came (see settle). When ctx ends, everything held
+// is handed back at once.
+func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summary) {
+	var holds []*held
+	confirmed := make(chan Outcome) // one per ack under way (confirming)
+	confirming := 0
+	timer := time.NewTimer(time.Hour) // reset to the first due offer below
+	defer timer.Stop()
+	stop := ctx.Done()
+	for in != nil || len(holds) > 0 || confirming > 0 {
+		var due <-chan time.Time
+		first := 0
+		if len(holds) > 0 {
+			for i, h := range holds {
+				if h.next.Before(holds[first].next) {
+					first = i
+				}
+			}
+			timer.Reset(time.Until(holds[first].next))
+			due = timer.C
+		}
+		var offer []*held
+		select {
+		case o := <-confirmed:
+			confirming--
+			sum.count(o)
+			continue
+		case msg, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			sum.Fetched++
+			offer = []*held{{msg: msg}}
+		case <-due:
+			offer = []*held{holds[first]}
+			holds = append(holds[:first], holds[first+1:]...)
+		case <-stop:
+			stop = nil
+			offer, holds = holds, nil
+		}
+		for _, h := range offer {
+			switch o, f := j.settle(ctx, h, confirmed); f {
+			case kept:
+				holds = append(holds, h)
+			case confirmingAck:
+				confirming++
+			default:
+				sum.count(o)
+			}
+		}
+	}
+}
+
+// fate is what settle did with a message.
+type fate int
+
+const (
+	// settled: acked, naked or terminated; count its outcome now.
+	settled fate = iota
+	// kept: NotYet and still held; offer it again when due.
+	kept
+	// confirmingAck: accepted and acked, the server's confirmation under
+	// way; its outcome arrives on settle's channel.
+	confirmingAck
+)
+
+// settle offers h's message to the handler and settles it by the outcome,
+// or keeps it when it is NotYet and may still be held. An accepted message
+// is acked with the server's confirmation awaited in the background
+// (confirmingAck): its outcome, Accepted once confirmed, else Failed, is
+// sent on confirmed.
+func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Outcome, fate) {
+	log := j.Handler.log()
+	msg := h.msg
+	attrs := []any{slog.String("subject", msg.Subject())}
+	if md, err := msg.Metadata(); err == nil {
+		attrs = append(attrs, slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivered", md.NumDelivered))
+	}
+	if ctx.Err() != nil {
+		// Decoded for its ID only: on its last delivery the message is
+		// terminated with a reason naming the assignment.
+		a, _, _ := j.Handler.decode(msg.Data())
+		j.nak(log, msg, 0, a.ID, attrs)
+		log.Info("assignment handed back", append(attrs, slog.String("reason", errShutdown.Error()))...)
+		return Failed, settled
+	}
+	a, outcome, err := j.Handler.Handle(ctx, msg.Data())
+	if a.ID != "" {
+		attrs = append(attrs, slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
+	}
+	switch outcome {
+	case Accepted:
+		// A confirmed ack: once the server has answered, the message is gone
+		// from the stream, so "accepted" in the log is a fact. It is sent
+		// even when ctx has ended (the executor exists: handing the message
+		// back would only cost a redelivery). An ack that is not confirmed
+		// (NATS restarting) costs a redelivery after AckWait, which Accept
+		// answers by finding the executor, or its task's end mark, never by
+		// creating a second one. The answer is awaited here, in the
+		// background, so that the round trip does not hold up the next
+		// message; Run returns only once it came.
+		go func() {
+			ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+			err := msg.DoubleAck(ackCtx)
+			cancel()
+			if err != nil {
+				log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
+				confirmed <- Failed
+				return
+			}
+			log.Info("assignment accepted", attrs...)
+			confirmed <- Accepted
+		}()
+		return Accepted, confirmingAck
+	case NotYet:
+		delay := cmp.Or(j.NakDelay, DefaultNakDelay)
+		starts := h.deadline.IsZero()
+		if j.hold(ctx, h, holdDelay(h.offers, delay)) {
+			h.offers++
+			if starts {
+				log.Info("assignment held while it waits for its identity target", append(attrs, slog.Duration("retry_in", delay), slog.Time("until", h.deadline))...)
+			}
+			if err := msg.InProgress(); err != nil {
+				// Held on: the message may come back to another run after
+				// AckWait, whose Accept finds this very executor.
+				log.Warn("assignment held, in-progress signal not sent", append(attrs, slog.Any("error", err))...)
+			}
+			return NotYet, kept
+		}
+		if ctx.Err() != nil {
+			delay = 0
+		}
+		j.nak(log, msg, delay, a.ID, attrs)
+		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
+	case Failed:
+		delay := ErrorBackoff(cmp.Or(j.ErrorDelay, DefaultErrorDelay), delivery.Count(msg))
+		if ctx.Err() != nil {
+			delay = 0
+		}
+		j.nak(log, msg, delay, a.ID, attrs)
+		log.Warn("assignment not accepted", append(attrs, slog.Duration("retry_in", delay), slog.Any("error", err))...)
+	case Poison:
+		reason := "malformed assignment"
+		if errors.Is(err, assignmentsig.ErrUnauthenticated) {
+			reason = "unauthenticated assignment"
+		}
+		if terr := msg.TermWithReason(reason); terr != nil {
+			log.Error("terminate "+reason, append(attrs, slog.Any("error", terr))...)
+		}
+		log.Error(reason+" terminated", append(attrs, slog.Any("error", err))...)
+	case Rejected:
+		// The reason goes into the server's termination advisory, which the
+		// rejection stream keeps until recover has failed the task with it.
+		// A term lost on its way costs a redelivery after AckWait, which is
+		// rejected again.
+		if terr := msg.TermWithReason(taskassignment.RejectedReason(a.ID, err.Error())); terr != nil {
+			log.Error("terminate a rejected assignment", append(attrs, slog.Any("error", terr))...)
+		}
+		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", err))...)
+	}
+	return outcome, settled
+}
+
+// hold schedules h's next offer delay from now and reports true, or reports
+// false when that offer would come after h's deadline or ctx has ended.
+// The first NotYet of h starts its deadline, HoldFor from now.
+func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
+	holdFor := cmp.Or(j.HoldFor, DefaultHoldFor)
+	if holdFor < cmp.Or(j.NakDelay, DefaultNakDelay) {
+		return false // holding is off (see HoldFor)
+	}
+	now := time.Now()
+	if h.deadline.IsZero() {
+		h.deadline = now.Add(holdFor)
+	}
+	next := now.Add(delay)
+	if ctx.Err() != nil || next.After(h.deadline) {
+		return false
+	}
+	h.next = next
+	return true
+}
+
+// holdDelay is when a message held after offers NotYet answers is offered
+// again: every holdStep for the first holdSteps answers (a Pod is usually
+// scheduled within a second or two, and the executor's start waits for the
+// offer that binds its identity), then doubling from 2 holdStep up to max
+// (NakDelay). An offer costs the backend one lookup.
+func holdDelay(offers int, max time.Duration) time.Duration {
+	d := holdStep
+	for i := holdSteps; i <= offers && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// holdStep and holdSteps: see holdDelay.
+const (
+	holdStep  = 250 * time.Millisecond
+	holdSteps = 8
+)
+
+// nak hands msg back, to come again after delay. On its last delivery
+// (MaxDeliver) it is terminated instead, whatever the reason it goes back
+// (failed, still waiting, shutdown): a message naked then would stay in the
+// stream undelivered and counted as queued for ever. The termination's
+// reason names the assignment (taskassignment.ExhaustedReason(id)), and
+// recover fails the task with it; without an ID (a message that does not
+// decode) its payload is an orphan that recover re-publishes.
+func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
+	terminated, err := delivery.Retry(msg, delay, cmp.Or(j.MaxDeliver, taskassignment.MaxDeliver), taskassignment.ExhaustedReason(assignmentID))
+	switch {
+	case terminated:
+		if err != nil {
+			log.Error("terminate an assignment on its last delivery", append(attrs, slog.Any("error", err))...)
+		}
+		log.Error("assignment handed back on its last delivery: terminated, for recover to fail the task", attrs...)
+	case err != nil:
+		log.Warn("nak failed; the message returns after its ack wait", append(attrs, slog.Any("error", err))...)
+	}
+}
