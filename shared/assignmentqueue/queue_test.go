@@ -166,7 +166,7 @@ func TestEnsureStreamRefusesUncorrectableDrift(t *testing.T) {
 
 func TestOpenConsumerConfig(t *testing.T) {
 	ctx, js, q := newQueue(t)
-	for i, b := range taskassignment.Backends() {
+	for i, b := range taskassignment.BackendKinds() {
 		capacity := 3 + i
 		c, err := q.OpenConsumer(ctx, b, capacity)
 		if err != nil {
@@ -349,7 +349,7 @@ func TestPublishSubjectPerBackend(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stream: %v", err)
 	}
-	for i, b := range taskassignment.Backends() {
+	for i, b := range taskassignment.BackendKinds() {
 		a := assignment(t, b, int64(100+i))
 		ack, err := q.Publish(ctx, a)
 		if err != nil {

@@ -1,10 +1,11 @@
-// Package backends is the contract by which handle and recover (which must
-// agree) build the executor backend they are configured for: its settings
-// (BuildSettings), what it is built from (Deps), and the builders a binary links
-// (Builders).
+// Package backend is how handle and recover (which must agree) build the
+// executor backend they are configured for: its settings (BuildSettings),
+// what it is built from (Deps), and the builders a binary links (Builders).
+// What a backend does is the executor contract (shared/executor).
 //
-// Each backend's builder lives in a package of its own (backends/process,
-// backends/opensandbox, backends/pod), and this one imports none of them:
+// Each backend and its Build live in a package of their own below this one
+// (backend/process, backend/opensandbox, backend/pod), and this one imports
+// none of them:
 // a binary links a backend's client (client-go for the pod backend, gRPC
 // for SPIRE, the OpenSandbox API client) and pays for its package
 // initialisation only when it imports that builder. Nothing connects before

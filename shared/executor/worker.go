@@ -1,5 +1,8 @@
-// Package executor reconciles assigned Gitea tasks against an executor
-// backend.
+// Package executor is the executor contract and its reconciler: what a
+// backend does with executors (Backend, Recoverer: create, find, bind an
+// identity, delete, list), what it reports of one (Executor, Phase), its
+// refusals (Permanent), and the Worker that reconciles an assigned Gitea task
+// against its executor (Accept from handle, Handle from recover).
 //
 // The Worker holds no state that correctness depends on: every fact it acts on
 // is read again from the backend (the executor and its metadata) and from

@@ -36,8 +36,8 @@ const (
 
 var backends = []BackendKind{BackendPod, BackendOpenSandbox, BackendProcess}
 
-// Backends returns every known backend, in a fixed order.
-func Backends() []BackendKind { return append([]BackendKind(nil), backends...) }
+// BackendKinds returns every known backend, in a fixed order.
+func BackendKinds() []BackendKind { return append([]BackendKind(nil), backends...) }
 
 // ParseBackendKind returns the backend named s, or an error naming s.
 func ParseBackendKind(s string) (BackendKind, error) {

@@ -97,7 +97,7 @@ func TestIDRejects(t *testing.T) {
 }
 
 func TestParseBackend(t *testing.T) {
-	for _, b := range Backends() {
+	for _, b := range BackendKinds() {
 		got, err := ParseBackendKind(string(b))
 		if err != nil || got != b {
 			t.Fatalf("ParseBackend(%q) = %q, %v", b, got, err)

@@ -10,7 +10,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// New is the opensandbox backend's backend.Builder. The SPIRE Server, when
+// Build is the opensandbox backend's backend.Builder. The SPIRE Server, when
 // set, is dialled lazily (connected on the first mint, so recover, which
 // never mints, never connects); the returned function closes that
 // connection.

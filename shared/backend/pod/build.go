@@ -15,7 +15,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// New is the pod backend's backend.Builder: the API server comes from
+// Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIRESocket (gRPC connects on first use). The returned function closes
 // the SPIRE connection.

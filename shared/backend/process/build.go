@@ -9,7 +9,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// New is the process backend's backend.Builder: its CA is loaded from
+// Build is the process backend's backend.Builder: its CA is loaded from
 // c.CADir (created if absent), and its executors inherit the environment
 // InheritedEnv keeps of this process's. It holds nothing open.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {

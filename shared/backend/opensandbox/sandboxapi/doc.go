@@ -1,4 +1,4 @@
-// Package opensandbox is the project's client of the OpenSandbox sandbox
+// Package sandboxapi is the project's client of the OpenSandbox sandbox
 // lifecycle API: a small adapter over a client generated (oapi-codegen, see
 // oapi-codegen.yml) from the official specification in spec/.
 //
