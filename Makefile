@@ -6,7 +6,7 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 FUZZTIME ?= 5s
 BENCHTIME ?= 1s
 
-.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos
+.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos docs
 
 ## build: compile every function into $(BIN)/
 build:
@@ -72,7 +72,7 @@ chaos:
 	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_RESTARTS=$(CHAOS_NATS_RESTARTS) \
 		CHAOS_DRAIN=$${CHAOS_DRAIN:-5m} $(GO) test -count=1 -v -timeout 60m -run '^TestChaos$$' ./internal/chaos/
 
-## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (README "Images"):
+## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (docs/OPERATIONS.md):
 ##         dispatch, handle, recover, gateway, runner, runner-host; linux/amd64 + linux/arm64,
 ##         reproducible (every timestamp SOURCE_DATE_EPOCH, default: the last commit's time)
 .PHONY: images
@@ -80,6 +80,13 @@ images:
 	@debs=$$(./scripts/debs.sh build) && \
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
 	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs"
+
+## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
+##       with -update rewrites its own section (one package at a time: they write one file);
+##       `make test` fails while a table is stale
+CONFIG_DOC_PACKAGES := ./functions/dispatch ./functions/handle ./functions/recover ./functions/gateway ./shared/runner ./functions/local
+docs:
+	@for p in $(CONFIG_DOC_PACKAGES); do $(GO) test -count=1 -run '^TestConfigurationDoc$$' $$p -update || exit 1; done
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:

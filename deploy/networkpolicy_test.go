@@ -60,7 +60,7 @@ func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
 	naming := taskassignment.NamingSettings{TrustDomain: cfg["GDR_TRUST_DOMAIN"], MetadataPrefix: cfg["GDR_METADATA_PREFIX"]}
 	if naming.MetadataPrefix == "" {
-		naming.MetadataPrefix = "gitea-dynamic-runner.io" // the variable's default (README)
+		naming.MetadataPrefix = "gitea-dynamic-runner.io" // the variable's default (docs/CONFIGURATION.md)
 	}
 	td, keys, err := naming.Parse()
 	if err != nil {

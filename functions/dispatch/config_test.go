@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"os"
 	"path/filepath"
@@ -13,8 +14,12 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
-func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
+var update = flag.Bool("update", false, "rewrite dispatch's table in docs/CONFIGURATION.md (make docs)")
+
+// TestConfigurationDoc keeps dispatch's table in docs/CONFIGURATION.md what
+// envdoc renders from Config; with -update it rewrites that table.
+func TestConfigurationDoc(t *testing.T) {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "dispatch", function.EnvPrefix, &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,8 +13,12 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 )
 
-func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	if err := envdoc.CheckFile("../../README.md", function.EnvPrefix, &Config{}); err != nil {
+var update = flag.Bool("update", false, "rewrite handle's table in docs/CONFIGURATION.md (make docs)")
+
+// TestConfigurationDoc keeps handle's table in docs/CONFIGURATION.md what
+// envdoc renders from Config; with -update it rewrites that table.
+func TestConfigurationDoc(t *testing.T) {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "handle", function.EnvPrefix, &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -44,7 +44,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Mode == modeHTTP {
 		// The Knative path has no NATS connection, hence no end marks: a
 		// redelivered event after its task ended can create an executor
-		// again, which finds no payload and ends (see README, Knative).
+		// again, which finds no payload and ends (docs/ARCHITECTURE.md,
+		// "The Knative path").
 		h, closeBackend, err := newHandler(cfg, nil, log)
 		if err != nil {
 			return err

@@ -1,4 +1,5 @@
-// Package layout holds the test that keeps README.md's layout section true
-// to the module's packages: a package added, moved or removed without its
-// line fails it. It has no code of its own.
+// Package layout holds the test that keeps docs/ARCHITECTURE.md's package map
+// (the code block under "## Packages") true to the module's packages: a
+// package added, moved or removed without its line fails it. It has no code
+// of its own.
 package layout

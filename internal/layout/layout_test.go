@@ -10,11 +10,11 @@ import (
 	"testing"
 )
 
-// readmeLayout returns the first word of every line of README.md's code
-// block under "## Layout".
-func readmeLayout(t *testing.T, readme string) []string {
+// packageMap returns the first word of every line of docs/ARCHITECTURE.md's
+// code block under "## Packages".
+func packageMap(t *testing.T, doc string) []string {
 	t.Helper()
-	data, err := os.ReadFile(readme)
+	data, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +25,7 @@ func readmeLayout(t *testing.T, readme string) []string {
 		line := sc.Text()
 		switch {
 		case strings.HasPrefix(line, "## "):
-			inSection = line == "## Layout"
+			inSection = line == "## Packages"
 		case inSection && strings.HasPrefix(line, "```"):
 			if inBlock {
 				return paths
@@ -35,11 +35,11 @@ func readmeLayout(t *testing.T, readme string) []string {
 			paths = append(paths, strings.Fields(line)[0])
 		}
 	}
-	t.Fatal("README.md has no code block under ## Layout")
+	t.Fatal("docs/ARCHITECTURE.md has no code block under ## Packages")
 	return nil
 }
 
-func TestREADMEListsEveryPackage(t *testing.T) {
+func TestPackageMapListsEveryPackage(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -58,15 +58,15 @@ func TestREADMEListsEveryPackage(t *testing.T) {
 		}
 		packages = append(packages, filepath.ToSlash(rel))
 	}
-	listed := readmeLayout(t, filepath.Join(root, "README.md"))
+	listed := packageMap(t, filepath.Join(root, "docs", "ARCHITECTURE.md"))
 	for _, p := range packages {
 		if !slices.Contains(listed, p) {
-			t.Errorf("package %s is not in README.md's layout section", p)
+			t.Errorf("package %s is not in docs/ARCHITECTURE.md's package map", p)
 		}
 	}
 	for _, l := range listed {
 		if !slices.Contains(packages, l) {
-			t.Errorf("README.md's layout lists %s, which is not a package", l)
+			t.Errorf("docs/ARCHITECTURE.md's package map lists %s, which is not a package", l)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 // Package envdoc describes a function's environment variables from its
-// envconfig specification: for the -help output, and to keep README.md's
-// configuration table true to the code.
+// envconfig specification: for the -help output (Usage), and for the tables
+// of docs/CONFIGURATION.md, which are generated (Table) into sections of that
+// file marked per function and kept current by each function's test (Sync).
 package envdoc
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -110,8 +112,9 @@ func Usage(w io.Writer, prefix string, spec any) error {
 	return nil
 }
 
-// Row is how README.md documents v: "| `NAME` | default | description |",
-// where default is the value in backticks, "required", or empty.
+// Row is how docs/CONFIGURATION.md documents v:
+// "| `NAME` | default | description |", where default is the value in
+// backticks, "required", or empty.
 func Row(v Var) string {
 	def := ""
 	switch {
@@ -123,35 +126,132 @@ func Row(v Var) string {
 	return fmt.Sprintf("| `%s` | %s | %s |", v.Name, def, v.Desc)
 }
 
-// CheckDocumented returns an error listing every variable of vars whose row
-// in doc is missing or differs from Row(v).
-func CheckDocumented(doc []byte, vars []Var) error {
-	lines := map[string]bool{}
-	for _, l := range strings.Split(string(doc), "\n") {
-		lines[strings.TrimSpace(l)] = true
-	}
-	var missing []string
+// Table renders vars as a Markdown table: a header, then one Row per
+// variable in their order, every line ending in a newline.
+func Table(vars []Var) string {
+	var b strings.Builder
+	b.WriteString("| Variable | Default | What it does |\n|---|---|---|\n")
 	for _, v := range vars {
-		if !lines[Row(v)] {
-			missing = append(missing, Row(v))
-		}
+		b.WriteString(Row(v) + "\n")
 	}
-	if len(missing) > 0 {
-		return fmt.Errorf("README.md lacks these configuration rows (or they differ):\n%s", strings.Join(missing, "\n"))
-	}
-	return nil
+	return b.String()
 }
 
-// CheckFile is CheckDocumented for the variables of spec under prefix
-// against the file at path (README.md).
-func CheckFile(path, prefix string, spec any) error {
-	doc, err := os.ReadFile(path)
+// Markers returns the two lines that enclose the generated section name of
+// a Markdown file, HTML comments that Markdown does not show:
+//
+//	<!-- envdoc:begin NAME -->
+//	<!-- envdoc:end NAME -->
+func Markers(name string) (begin, end string) {
+	return "<!-- envdoc:begin " + name + " -->", "<!-- envdoc:end " + name + " -->"
+}
+
+// Section returns the text of doc's section name: the lines between its
+// two markers, each of which must stand once on a line of its own.
+func Section(doc []byte, name string) (string, error) {
+	start, stop, err := bounds(doc, name)
 	if err != nil {
-		return err
+		return "", err
 	}
+	return string(doc[start:stop]), nil
+}
+
+// ReplaceSection returns doc with the text of its section name replaced by
+// body (which ends in a newline), every other byte as it was.
+func ReplaceSection(doc []byte, name, body string) ([]byte, error) {
+	start, stop, err := bounds(doc, name)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(doc[:start], []byte(body), doc[stop:]), nil
+}
+
+// bounds returns the offsets in doc of the first byte after section name's
+// begin marker line and of its end marker line.
+func bounds(doc []byte, name string) (start, stop int, err error) {
+	begin, end := Markers(name)
+	start, stop = -1, -1
+	off := 0
+	for _, line := range strings.SplitAfter(string(doc), "\n") {
+		switch strings.TrimSuffix(line, "\n") {
+		case begin:
+			if start >= 0 {
+				return 0, 0, fmt.Errorf("section %s: %q twice", name, begin)
+			}
+			start = off + len(line)
+		case end:
+			if stop >= 0 {
+				return 0, 0, fmt.Errorf("section %s: %q twice", name, end)
+			}
+			stop = off
+		}
+		off += len(line)
+	}
+	switch {
+	case start < 0 || stop < 0:
+		return 0, 0, fmt.Errorf("section %s: want the lines %q and %q", name, begin, end)
+	case stop < start:
+		return 0, 0, fmt.Errorf("section %s: %q before %q", name, end, begin)
+	}
+	return start, stop, nil
+}
+
+// Sync keeps the section name of the Markdown file at path equal, byte for
+// byte, to the Table of spec's variables under prefix between two empty lines
+// (so that the markers stand apart from the table). With update false it
+// only reads, and returns an error listing the rows that differ; with update
+// true it rewrites that section, and nothing else of the file, when it
+// differs. Each function's configuration test calls it for its own section
+// (with update from its -update flag); run those tests one at a time when
+// updating, as they write one file.
+func Sync(path, name, prefix string, spec any, update bool) error {
 	vars, err := Vars(prefix, spec)
 	if err != nil {
 		return err
 	}
-	return CheckDocumented(doc, vars)
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	have, err := Section(doc, name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	want := "\n" + Table(vars) + "\n"
+	if have == want {
+		return nil
+	}
+	if !update {
+		return fmt.Errorf("%s: section %s is not what the code says (regenerate it: make docs):\n%s", path, name, diff(have, want))
+	}
+	out, err := ReplaceSection(doc, name, want)
+	if err != nil {
+		return err
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, out, info.Mode().Perm())
+}
+
+// diff lists the lines of want that have lacks ("+") and those of have that
+// want lacks ("-"); the same lines in another order say so.
+func diff(have, want string) string {
+	h, w := strings.Split(have, "\n"), strings.Split(want, "\n")
+	var out []string
+	for _, l := range w {
+		if !slices.Contains(h, l) {
+			out = append(out, "+ "+l)
+		}
+	}
+	for _, l := range h {
+		if !slices.Contains(w, l) {
+			out = append(out, "- "+l)
+		}
+	}
+	if len(out) == 0 {
+		return "the same lines in another order"
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,6 +1,8 @@
 package envdoc
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,29 +42,80 @@ func TestVars(t *testing.T) {
 	}
 }
 
-func TestCheckDocumented(t *testing.T) {
+func TestTable(t *testing.T) {
 	vars, err := Vars("GDR", &spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []string
-	for _, v := range vars {
-		rows = append(rows, Row(v))
-	}
-	doc := "# x\n| Variable | Default | What it does |\n|---|---|---|\n" + strings.Join(rows, "\n") + "\n"
-	if err := CheckDocumented([]byte(doc), vars); err != nil {
-		t.Fatal(err)
-	}
-	stale := strings.Replace(doc, "`2s`", "`5s`", 1)
-	if err := CheckDocumented([]byte(stale), vars); err == nil || !strings.Contains(err.Error(), "GDR_WAIT") {
-		t.Fatalf("a stale default passed: %v", err)
-	}
-	if err := CheckDocumented([]byte(strings.Replace(doc, "GDR_KEY", "GDR_KEYS", 1)), vars); err == nil {
-		t.Fatal("a missing row passed")
+	want := "| Variable | Default | What it does |\n|---|---|---|\n" +
+		"| `GDR_NATS_URL` | `nats://x:4222` | where NATS is |\n" +
+		"| `GDR_MODE` | `job` | job or http |\n" +
+		"| `GDR_KEY` | required | a key |\n" +
+		"| `GDR_WAIT` | `2s` | how long |\n" +
+		"| `GDR_PLAIN` |  | no default |\n"
+	if got := Table(vars); got != want {
+		t.Fatalf("Table() =\n%s\nwant\n%s", got, want)
 	}
 	var usage strings.Builder
 	if err := Usage(&usage, "GDR", &spec{}); err != nil || !strings.Contains(usage.String(), "GDR_KEY") || !strings.Contains(usage.String(), "(required)") {
 		t.Fatalf("Usage() = %q, %v", usage.String(), err)
+	}
+}
+
+func TestSection(t *testing.T) {
+	doc := []byte("# x\n<!-- envdoc:begin a -->\nold\n<!-- envdoc:end a -->\n<!-- envdoc:begin b -->\n<!-- envdoc:end b -->\ntail\n")
+	if got, err := Section(doc, "a"); err != nil || got != "old\n" {
+		t.Fatalf("Section(a) = %q, %v", got, err)
+	}
+	if got, err := Section(doc, "b"); err != nil || got != "" {
+		t.Fatalf("Section(b) = %q, %v", got, err)
+	}
+	out, err := ReplaceSection(doc, "b", "new\n")
+	if err != nil || string(out) != strings.Replace(string(doc), "b -->\n<!--", "b -->\nnew\n<!--", 1) {
+		t.Fatalf("ReplaceSection(b) = %q, %v", out, err)
+	}
+	for name, bad := range map[string]string{
+		"missing":        "# x\n",
+		"no end":         "<!-- envdoc:begin a -->\nx\n",
+		"twice":          "<!-- envdoc:begin a -->\n<!-- envdoc:end a -->\n<!-- envdoc:begin a -->\n<!-- envdoc:end a -->\n",
+		"reversed":       "<!-- envdoc:end a -->\n<!-- envdoc:begin a -->\n",
+		"not on its own": "see <!-- envdoc:begin a -->\n<!-- envdoc:end a -->\n",
+	} {
+		if _, err := Section([]byte(bad), "a"); err == nil {
+			t.Errorf("%s: Section found a section in %q", name, bad)
+		}
+	}
+}
+
+// Sync fails on a stale section, naming the row, and with update rewrites
+// that section alone; then it passes.
+func TestSync(t *testing.T) {
+	vars, err := Vars("GDR", &spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "CONFIGURATION.md")
+	head, tail := "# Configuration\n\nprose\n\n<!-- envdoc:begin f -->\n", "<!-- envdoc:end f -->\n\n## other\n"
+	want := "\n" + Table(vars) + "\n"
+	stale := strings.Replace(want, "`2s`", "`5s`", 1)
+	if err := os.WriteFile(path, []byte(head+stale+tail), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = Sync(path, "f", "GDR", &spec{}, false)
+	if err == nil || !strings.Contains(err.Error(), "+ | `GDR_WAIT` | `2s` |") || !strings.Contains(err.Error(), "- | `GDR_WAIT` | `5s` |") {
+		t.Fatalf("Sync() of a stale section = %v", err)
+	}
+	if err := Sync(path, "f", "GDR", &spec{}, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != head+want+tail {
+		t.Fatalf("after the update the file reads\n%s", got)
+	}
+	if err := Sync(path, "f", "GDR", &spec{}, false); err != nil {
+		t.Fatalf("Sync() after the update = %v", err)
+	}
+	if err := Sync(path, "g", "GDR", &spec{}, true); err == nil {
+		t.Fatal("Sync() wrote a section the file does not mark")
 	}
 }
 
