@@ -21,30 +21,18 @@
 set -euo pipefail
 
 VERSION=v1.27.3
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
-DEST=$ROOT/gitea-$VERSION
-STAMP=$DEST/.complete
+PEER=gitea-$VERSION
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-say() { echo "gitea.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 built() { [ -f "$STAMP" ] && [ -x "$DEST/gitea" ] && [ -d "$DEST/static/options" ]; }
 
 build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.gitea-$VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi # another build finished while we waited
-
-  local t0 tmp src dir
-  t0=$(date +%s)
-  rm -rf "$ROOT/.gitea-$VERSION.tmp."* # we hold the lock: these are leftovers of killed builds
-  tmp=$(mktemp -d "$ROOT/.gitea-$VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp" # mktemp makes it private; the finished folder is shared read-only
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local src dir
   src=$tmp/src
 
   say "fetching code.gitea.io/gitea@$VERSION into the module cache"
@@ -81,10 +69,7 @@ build() {
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -rf "$DEST" # a leftover without a stamp (e.g. removed by hand mid-way) is not complete
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "built $VERSION in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
 case "${1:-}" in

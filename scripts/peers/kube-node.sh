@@ -22,13 +22,11 @@
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
-DEST=$ROOT/kube-node-$K8S_VERSION
-STAMP=$DEST/.complete
+PEER=kube-node-$K8S_VERSION
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DEBS=(containerd runc containernetworking-plugins nftables libnftables1 libnftnl11)
 
-say() { echo "kube-node.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 built() {
   [ -f "$STAMP" ] || return 1
@@ -89,18 +87,8 @@ runtime() {
 build() {
   if built; then echo "$DEST"; return 0; fi
   command -v apt-get >/dev/null || die "apt-get not found: the runtime comes from Debian's packages"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.kube-node-$K8S_VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi
-
-  local t0 tmp s
-  t0=$(date +%s)
-  rm -rf "$ROOT/.kube-node-$K8S_VERSION.tmp."*
-  tmp=$(mktemp -d "$ROOT/.kube-node-$K8S_VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "chmod -R u+w '$tmp' 2>/dev/null; rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local s
 
   s=$(date +%s)
   runtime "$tmp"
@@ -114,10 +102,7 @@ build() {
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -rf "$DEST"
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "built in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
 case "${1:-}" in

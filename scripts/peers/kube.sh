@@ -28,12 +28,10 @@ set -euo pipefail
 
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.0
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
-DEST=$ROOT/kube-$K8S_VERSION
-STAMP=$DEST/.complete
+PEER=kube-$K8S_VERSION
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-say() { echo "kube.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 KUBE_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy)
 
@@ -46,18 +44,8 @@ built() {
 build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.kube-$K8S_VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi # another build finished while we waited
-
-  local t0 tmp kmod staging gover minor patch sv ldflags vpkg
-  t0=$(date +%s)
-  rm -rf "$ROOT/.kube-$K8S_VERSION.tmp."* # we hold the lock: leftovers of killed builds
-  tmp=$(mktemp -d "$ROOT/.kube-$K8S_VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "chmod -R u+w '$tmp' 2>/dev/null; rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local kmod staging gover minor patch sv ldflags vpkg
 
   minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   patch=${K8S_VERSION##*.}
@@ -130,10 +118,7 @@ build() {
   } >"$tmp/.complete"
   rm -f "$tmp/.kubernetes_seconds"
   rm -rf "$DEST" # a leftover without a stamp is not complete
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "built in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
 case "${1:-}" in
