@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"golang.org/x/net/netutil"
 )
 
 // The timeouts of every function's HTTP server. Bodies are capped per
@@ -21,14 +23,31 @@ const (
 	// ShutdownGrace is how long requests in flight may finish after the
 	// context ends, before their connections are closed.
 	ShutdownGrace = 30 * time.Second
+	// WriteProgressTimeout bounds each write of a response, not the whole
+	// response: a handler may think for as long as it needs before it
+	// answers (a dispatch round, a recover pass) and stream for as long as
+	// its client reads (a cache archive), but a client that stops reading
+	// loses its connection this long after the write it left blocked.
+	WriteProgressTimeout = 30 * time.Second
+	// MaxConnections caps the connections one listener holds open at once
+	// (each costs a descriptor and a goroutine, a TLS one a handshake's
+	// memory): past it, new connections wait in the kernel's backlog until
+	// one closes, and the server keeps serving those it has.
+	MaxConnections = 512
 )
 
 // Server returns the HTTP server of h with every function's timeouts, its
 // request bodies capped at maxBody bytes (a larger one reads as an error
 // that http.MaxBytesError names; 0 leaves them uncapped: only for a handler
-// that caps every body itself). There is no write timeout: a handler may
-// run a whole dispatch round or recover pass before it answers.
+// that caps every body itself). Writes are bounded by progress
+// (WriteProgressTimeout), not as a whole: a handler may run a whole
+// dispatch round or recover pass before it answers.
 func Server(h http.Handler, maxBody int64) *http.Server {
+	return server(h, maxBody, WriteProgressTimeout)
+}
+
+func server(h http.Handler, maxBody int64, progress time.Duration) *http.Server {
+	h = writeProgress(h, progress)
 	if maxBody > 0 {
 		h = http.MaxBytesHandler(h, maxBody)
 	}
@@ -41,10 +60,16 @@ func Server(h http.Handler, maxBody int64) *http.Server {
 	}
 }
 
-// Serve answers srv's requests on ln until ctx ends, then shuts it down,
-// letting the requests in flight finish within ShutdownGrace. It returns nil
-// after a clean shutdown, and the error that stopped it otherwise.
+// Serve answers srv's requests on ln, at most MaxConnections connections at
+// once, until ctx ends, then shuts it down, letting the requests in flight
+// finish within ShutdownGrace. It returns nil after a clean shutdown, and
+// the error that stopped it otherwise.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	return serve(ctx, srv, ln, MaxConnections)
+}
+
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, maxConns int) error {
+	ln = netutil.LimitListener(ln, maxConns)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -68,3 +93,46 @@ func ListenAndServe(ctx context.Context, srv *http.Server, addr string) error {
 	}
 	return Serve(ctx, srv, ln)
 }
+
+// writeProgress bounds every write of h's responses by progress: each
+// write (headers, body, flush) must complete within d of its start, and
+// what net/http writes after h returns within d of that. Before h writes,
+// the connection has no write deadline, whatever an earlier response on it
+// left.
+func writeProgress(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		h.ServeHTTP(&progressWriter{ResponseWriter: w, rc: rc, d: d}, r)
+		_ = rc.SetWriteDeadline(time.Now().Add(d))
+	})
+}
+
+// progressWriter moves its connection's write deadline d ahead before each
+// write.
+type progressWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (p *progressWriter) progress() { _ = p.rc.SetWriteDeadline(time.Now().Add(p.d)) }
+
+func (p *progressWriter) WriteHeader(code int) {
+	p.progress()
+	p.ResponseWriter.WriteHeader(code)
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	p.progress()
+	return p.ResponseWriter.Write(b)
+}
+
+// Flush flushes what the handler wrote, within d.
+func (p *progressWriter) Flush() {
+	p.progress()
+	_ = p.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (p *progressWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }

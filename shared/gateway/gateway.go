@@ -106,6 +106,64 @@ type Gateway struct {
 	// bindings saves the payload read behind every UpdateTask and UpdateLog
 	// once a caller is bound to its task (see bound).
 	bindings bindings
+	// inFlight counts each peer's requests in flight (perPeer).
+	inFlight inFlight
+}
+
+// MaxRequestsPerPeer caps the requests one executor (one SPIFFE ID) has in
+// flight at once: a runner sends a few (its log, its state, a cache
+// transfer or two), and one that opens many more, or never reads its
+// answers, cannot take the gateway's goroutines and descriptors from every
+// other executor. Past it a request is answered 429 at once, unread.
+const MaxRequestsPerPeer = 16
+
+// inFlight counts requests in flight by peer; the zero value is ready.
+type inFlight struct {
+	mu    sync.Mutex
+	peers map[string]int
+}
+
+// acquire counts one more request of peer unless it has max in flight.
+func (f *inFlight) acquire(peer string, max int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers[peer] >= max {
+		return false
+	}
+	if f.peers == nil {
+		f.peers = map[string]int{}
+	}
+	f.peers[peer]++
+	return true
+}
+
+func (f *inFlight) release(peer string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers[peer]--; f.peers[peer] <= 0 {
+		delete(f.peers, peer) // the map holds the peers with requests in flight only
+	}
+}
+
+// perPeer admits a request while its TLS peer has fewer than
+// MaxRequestsPerPeer in flight; any other is answered 429 before anything
+// of it is read. A request without a peer identity counts under "", and is
+// refused by authentication after.
+func (g *Gateway) perPeer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var peer string
+		if id := peerID(r); id != nil {
+			peer = id.String()
+		}
+		if !g.inFlight.acquire(peer, MaxRequestsPerPeer) {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close") // an unread body is not drained
+			http.Error(w, "too many requests in flight from this executor", http.StatusTooManyRequests)
+			return
+		}
+		defer g.inFlight.release(peer)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // maxBindings bounds the bindings a gateway remembers: well above the jobs
@@ -160,9 +218,9 @@ func (g *Gateway) Authorizer() tlsconfig.Authorizer {
 func (g *Gateway) Handler() http.Handler {
 	path, h := runnerv1connect.NewRunnerServiceHandler(service{g}, connect.WithReadMaxBytes(MaxRequestBytes))
 	mux := http.NewServeMux()
-	mux.Handle(path, http.MaxBytesHandler(g.authenticated(h), MaxRequestBytes))
+	mux.Handle(path, g.perPeer(http.MaxBytesHandler(g.authenticated(h), MaxRequestBytes)))
 	if g.Cache != nil {
-		mux.Handle(actionscache.PathPrefix, g.cacheScoped(actionscache.Handler(g.Cache, g.log())))
+		mux.Handle(actionscache.PathPrefix, g.perPeer(g.cacheScoped(actionscache.Handler(g.Cache, g.log()))))
 	}
 	return mux
 }

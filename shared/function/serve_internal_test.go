@@ -1,0 +1,170 @@
+package function
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A client that asks for a large response and never reads it holds its
+// connection and the handler's goroutine for one write's progress timeout,
+// not for ever: the blocked write fails, the handler returns, and other
+// clients are served meanwhile. The fault is asserted first: the response
+// is larger than the socket buffers, so the handler's write did block.
+func TestWriteBoundedByProgress(t *testing.T) {
+	const progress = 300 * time.Millisecond
+	chunk := make([]byte, 1<<20)
+	type result struct {
+		written int
+		err     error
+		took    time.Duration
+	}
+	done := make(chan result, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /large", func(w http.ResponseWriter, _ *http.Request) {
+		start, n := time.Now(), 0
+		var err error
+		for n < 256<<20 && err == nil { // 256 MiB: far more than any socket buffers hold
+			var k int
+			k, err = w.Write(chunk)
+			n += k
+		}
+		done <- result{n, err, time.Since(start)}
+	})
+	mux.HandleFunc("GET /small", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, server(mux, 0, progress), ln, 16) }()
+	defer func() { cancel(); <-served }()
+
+	silent, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	if _, err := io.WriteString(silent, "GET /large HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Another client is served while the silent one's response is stuck.
+	resp, err := http.Get("http://" + ln.Addr().String() + "/small")
+	if err != nil {
+		t.Fatalf("another client while one is silent: %v", err)
+	}
+	_ = resp.Body.Close()
+	select {
+	case r := <-done:
+		if r.written >= 256<<20 || r.written < len(chunk) {
+			t.Fatalf("the handler wrote %d bytes before its write failed: the fault (a write blocked on a silent client) did not happen as meant", r.written)
+		}
+		if r.err == nil || r.took > 10*progress+2*time.Second {
+			t.Fatalf("the stuck write ended after %v with %v; want an error within about %v of the last progress", r.took, r.err, progress)
+		}
+		t.Logf("write to a silent client failed after %d bytes, %v: %v", r.written, r.took.Round(time.Millisecond), r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler writing to a silent client still blocks after 30 s")
+	}
+}
+
+// A handler may take longer than the progress timeout before it writes (a
+// dispatch round), and a connection's next response is not cut short by
+// the deadline an earlier one left.
+func TestWriteProgressLeavesThinkingAlone(t *testing.T) {
+	const progress = 200 * time.Millisecond
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(3 * progress)
+		w.WriteHeader(http.StatusAccepted)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, server(mux, 0, progress), ln, 16) }()
+	defer func() { cancel(); <-served }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i := range 2 { // the second request on the same connection
+		if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("request %d: %v, %v; want 202 after the handler's pause", i+1, resp, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+}
+
+// A listener holds at most its cap of connections: past it, a new client
+// waits (its request is not read) until one of them closes, and is then
+// served.
+func TestServeCapsConnections(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, server(mux, 0, time.Second), ln, 2) }()
+	defer func() { cancel(); <-served }()
+	var held []net.Conn
+	for range 2 { // two idle connections, kept open: the cap
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			answered <- err
+			return
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+			answered <- err
+			return
+		}
+		b, err := io.ReadAll(c)
+		if err == nil && !strings.HasSuffix(string(b), "ok") {
+			err = errors.New("unexpected answer " + string(b))
+		}
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a third connection was served while two were open (err %v): no cap", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	_ = held[0].Close()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("the waiting client, once a connection closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting client was not served within 10 s of a connection closing")
+	}
+}
