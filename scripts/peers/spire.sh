@@ -19,12 +19,10 @@
 set -euo pipefail
 
 VERSION=v1.13.3
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
-DEST=$ROOT/spire-$VERSION
-STAMP=$DEST/.complete
+PEER=spire-$VERSION
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-say() { echo "spire.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 built() { [ -f "$STAMP" ] && [ -x "$DEST/spire-server" ] && [ -x "$DEST/spire-agent" ]; }
 
@@ -32,18 +30,7 @@ build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
   command -v cc >/dev/null || die "a C compiler (cc) is needed: spire-server's sqlite datastore uses cgo"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.spire-$VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi # another build finished while we waited
-
-  local t0 tmp
-  t0=$(date +%s)
-  rm -rf "$ROOT/.spire-$VERSION.tmp."* # we hold the lock: leftovers of killed builds
-  tmp=$(mktemp -d "$ROOT/.spire-$VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "chmod -R u+w '$tmp' 2>/dev/null; rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
 
   export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=1 GOCACHE=$tmp/gocache
   unset GOOS GOARCH || true
@@ -72,10 +59,7 @@ build() {
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -rf "$DEST" # a leftover without a stamp is not complete
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "built $VERSION in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
 case "${1:-}" in
