@@ -25,30 +25,18 @@ set -euo pipefail
 
 KEDA_VERSION=v2.21.0
 KEDA_MODULE=github.com/kedacore/keda/v2
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
-DEST=$ROOT/keda-$KEDA_VERSION
-STAMP=$DEST/.complete
+PEER=keda-$KEDA_VERSION
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-say() { echo "keda.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 built() { [ -f "$STAMP" ] && [ -x "$DEST/keda-operator" ] && [ -f "$DEST/crds/keda.sh_scaledjobs.yaml" ]; }
 
 build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.keda-$KEDA_VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi # another build finished while we waited
-
-  local t0 tmp info kmod kdir gover
-  t0=$(date +%s)
-  rm -rf "$ROOT/.keda-$KEDA_VERSION.tmp."* # we hold the lock: leftovers of killed builds
-  tmp=$(mktemp -d "$ROOT/.keda-$KEDA_VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "chmod -R u+w '$tmp' 2>/dev/null; rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local info kmod kdir gover
 
   export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
   unset GOOS GOARCH || true
@@ -95,10 +83,7 @@ build() {
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -rf "$DEST" # a leftover without a stamp is not complete
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "built in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
 case "${1:-}" in
