@@ -68,7 +68,6 @@ build() {
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
-  rm -rf "$DEST" # a leftover without a stamp (e.g. removed by hand mid-way) is not complete
   build_end
 }
 

@@ -101,7 +101,6 @@ build() {
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
-  rm -rf "$DEST"
   build_end
 }
 

@@ -117,7 +117,6 @@ build() {
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   rm -f "$tmp/.kubernetes_seconds"
-  rm -rf "$DEST" # a leftover without a stamp is not complete
   build_end
 }
 

@@ -42,6 +42,7 @@ build_begin() {
 # build_end renames $tmp into place as $DEST and prints $DEST.
 build_end() {
   [ -f "$tmp/.complete" ] || die "internal: $tmp/.complete not written"
+  rm -rf "$DEST" # a leftover without a stamp is not complete
   mv "$tmp" "$DEST"
   trap - EXIT
   say "built $PEER in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"

@@ -58,7 +58,6 @@ build() {
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
-  rm -rf "$DEST" # a leftover without a stamp is not complete
   build_end
 }
 
