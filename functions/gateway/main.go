@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -156,8 +155,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		opsDone <- nil
 	}
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
-	err = function.Serve(ctx, function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes()),
-		tls.NewListener(ln, tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())))
+	srv := function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes())
+	srv.TLSConfig = tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())
+	err = function.Serve(ctx, srv, ln)
 	cancel()
 	return errors.Join(err, <-opsDone)
 }

@@ -2,6 +2,7 @@ package function
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -64,12 +65,20 @@ func server(h http.Handler, maxBody int64, progress time.Duration) *http.Server 
 // once, until ctx ends, then shuts it down, letting the requests in flight
 // finish within ShutdownGrace. It returns nil after a clean shutdown, and
 // the error that stopped it otherwise.
+//
+// With srv.TLSConfig set, Serve terminates TLS itself, over the capped
+// listener: ln must be a plain TCP listener. (A TLS listener wrapped by the
+// cap would hide the *tls.Conn from net/http, and with it every request's
+// peer certificate.)
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	return serve(ctx, srv, ln, MaxConnections)
 }
 
 func serve(ctx context.Context, srv *http.Server, ln net.Listener, maxConns int) error {
 	ln = netutil.LimitListener(ln, maxConns)
+	if srv.TLSConfig != nil {
+		ln = tls.NewListener(ln, srv.TLSConfig)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
