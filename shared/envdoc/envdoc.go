@@ -112,10 +112,10 @@ func Usage(w io.Writer, prefix string, spec any) error {
 	return nil
 }
 
-// Row is how docs/CONFIGURATION.md documents v:
+// row is how docs/CONFIGURATION.md documents v:
 // "| `NAME` | default | description |", where default is the value in
 // backticks, "required", or empty.
-func Row(v Var) string {
+func row(v Var) string {
 	def := ""
 	switch {
 	case v.Required:
@@ -126,29 +126,29 @@ func Row(v Var) string {
 	return fmt.Sprintf("| `%s` | %s | %s |", v.Name, def, v.Desc)
 }
 
-// Table renders vars as a Markdown table: a header, then one Row per
+// table renders vars as a Markdown table: a header, then one row per
 // variable in their order, every line ending in a newline.
-func Table(vars []Var) string {
+func table(vars []Var) string {
 	var b strings.Builder
 	b.WriteString("| Variable | Default | What it does |\n|---|---|---|\n")
 	for _, v := range vars {
-		b.WriteString(Row(v) + "\n")
+		b.WriteString(row(v) + "\n")
 	}
 	return b.String()
 }
 
-// Markers returns the two lines that enclose the generated section name of
+// markers returns the two lines that enclose the generated section name of
 // a Markdown file, HTML comments that Markdown does not show:
 //
 //	<!-- envdoc:begin NAME -->
 //	<!-- envdoc:end NAME -->
-func Markers(name string) (begin, end string) {
+func markers(name string) (begin, end string) {
 	return "<!-- envdoc:begin " + name + " -->", "<!-- envdoc:end " + name + " -->"
 }
 
-// Section returns the text of doc's section name: the lines between its
+// section returns the text of doc's section name: the lines between its
 // two markers, each of which must stand once on a line of its own.
-func Section(doc []byte, name string) (string, error) {
+func section(doc []byte, name string) (string, error) {
 	start, stop, err := bounds(doc, name)
 	if err != nil {
 		return "", err
@@ -156,9 +156,9 @@ func Section(doc []byte, name string) (string, error) {
 	return string(doc[start:stop]), nil
 }
 
-// ReplaceSection returns doc with the text of its section name replaced by
+// replaceSection returns doc with the text of its section name replaced by
 // body (which ends in a newline), every other byte as it was.
-func ReplaceSection(doc []byte, name, body string) ([]byte, error) {
+func replaceSection(doc []byte, name, body string) ([]byte, error) {
 	start, stop, err := bounds(doc, name)
 	if err != nil {
 		return nil, err
@@ -169,7 +169,7 @@ func ReplaceSection(doc []byte, name, body string) ([]byte, error) {
 // bounds returns the offsets in doc of the first byte after section name's
 // begin marker line and of its end marker line.
 func bounds(doc []byte, name string) (start, stop int, err error) {
-	begin, end := Markers(name)
+	begin, end := markers(name)
 	start, stop = -1, -1
 	off := 0
 	for _, line := range strings.SplitAfter(string(doc), "\n") {
@@ -197,7 +197,7 @@ func bounds(doc []byte, name string) (start, stop int, err error) {
 }
 
 // Sync keeps the section name of the Markdown file at path equal, byte for
-// byte, to the Table of spec's variables under prefix between two empty lines
+// byte, to the table of spec's variables under prefix between two empty lines
 // (so that the markers stand apart from the table). With update false it
 // only reads, and returns an error listing the rows that differ; with update
 // true it rewrites that section, and nothing else of the file, when it
@@ -213,18 +213,18 @@ func Sync(path, name, prefix string, spec any, update bool) error {
 	if err != nil {
 		return err
 	}
-	have, err := Section(doc, name)
+	have, err := section(doc, name)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	want := "\n" + Table(vars) + "\n"
+	want := "\n" + table(vars) + "\n"
 	if have == want {
 		return nil
 	}
 	if !update {
 		return fmt.Errorf("%s: section %s is not what the code says (regenerate it: make docs):\n%s", path, name, diff(have, want))
 	}
-	out, err := ReplaceSection(doc, name, want)
+	out, err := replaceSection(doc, name, want)
 	if err != nil {
 		return err
 	}

@@ -53,8 +53,8 @@ func TestTable(t *testing.T) {
 		"| `GDR_KEY` | required | a key |\n" +
 		"| `GDR_WAIT` | `2s` | how long |\n" +
 		"| `GDR_PLAIN` |  | no default |\n"
-	if got := Table(vars); got != want {
-		t.Fatalf("Table() =\n%s\nwant\n%s", got, want)
+	if got := table(vars); got != want {
+		t.Fatalf("table() =\n%s\nwant\n%s", got, want)
 	}
 	var usage strings.Builder
 	if err := Usage(&usage, "GDR", &spec{}); err != nil || !strings.Contains(usage.String(), "GDR_KEY") || !strings.Contains(usage.String(), "(required)") {
@@ -64,15 +64,15 @@ func TestTable(t *testing.T) {
 
 func TestSection(t *testing.T) {
 	doc := []byte("# x\n<!-- envdoc:begin a -->\nold\n<!-- envdoc:end a -->\n<!-- envdoc:begin b -->\n<!-- envdoc:end b -->\ntail\n")
-	if got, err := Section(doc, "a"); err != nil || got != "old\n" {
-		t.Fatalf("Section(a) = %q, %v", got, err)
+	if got, err := section(doc, "a"); err != nil || got != "old\n" {
+		t.Fatalf("section(a) = %q, %v", got, err)
 	}
-	if got, err := Section(doc, "b"); err != nil || got != "" {
-		t.Fatalf("Section(b) = %q, %v", got, err)
+	if got, err := section(doc, "b"); err != nil || got != "" {
+		t.Fatalf("section(b) = %q, %v", got, err)
 	}
-	out, err := ReplaceSection(doc, "b", "new\n")
+	out, err := replaceSection(doc, "b", "new\n")
 	if err != nil || string(out) != strings.Replace(string(doc), "b -->\n<!--", "b -->\nnew\n<!--", 1) {
-		t.Fatalf("ReplaceSection(b) = %q, %v", out, err)
+		t.Fatalf("replaceSection(b) = %q, %v", out, err)
 	}
 	for name, bad := range map[string]string{
 		"missing":        "# x\n",
@@ -81,7 +81,7 @@ func TestSection(t *testing.T) {
 		"reversed":       "<!-- envdoc:end a -->\n<!-- envdoc:begin a -->\n",
 		"not on its own": "see <!-- envdoc:begin a -->\n<!-- envdoc:end a -->\n",
 	} {
-		if _, err := Section([]byte(bad), "a"); err == nil {
+		if _, err := section([]byte(bad), "a"); err == nil {
 			t.Errorf("%s: Section found a section in %q", name, bad)
 		}
 	}
@@ -96,7 +96,7 @@ func TestSync(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "CONFIGURATION.md")
 	head, tail := "# Configuration\n\nprose\n\n<!-- envdoc:begin f -->\n", "<!-- envdoc:end f -->\n\n## other\n"
-	want := "\n" + Table(vars) + "\n"
+	want := "\n" + table(vars) + "\n"
 	stale := strings.Replace(want, "`2s`", "`5s`", 1)
 	if err := os.WriteFile(path, []byte(head+stale+tail), 0o644); err != nil {
 		t.Fatal(err)
