@@ -12,6 +12,22 @@ import (
 	"time"
 )
 
+// startServe serves h on 127.0.0.1 as Serve does, with progress as the
+// write progress timeout and at most maxConns connections, until the test
+// ends; it returns the address.
+func startServe(t *testing.T, h http.Handler, progress time.Duration, maxConns int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, server(h, 0, progress), ln, maxConns) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return ln.Addr().String()
+}
+
 // A client that asks for a large response and never reads it holds its
 // connection and the handler's goroutine for one write's progress timeout,
 // not for ever: the blocked write fails, the handler returns, and other
@@ -38,16 +54,9 @@ func TestWriteBoundedByProgress(t *testing.T) {
 		done <- result{n, err, time.Since(start)}
 	})
 	mux.HandleFunc("GET /small", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, server(mux, 0, progress), ln, 16) }()
-	defer func() { cancel(); <-served }()
+	addr := startServe(t, mux, progress, 16)
 
-	silent, err := net.Dial("tcp", ln.Addr().String())
+	silent, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +65,7 @@ func TestWriteBoundedByProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another client is served while the silent one's response is stuck.
-	resp, err := http.Get("http://" + ln.Addr().String() + "/small")
+	resp, err := http.Get("http://" + addr + "/small")
 	if err != nil {
 		t.Fatalf("another client while one is silent: %v", err)
 	}
@@ -85,15 +94,8 @@ func TestWriteProgressLeavesThinkingAlone(t *testing.T) {
 		time.Sleep(3 * progress)
 		w.WriteHeader(http.StatusAccepted)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, server(mux, 0, progress), ln, 16) }()
-	defer func() { cancel(); <-served }()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	addr := startServe(t, mux, progress, 16)
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,17 +120,10 @@ func TestWriteProgressLeavesThinkingAlone(t *testing.T) {
 func TestServeCapsConnections(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, server(mux, 0, time.Second), ln, 2) }()
-	defer func() { cancel(); <-served }()
+	addr := startServe(t, mux, time.Second, 2)
 	var held []net.Conn
 	for range 2 { // two idle connections, kept open: the cap
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +132,7 @@ func TestServeCapsConnections(t *testing.T) {
 	}
 	answered := make(chan error, 1)
 	go func() {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			answered <- err
 			return
