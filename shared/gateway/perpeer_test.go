@@ -53,10 +53,21 @@ func TestRequestsInFlightCappedPerPeer(t *testing.T) {
 	for range MaxRequestsPerPeer {
 		<-entered // the fault: executor 1 holds the cap, all in the handler
 	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, request(1))
-	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
-		t.Fatalf("request %d of one executor: %d %q, want 429 with Retry-After", MaxRequestsPerPeer+1, rec.Code, rec.Body.String())
+	over := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, request(1))
+		over <- rec
+	}()
+	select {
+	case rec := <-over:
+		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("request %d of one executor: %d %q, want 429 with Retry-After", MaxRequestsPerPeer+1, rec.Code, rec.Body.String())
+		}
+	case <-entered:
+		t.Fatalf("request %d of one executor reached the handler: no cap per peer", MaxRequestsPerPeer+1)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("request %d of one executor neither refused nor served within 5 s", MaxRequestsPerPeer+1)
 	}
 	other := serve(2)
 	<-entered // another executor's request reaches the handler meanwhile
