@@ -111,12 +111,7 @@ func (s *service) webhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Debug("webhook wakes a round", slog.Int64("job_id", job.JobID), slog.Int64("run_id", job.RunID))
-	if s.cadence != nil {
-		for _, p := range pools {
-			s.cadence.Wake(p.Name)
-		}
-	}
-	s.rounds.Wake(pools...)
+	s.rounds.Work(pools...)
 	w.WriteHeader(http.StatusAccepted)
 }
 

@@ -66,12 +66,11 @@ type local struct {
 	nc *nats.Conn
 	gw *http.Server
 	// rounds runs the dispatch rounds: polled at cadence's pace, and at
-	// once when a webhook or a freed slot asks (kickDispatch).
-	rounds  *dispatcher.Rounds
-	cadence *dispatcher.Cadence
-	hook    *http.Server
-	ops     *http.Server // metrics and probes, with --metrics-addr
-	reg     *prometheus.Registry
+	// once when a webhook (Work) or a freed slot (kickDispatch) asks.
+	rounds *dispatcher.Rounds
+	hook   *http.Server
+	ops    *http.Server // metrics and probes, with --metrics-addr
+	reg    *prometheus.Registry
 	// statusSource is what writeStatus reads the status file from.
 	statusSource poolstatus.Source
 	passes       *recovermetrics.Recover
@@ -109,6 +108,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, err
 	}
+	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	js, err := l.startNATS()
 	if err != nil {
 		return nil, err
@@ -118,11 +118,11 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	boot, err := l.startExecutors(p, metaKeys, keys, q.payloads, client)
+	boot, err := l.startExecutors(td, p, metaKeys, keys, q.payloads, client)
 	if err != nil {
 		return nil, l.fail(err)
 	}
-	l.wireCores(ctx, p, metaKeys, boot, q, client, events)
+	l.wireCores(ctx, td, p, metaKeys, boot, q, client, events)
 	if cfg.WebhookAddr != "" {
 		if err := l.startWebhook(); err != nil {
 			return nil, l.fail(err)
@@ -182,8 +182,7 @@ func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys key
 // startExecutors brings up the executors' side: the local CA that mints
 // their SVIDs, the bootstrap they receive, the gateway they report through,
 // and the process backend that starts them (this binary, as `runner`).
-func (l *local) startExecutors(p runnerpool.Pool, metaKeys taskassignment.Keys, keys keyFile, payloads *assignmentqueue.Payloads, client gateway.Forwarder) (*bootstrap.Bootstrap, error) {
-	td := spiffeid.RequireTrustDomainFromString(trustDomain)
+func (l *local) startExecutors(td spiffeid.TrustDomain, p runnerpool.Pool, metaKeys taskassignment.Keys, keys keyFile, payloads *assignmentqueue.Payloads, client gateway.Forwarder) (*bootstrap.Bootstrap, error) {
 	ca, err := svidca.LoadOrCreate(filepath.Join(l.cfg.StateDir, "ca"), td)
 	if err != nil {
 		return nil, err
@@ -218,9 +217,8 @@ func (l *local) startExecutors(p runnerpool.Pool, metaKeys taskassignment.Keys, 
 // wireCores joins the queue and the executors with the three cores, as
 // dispatch, handle and recover would: the dispatcher and its rounds, the
 // handler's job, the recoverer; and the metrics and status they feed.
-func (l *local) wireCores(ctx context.Context, p runnerpool.Pool, metaKeys taskassignment.Keys, boot *bootstrap.Bootstrap, q queue,
+func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runnerpool.Pool, metaKeys taskassignment.Keys, boot *bootstrap.Bootstrap, q queue,
 	client watched, events *jobEvents) {
-	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	backend, log, reg := l.backend, l.log, l.reg
 	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(q.js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
@@ -230,8 +228,8 @@ func (l *local) wireCores(ctx context.Context, p runnerpool.Pool, metaKeys taska
 		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(q.js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: q.payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
-	l.cadence = &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow}
-	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, l.cadence)
+	cadence := &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow}
+	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, cadence)
 	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: q.payloads.Endings(),
 		OnEvent: func(e executor.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
@@ -408,8 +406,7 @@ func (l *local) startWebhook() error {
 			return
 		}
 		if l.pool.Matches(job.Labels) {
-			l.cadence.Wake(poolName)
-			l.kickDispatch()
+			l.rounds.Work(l.pool)
 		}
 		w.WriteHeader(http.StatusAccepted)
 	})

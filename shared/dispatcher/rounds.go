@@ -76,6 +76,18 @@ func (r *Rounds) Wake(pools ...Pool) {
 	}
 }
 
+// Work is Wake for pools that have a sign of work outside a round (a
+// webhook naming one of their jobs): with a cadence, each is busy from now
+// (Cadence.Wake), so the rounds after this one come at the busy pace.
+func (r *Rounds) Work(pools ...Pool) {
+	if r.cadence != nil {
+		for _, p := range pools {
+			r.cadence.Wake(p.Name)
+		}
+	}
+	r.Wake(pools...)
+}
+
 // run runs rounds of p until no wake-up came during the last one. The check
 // for one and the end of running happen under the lock Wake takes, so a
 // wake-up either is seen here or starts a round of its own.

@@ -134,6 +134,41 @@ func TestRoundsPolledAtTheCadencesPace(t *testing.T) {
 	waitFor("busy rounds after a claim", func() bool { return rounds.Load() >= 12 })
 }
 
+// Work (a webhook about one of the pool's jobs) runs a round now and makes
+// an idle pool busy: the rounds after it come at the busy pace, with no
+// round of its own having claimed anything.
+func TestRoundsWorkMakesThePoolBusy(t *testing.T) {
+	p := dispatcher.Pool{Pool: runnerpool.Pool{Name: "linux"}}
+	var rounds atomic.Int64
+	ctx, cancel := context.WithCancel(t.Context())
+	r := dispatcher.NewRounds(ctx, func(context.Context, dispatcher.Pool) (dispatcher.Result, error) {
+		rounds.Add(1)
+		return dispatcher.Result{Pool: p.Name}, nil // never a sign of work by itself
+	}, &dispatcher.Cadence{Idle: time.Hour, Busy: 10 * time.Millisecond, Window: time.Minute})
+	polled := make(chan struct{})
+	go func() { r.Poll(ctx, p); close(polled) }()
+	defer func() {
+		cancel()
+		<-polled
+		r.Wait(5 * time.Second)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); rounds.Load() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no first round")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := rounds.Load(); n != 1 {
+		t.Fatalf("%d rounds within 0.1 s of an idle start, want 1", n)
+	}
+	r.Work(p)
+	for deadline := time.Now().Add(5 * time.Second); rounds.Load() < 12; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rounds 5 s after Work; want the busy pace (every 10 ms)", rounds.Load())
+		}
+	}
+}
+
 // Without a cadence Poll returns at once and runs no round.
 func TestRoundsWithoutCadenceNeverPoll(t *testing.T) {
 	var rounds atomic.Int64
