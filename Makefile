@@ -50,6 +50,7 @@ peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
+	./scripts/peers/kube-router.sh build
 	./scripts/peers/spire.sh build
 	./scripts/peers/keda.sh build
 
