@@ -3,6 +3,7 @@
 package deploy
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -349,16 +350,18 @@ func TestE2EClusterInstall(t *testing.T) {
 // (the runner injected into the job's image; here an image that has a
 // shell, imported like the others: no registry) and a job with a service (a
 // sidecar of its executor Pod, reached by its key) together: three runs,
-// three executor Pods; each must end success with its step's output.
+// three executor Pods; each must end success with its step's output. Two
+// more choose images the pool's images rule refuses (localPools): they must
+// end failure with the rule in their log.
 func (in *installation) jobs(ctx context.Context, t *testing.T) {
-	cases := []struct{ name, workflow, want string }{
+	cases := []struct{ name, workflow, want, conclusion string }{
 		{"hello", `on: push
 jobs:
   hello:
     runs-on: ubuntu-latest
     steps:
       - run: echo "hello from $(cat /etc/hostname) as $(id -u)"
-`, "hello from gdr-linux-"},
+`, "hello from gdr-linux-", ""},
 		{"boxed", `on: push
 jobs:
   boxed:
@@ -366,7 +369,7 @@ jobs:
     container: gdr.local/gitea-dynamic-runner-runner-host:latest
     steps:
       - run: echo "boxed in $(cat /etc/hostname)"
-`, "boxed in gdr-linux-"},
+`, "boxed in gdr-linux-", ""},
 		{"served", `on: push
 jobs:
   served:
@@ -381,7 +384,25 @@ jobs:
           echo ping >&3
           read -r line <&3
           echo "the service said: $line"
-`, "the service said: echo: ping"},
+`, "the service said: echo: ping", ""},
+		{"foreign", `on: push
+jobs:
+  foreign:
+    runs-on: ubuntu-latest
+    container: registry.example.com/tenant-b/private:1
+    steps:
+      - run: echo "must not run"
+`, `container image "registry.example.com/tenant-b/private:1": image not allowed: it matches none of the runner pool's images.allowed [gdr.local/**]`, "failure"},
+		{"foreignsvc", `on: push
+jobs:
+  foreignsvc:
+    runs-on: ubuntu-latest
+    services:
+      db:
+        image: gdr.local/gitea-dynamic-runner-runner-host:latest
+    steps:
+      - run: echo "must not run"
+`, `service db: image "gdr.local/gitea-dynamic-runner-runner-host:latest": image not allowed: it matches none of the runner pool's images.services [gdr.local/echo:*]`, "failure"},
 	}
 	repos := map[string]string{}
 	for _, tc := range cases {
@@ -394,13 +415,17 @@ jobs:
 	for _, tc := range cases {
 		repo := repos[tc.name]
 		job := in.waitCompleted(ctx, t, repo, tc.name, 5*time.Minute)
-		if job.Conclusion != "success" {
-			t.Fatalf("job %+v, want completed success", job)
+		if want := cmp.Or(tc.conclusion, "success"); job.Conclusion != want {
+			t.Fatalf("job %+v, want completed %s", job, want)
 		}
-		if log := in.g.JobLogs(t, repo, job.ID); !strings.Contains(log, tc.want) {
+		log := in.g.JobLogs(t, repo, job.ID)
+		if !strings.Contains(log, tc.want) {
 			t.Fatalf("job %s's log lacks %q:\n%s", job.Name, tc.want, log)
 		}
-		t.Logf("job %s success, seen %v after the pushes", tc.name, time.Since(t0).Round(time.Millisecond))
+		if strings.Contains(log, "must not run") {
+			t.Fatalf("job %s ran a step with a refused image:\n%s", job.Name, log)
+		}
+		t.Logf("job %s %s, seen %v after the pushes", tc.name, job.Conclusion, time.Since(t0).Round(time.Millisecond))
 	}
 }
 
@@ -837,7 +862,8 @@ const gatewayClusterIP = "10.0.0.200"
 const dispatchNodePort = 30080
 
 // localPools rewrites the pools file of the gdr-pools ConfigMap obj for this
-// cluster: the executor images are the imported ones (IfNotPresent), and the
+// cluster: the executor images are the imported ones (IfNotPresent, the
+// template's and, through the pool's images.pullPolicy, the jobs'), and the
 // Workload API comes from the agent's socket folder by hostPath. It returns
 // the rewritten file.
 func localPools(t testing.TB, obj *unstructured.Unstructured) string {
@@ -858,6 +884,13 @@ func localPools(t testing.TB, obj *unstructured.Unstructured) string {
 		}
 		if _, ok := m["podTemplate"]; ok {
 			m["workloadAPI"] = map[string]any{"hostPath": clusterenv.SPIREAgentSocketDir}
+		}
+		if _, ok := m["backend"]; ok {
+			// No registry: the jobs' images (echo, the container job's) are imported.
+			// The rule admits exactly what the jobs test runs and refuses its two
+			// foreign-image jobs.
+			m["images"] = map[string]any{"pullPolicy": "IfNotPresent",
+				"allowed": []any{"gdr.local/**"}, "services": []any{"gdr.local/echo:*"}}
 		}
 	})
 	out, err := yaml.Marshal(pools)

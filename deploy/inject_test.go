@@ -6,7 +6,54 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
+
+// TestExecutorPodWithServicesHardened builds, with the real pod backend, the executor Pod of a
+// job of the shipped pool linux that chose its own container image and two `services:` (one
+// with an anonymous volume and --memory, one with nothing), and runs the hardening check of
+// TestPodsHardened on the whole Pod: every sidecar has a read-only root, its own /tmp and a
+// memory request and limit, and the job's images are pulled Always.
+func TestExecutorPodWithServicesHardened(t *testing.T) {
+	task := taskassignment.Task{ID: 43, Pool: "linux", Image: "node:22", Services: []jobservices.Service{
+		{ID: "db", Image: "postgres:17", Ports: []string{"5432"}, Volumes: []string{"/var/lib/postgresql/data"}, Options: "--user 999:999 --memory 1g"},
+		{ID: "cache", Image: "redis:7", Ports: []string{"6379"}},
+	}}
+	for _, dir := range []string{"keda", "knative"} {
+		t.Run(dir, func(t *testing.T) {
+			pod := executorPodFor(t, installed(loadManifests(t), dir), task)
+			var sidecars int
+			for _, c := range pod.Spec.InitContainers {
+				if strings.HasPrefix(c.Name, "gdr-service-") {
+					sidecars++
+					if c.ImagePullPolicy != corev1.PullAlways {
+						t.Errorf("service %s pulls %q, want Always", c.Name, c.ImagePullPolicy)
+					}
+				}
+			}
+			if sidecars != 2 {
+				t.Fatalf("%d service sidecars, want 2", sidecars)
+			}
+			for _, prob := range hardeningProblems(podTemplate{path: "executor Pod with services", labels: pod.Labels, spec: pod.Spec, pool: "linux"}) {
+				t.Error(prob)
+			}
+			// The check sees the sidecars: one without its /tmp is caught.
+			bad := *pod.Spec.DeepCopy()
+			for i, c := range bad.InitContainers {
+				if c.Name == "gdr-service-cache" {
+					bad.InitContainers[i].VolumeMounts = nil
+				}
+			}
+			if !slices.ContainsFunc(hardeningProblems(podTemplate{spec: bad, pool: "linux"}), func(p string) bool {
+				return strings.Contains(p, "container gdr-service-cache: volumeMounts: want an emptyDir at /tmp")
+			}) {
+				t.Error("a sidecar without its /tmp goes unnoticed")
+			}
+		})
+	}
+}
 
 // TestExecutorPodInjectedAndHardened builds, with the real pod backend, the executor Pod of the
 // shipped pool linux (keda and knative install the same gdr-pools) and checks what the backend

@@ -83,6 +83,12 @@ func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 // gdr-pools ConfigMaps, and returns the Pod as the API server received it.
 func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	t.Helper()
+	return executorPodFor(t, docs, taskassignment.Task{ID: 42, Pool: "linux"})
+}
+
+// executorPodFor is executorPod for task (its container image and services).
+func executorPodFor(t *testing.T, docs []doc, task taskassignment.Task) *corev1.Pod {
+	t.Helper()
 	cfg := shippedPodConfig(t, docs)
 	td, keys := cfg.TrustDomain, cfg.Keys
 	client := fake.NewClientset()
@@ -95,7 +101,7 @@ func executorPod(t *testing.T, docs []doc) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := taskassignment.New(taskassignment.BackendPod, taskassignment.Task{ID: 42, Pool: "linux"}, id)
+	a, err := taskassignment.New(taskassignment.BackendPod, task, id)
 	if err != nil {
 		t.Fatal(err)
 	}

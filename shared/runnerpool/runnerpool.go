@@ -16,6 +16,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/imagepolicy"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -39,9 +40,31 @@ type Pool struct {
 	// JobTimeout bounds a job from claim to end (executor deadline, payload
 	// lifetime); empty means DefaultJobTimeout.
 	JobTimeout Duration `json:"jobTimeout,omitempty"`
+	// Images is which images the pool's jobs may choose (`container:` and
+	// `services:`) and how executors pull them; the zero value admits any
+	// image and pulls it Always.
+	Images imagepolicy.Policy `json:"images,omitempty"`
 	// Profile is the backend's own settings for the pool's executors (a Pod
 	// template, a sandbox pool, ...), read by that backend.
 	Profile json.RawMessage `json:"profile,omitempty"`
+}
+
+// CheckImages checks the images task t chose (its `container:` image and
+// each service's) against the pool's Images. A backend calls it before it
+// creates anything: the error wraps imagepolicy.ErrRefused and names the
+// pool, the image and the rule, for the job's log; no retry changes it.
+func (p Pool) CheckImages(t taskassignment.Task) error {
+	if t.Image != "" {
+		if err := p.Images.CheckContainer(t.Image); err != nil {
+			return fmt.Errorf("runner pool %q: %w", p.Name, err)
+		}
+	}
+	for _, s := range t.Services {
+		if err := p.Images.CheckService(s.ID, s.Image); err != nil {
+			return fmt.Errorf("runner pool %q: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 // Duration is a time.Duration written as "90m" in the file.
@@ -177,13 +200,16 @@ func (p Pool) validate() error {
 	if p.JobTimeout < 0 {
 		return fmt.Errorf("pool %q: negative job timeout", p.Name)
 	}
+	if err := p.Images.Validate(); err != nil {
+		return fmt.Errorf("pool %q: %w", p.Name, err)
+	}
 	return nil
 }
 
 // PoolSettings is embedded in the configuration of every function that reads the
 // pools: where the file is, and where credentials live by default.
 type PoolSettings struct {
-	PoolsFile string `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, profile)"`
+	PoolsFile string `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile)"`
 	StateDir  string `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 }
 

@@ -1,11 +1,16 @@
 package runnerpool
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/imagepolicy"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 const sample = `
@@ -55,6 +60,8 @@ func TestParseRejects(t *testing.T) {
 		{"unknown backend", "pools:\n- {name: a, labels: [x], backend: vm, capacity: 1}", `unknown backend "vm"`},
 		{"zero capacity", "pools:\n- {name: a, labels: [x], backend: pod}", "capacity 0"},
 		{"bad timeout", "pools:\n- {name: a, labels: [x], backend: pod, capacity: 1, jobTimeout: soon}", "soon"},
+		{"bad image pattern", "pools:\n- {name: a, labels: [x], backend: pod, capacity: 1, images: {allowed: ['node:[']}}", `pool "a": images.allowed: "node:["`},
+		{"bad pull policy", "pools:\n- {name: a, labels: [x], backend: pod, capacity: 1, images: {pullPolicy: always}}", `images.pullPolicy: "always"`},
 		{"duplicate", "pools:\n- {name: a, labels: [x], backend: pod, capacity: 1}\n- {name: a, labels: [y], backend: pod, capacity: 1}", "twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,5 +100,46 @@ func TestLoad(t *testing.T) {
 	}
 	if _, err := Load(path+".missing", "/state"); err == nil {
 		t.Fatal("Load of a missing file succeeded")
+	}
+}
+
+// TestCheckImages: a pool's images rule is read from the file and applied to a task's container
+// and every service, naming the pool and the rule.
+func TestCheckImages(t *testing.T) {
+	ps, err := Parse([]byte(`
+pools:
+  - name: linux
+    labels: [x]
+    backend: pod
+    capacity: 1
+    images: {allowed: ["node:*"], services: ["postgres:*"]}
+`), "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ps[0]
+	for _, tc := range []struct {
+		name string
+		task taskassignment.Task
+		want string // "" = admitted
+	}{
+		{"no images chosen", taskassignment.Task{}, ""},
+		{"allowed container and service", taskassignment.Task{Image: "node:22", Services: []jobservices.Service{{ID: "db", Image: "postgres:17"}}}, ""},
+		{"refused container", taskassignment.Task{Image: "ruby:3"}, `runner pool "linux": container image "ruby:3"`},
+		{"refused second service", taskassignment.Task{Services: []jobservices.Service{{ID: "db", Image: "postgres:17"}, {ID: "cache", Image: "redis:7"}}},
+			`runner pool "linux": service cache: image "redis:7": image not allowed: it matches none of the runner pool's images.services [postgres:*]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := p.CheckImages(tc.task)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, imagepolicy.ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("CheckImages = %v, want ErrRefused mentioning %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -118,6 +118,8 @@ type Backend struct {
 type pool struct {
 	profile Profile
 	timeout time.Duration
+	// of is the runner pool itself (its images rule).
+	of runnerpool.Pool
 }
 
 // New checks cfg and returns its Backend: the API, the keys (all under one
@@ -143,7 +145,7 @@ func New(cfg Config) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opensandbox backend: pool %q: %w", p.Name, err)
 		}
-		b.pools[p.Name] = pool{profile: profile, timeout: max(p.Timeout(), time.Minute)}
+		b.pools[p.Name] = pool{profile: profile, timeout: max(p.Timeout(), time.Minute), of: p}
 	}
 	return b, nil
 }
@@ -350,6 +352,9 @@ func (b *Backend) createRequest(ctx context.Context, a taskassignment.Assignment
 	p, ok := b.pools[a.Task.Pool]
 	if !ok {
 		return req, executor.Permanent(fmt.Errorf("runner pool %q is not an OpenSandbox pool of this backend", a.Task.Pool))
+	}
+	if err := p.of.CheckImages(a.Task); err != nil {
+		return req, executor.Permanent(err)
 	}
 	labels := spec.Metadata.Labels
 	if labels[b.cfg.Keys.AssignmentID] != a.ID || labels[b.cfg.Keys.Runner] != "true" {

@@ -18,6 +18,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/imagepolicy"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
@@ -237,6 +238,33 @@ func TestCreateRefuses(t *testing.T) {
 				t.Fatal("a sandbox was created")
 			}
 		})
+	}
+}
+
+// TestCreateRefusesImagesThePoolDoesNotAllow: the job's container image is the sandbox's image,
+// so the pool's images rule applies: a refused one fails permanently, naming the pool and the
+// rule, and creates nothing; an allowed one is the sandbox's image.
+func TestCreateRefusesImagesThePoolDoesNotAllow(t *testing.T) {
+	h := newHarness(t, func(c *opensandbox.Config) {
+		c.Pools[0].Images = imagepolicy.Policy{Allowed: &[]string{"node:*"}}
+	})
+	a := assignment(t, "linux", 43)
+	a.Task.Image = "ruby:3"
+	_, err := h.backend.Create(context.Background(), a, h.launch(t, a))
+	if err == nil || !executor.IsPermanent(err) || !errors.Is(err, imagepolicy.ErrRefused) ||
+		!strings.Contains(err.Error(), `runner pool "linux": container image "ruby:3"`) || !strings.Contains(err.Error(), "images.allowed [node:*]") {
+		t.Fatalf("Create = %v; want a permanent refusal naming the pool, the image and the rule", err)
+	}
+	if h.fake.Creates() != 0 {
+		t.Fatal("a sandbox was created for a refused image")
+	}
+	a = assignment(t, "linux", 44)
+	a.Task.Image = "node:22"
+	if _, err := h.backend.Create(context.Background(), a, h.launch(t, a)); err != nil {
+		t.Fatalf("an allowed image: %v", err)
+	}
+	if h.fake.Creates() != 1 {
+		t.Fatalf("%d sandboxes created for an allowed image, want 1", h.fake.Creates())
 	}
 }
 

@@ -140,6 +140,9 @@ func checkReserved(spec corev1.PodSpec) error {
 		if v.Name == runnerVolume || v.Name == workloadAPIVolume {
 			return fmt.Errorf("spec.volumes[%s]: the name is reserved for the backend's volumes", v.Name)
 		}
+		if strings.HasPrefix(v.Name, ServiceContainerPrefix) {
+			return fmt.Errorf("spec.volumes[%s]: the prefix %q is reserved for the job's services", v.Name, ServiceContainerPrefix)
+		}
 	}
 	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
 		if slices.ContainsFunc(list, func(c corev1.Container) bool { return c.Name == InstallContainer }) {

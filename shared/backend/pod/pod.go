@@ -54,6 +54,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ktypes "k8s.io/apimachinery/pkg/types"
@@ -150,6 +151,10 @@ type poolTemplate struct {
 	timeout  time.Duration
 	// serviceTimeout bounds the runner's wait for the job's services.
 	serviceTimeout time.Duration
+	// serviceMemory is the memory of a service without --memory.
+	serviceMemory resource.Quantity
+	// pool is the runner pool itself (its images rule).
+	pool runnerpool.Pool
 }
 
 var (
@@ -217,11 +222,11 @@ func New(cfg Config) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pod backend: pool %q: %w", p.Name, err)
 		}
-		st, err := serviceTimeout(p.Profile)
+		st, sm, err := serviceDefaults(p.Profile)
 		if err != nil {
 			return nil, fmt.Errorf("pod backend: pool %q: %w", p.Name, err)
 		}
-		b.pools[p.Name] = poolTemplate{template: t, timeout: p.Timeout(), serviceTimeout: st}
+		b.pools[p.Name] = poolTemplate{template: t, timeout: p.Timeout(), serviceTimeout: st, serviceMemory: sm, pool: p}
 	}
 	if len(b.pools) == 0 {
 		return nil, errors.New("pod backend: no runner pool uses the pod backend")
@@ -319,6 +324,9 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 	if !ok {
 		return nil, executor.Permanent(fmt.Errorf("pod backend: assignment %s: runner pool %q is not a pod pool of this backend", a.ID, a.Task.Pool))
 	}
+	if err := pt.pool.CheckImages(a.Task); err != nil {
+		return nil, executor.Permanent(fmt.Errorf("pod backend: assignment %s: %w", a.ID, err))
+	}
 	if spec.Metadata.Labels[b.keys.AssignmentID] != a.ID || spec.Metadata.Labels[b.keys.Runner] != "true" {
 		return nil, executor.Permanent(fmt.Errorf("pod backend: assignment %s: launch metadata lacks the runner and assignment-id labels", a.ID))
 	}
@@ -381,23 +389,26 @@ func (b *Backend) newPod(a taskassignment.Assignment, spec executor.LaunchSpec, 
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	deadline := int64(math.Ceil(pt.timeout.Seconds()))
 	pod.Spec.ActiveDeadlineSeconds = &deadline
-	services, alias, err := sidecars(a.Task.Services)
+	services, volumes, alias, err := sidecars(a.Task.Services, pt.serviceMemory)
 	if err != nil {
 		return nil, fmt.Errorf("pod backend: assignment %s: %w", a.ID, err)
 	}
-	// Every image of the executor Pod is pulled as the template's runner
-	// container says (nodes that hold the images beforehand: IfNotPresent).
-	pull := pod.Spec.Containers[runnerIndex(pod.Spec.Containers)].ImagePullPolicy
+	// The images the job chose are pulled as the pool's images.pullPolicy
+	// says (Always by default: the node asks the registry with this Pod's
+	// credentials, so a private image another pool left on the node is not
+	// run from its cache); the template's own images as the template says.
+	pull := corev1.PullPolicy(pt.pool.Images.Pull())
 	for i := range services {
 		services[i].ImagePullPolicy = pull
 	}
 	pod.Spec.InitContainers = append(pod.Spec.InitContainers, services...)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, volumes...)
 	if alias != nil {
 		pod.Spec.HostAliases = append(pod.Spec.HostAliases, *alias)
 	}
 	c := &pod.Spec.Containers[runnerIndex(pod.Spec.Containers)]
 	if a.Task.Image != "" {
-		c.Image = a.Task.Image
+		c.Image, c.ImagePullPolicy = a.Task.Image, pull
 	}
 	for _, e := range c.Env {
 		if _, ok := spec.Environment[e.Name]; ok {

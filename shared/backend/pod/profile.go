@@ -1,6 +1,7 @@
 package pod
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -59,22 +61,35 @@ type Profile struct {
 	// `services:` to accept connections before it fails the job. Default
 	// DefaultServiceTimeout.
 	ServiceTimeout *metav1.Duration `json:"serviceTimeout,omitempty"`
+	// ServiceMemory is the memory request and limit of each of a job's
+	// `services:` that passes no --memory (a service's --memory sets both).
+	// Default DefaultServiceMemory.
+	ServiceMemory string `json:"serviceMemory,omitempty"`
 }
 
-// serviceTimeout returns the profile's ServiceTimeout, or the default. The
-// profile is one ParseProfile accepted.
-func serviceTimeout(raw json.RawMessage) (time.Duration, error) {
+// serviceDefaults returns what the profile sets for a job's services, or
+// the defaults: how long the runner waits for their ports, and the memory
+// request and limit of a service that sets no --memory. The profile is one
+// ParseProfile accepted.
+func serviceDefaults(raw json.RawMessage) (time.Duration, resource.Quantity, error) {
 	var p Profile
 	if err := yaml.Unmarshal(raw, &p); err != nil {
-		return 0, fmt.Errorf("profile: %w", err)
+		return 0, resource.Quantity{}, fmt.Errorf("profile: %w", err)
 	}
-	if p.ServiceTimeout == nil {
-		return DefaultServiceTimeout, nil
+	timeout := DefaultServiceTimeout
+	if p.ServiceTimeout != nil {
+		if timeout = p.ServiceTimeout.Duration; timeout <= 0 {
+			return 0, resource.Quantity{}, fmt.Errorf("profile serviceTimeout: %s is not positive", timeout)
+		}
 	}
-	if p.ServiceTimeout.Duration <= 0 {
-		return 0, fmt.Errorf("profile serviceTimeout: %s is not positive", p.ServiceTimeout.Duration)
+	memory, err := resource.ParseQuantity(cmp.Or(p.ServiceMemory, DefaultServiceMemory))
+	switch {
+	case err != nil:
+		return 0, resource.Quantity{}, fmt.Errorf("profile serviceMemory: %q is not a quantity such as 512Mi: %w", p.ServiceMemory, err)
+	case memory.Sign() <= 0:
+		return 0, resource.Quantity{}, fmt.Errorf("profile serviceMemory: %s is not positive", memory.String())
 	}
-	return p.ServiceTimeout.Duration, nil
+	return timeout, memory, nil
 }
 
 // ParseProfile reads a pool's profile (JSON, as runnerpool keeps it) and

@@ -3,6 +3,7 @@ package pod
 import (
 	"fmt"
 	"math"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,47 +52,95 @@ type serviceSpec struct {
 	healthParams bool // a --health-* flag other than --health-cmd was given
 }
 
+// DefaultServiceMemory is the memory request and limit of a service that
+// sets no --memory, when the pool's profile sets no serviceMemory.
+const DefaultServiceMemory = "512Mi"
+
+// serviceTmpDir is where every sidecar gets a writable, empty /tmp (its root
+// filesystem is read-only).
+const serviceTmpDir = "/tmp"
+
 // sidecars returns a job's services as native sidecars of the executor Pod
 // (init containers with restartPolicy Always, started in order after the
 // template's init containers and the runner's install, and before the
-// runner container) and the host alias that makes each service's key
-// resolve to the Pod itself. Every value comes from the signed assignment.
+// runner container), the volumes they mount and the host alias that makes
+// each service's key resolve to the Pod itself. Every value comes from the
+// signed assignment; memory is the request and limit of a service without
+// --memory.
+//
+// Every sidecar is hardened like the template's containers: non-root, no
+// privilege escalation, every capability dropped, RuntimeDefault seccomp, a
+// read-only root filesystem, and a memory request and limit. What it may
+// write is one emptyDir of its own (named after its container): /tmp, and
+// each anonymous volume the service declares (`volumes: [/var/lib/data]`,
+// Docker's syntax for a fresh volume at a path), as sub-paths of it.
+//
 // Errors name the service and the field or option that cannot be run: they
 // are permanent, as the same job never runs.
-func sidecars(services []jobservices.Service) ([]corev1.Container, *corev1.HostAlias, error) {
+func sidecars(services []jobservices.Service, memory resource.Quantity) ([]corev1.Container, []corev1.Volume, *corev1.HostAlias, error) {
 	if len(services) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	var (
-		out   []corev1.Container
-		alias = &corev1.HostAlias{IP: "127.0.0.1"}
-		taken = map[jobservices.Port]string{}
+		out     []corev1.Container
+		volumes []corev1.Volume
+		alias   = &corev1.HostAlias{IP: "127.0.0.1"}
+		taken   = map[jobservices.Port]string{}
 	)
 	for _, s := range services {
-		c, err := sidecar(s)
+		c, err := sidecar(s, memory)
 		if err != nil {
-			return nil, nil, fmt.Errorf("service %s: %w", s.ID, err)
+			return nil, nil, nil, fmt.Errorf("service %s: %w", s.ID, err)
 		}
 		for _, p := range c.Ports {
 			if other, ok := taken[jobservices.Port(p.ContainerPort)]; ok {
-				return nil, nil, fmt.Errorf("services %s and %s both declare port %d: they share the executor's network namespace", other, s.ID, p.ContainerPort)
+				return nil, nil, nil, fmt.Errorf("services %s and %s both declare port %d: they share the executor's network namespace", other, s.ID, p.ContainerPort)
 			}
 			taken[jobservices.Port(p.ContainerPort)] = s.ID
 		}
 		out = append(out, c)
+		volumes = append(volumes, corev1.Volume{Name: c.Name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		alias.Hostnames = append(alias.Hostnames, s.ID)
 	}
-	return out, alias, nil
+	return out, volumes, alias, nil
 }
 
-func sidecar(s jobservices.Service) (corev1.Container, error) {
+// writableMounts are a sidecar's mounts of its own emptyDir (named after
+// the container): /tmp, and one sub-path per anonymous volume. A volume with
+// a source (a named volume or a host path) is refused: a service has neither.
+func writableMounts(container string, volumes []string) ([]corev1.VolumeMount, error) {
+	mounts := []corev1.VolumeMount{{Name: container, MountPath: serviceTmpDir, SubPath: "tmp"}}
+	for i, v := range volumes {
+		if jobservices.HasExpression(v) {
+			return nil, exprError("volumes")
+		}
+		if strings.Contains(v, ":") || !path.IsAbs(v) {
+			return nil, fmt.Errorf("volumes: %q: only anonymous volumes (an absolute path inside the container, such as /var/lib/data) are supported: a service runs as a sidecar of the executor Pod, with no host paths or Docker volumes", v)
+		}
+		p := path.Clean(v)
+		if p == "/" {
+			return nil, fmt.Errorf("volumes: %q: a volume cannot be the root directory", v)
+		}
+		for _, m := range mounts {
+			if m.MountPath == p {
+				return nil, fmt.Errorf("volumes: %q is mounted twice (/tmp is always a volume of its own)", v)
+			}
+		}
+		mounts = append(mounts, corev1.VolumeMount{Name: container, MountPath: p, SubPath: fmt.Sprintf("volume-%d", i)})
+	}
+	return mounts, nil
+}
+
+func sidecar(s jobservices.Service, memory resource.Quantity) (corev1.Container, error) {
 	if errs := validation.IsDNS1123Label(ServiceContainerPrefix + s.ID); len(errs) > 0 || strings.Contains(s.ID, ".") {
 		return corev1.Container{}, fmt.Errorf("the key must be a DNS label of at most %d characters (lower-case letters, digits, inner '-'): it is the service's hostname and names its container",
 			validation.DNS1123LabelMaxLength-len(ServiceContainerPrefix))
 	}
+	mounts, err := writableMounts(ServiceContainerPrefix+s.ID, s.Volumes)
+	if err != nil {
+		return corev1.Container{}, err
+	}
 	switch {
-	case len(s.Volumes) > 0:
-		return corev1.Container{}, fmt.Errorf("volumes are not supported: a service runs as a sidecar of the executor Pod, with no host paths or Docker volumes")
 	case s.Credentials:
 		return corev1.Container{}, fmt.Errorf("credentials are not supported: images are pulled with the runner pool's imagePullSecrets")
 	case jobservices.HasExpression(s.Image):
@@ -110,19 +159,27 @@ func sidecar(s jobservices.Service) (corev1.Container, error) {
 	if err != nil {
 		return corev1.Container{}, err
 	}
+	if _, ok := opt.limits[corev1.ResourceMemory]; !ok {
+		opt.limit(corev1.ResourceMemory, memory)
+	}
 	always, no, yes := corev1.ContainerRestartPolicyAlways, false, true
 	c := corev1.Container{
 		Name:          ServiceContainerPrefix + s.ID,
 		Image:         s.Image,
 		RestartPolicy: &always,
 		Args:          slices.Clone(s.Cmd),
-		Resources:     corev1.ResourceRequirements{Limits: opt.limits},
+		Resources: corev1.ResourceRequirements{
+			Limits:   opt.limits,
+			Requests: corev1.ResourceList{corev1.ResourceMemory: opt.limits[corev1.ResourceMemory]},
+		},
+		VolumeMounts: mounts,
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot:             &yes,
 			RunAsUser:                opt.user,
 			RunAsGroup:               opt.group,
 			AllowPrivilegeEscalation: &no,
 			Privileged:               &no,
+			ReadOnlyRootFilesystem:   &yes,
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},

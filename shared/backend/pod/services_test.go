@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/imagepolicy"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -23,9 +25,9 @@ import (
 func twoServices() []jobservices.Service {
 	return []jobservices.Service{
 		{ID: "postgres", Image: "postgres:17", Env: map[string]string{"POSTGRES_PASSWORD": "postgres", "PGDATA": "/tmp/pg"},
-			Ports: []string{"5432:5432"}, Cmd: []string{"-c", "fsync=off"},
+			Ports: []string{"5432:5432"}, Cmd: []string{"-c", "fsync=off"}, Volumes: []string{"/var/lib/postgresql/data"},
 			Options: `--health-cmd "pg_isready -U postgres" --health-interval=2s --health-timeout 3s --health-retries 5 --health-start-period 9s --user 999:999 --cpus 1.5 --memory 512m --entrypoint docker-entrypoint.sh`},
-		{ID: "redis", Image: "redis:7", Ports: []string{"6379/tcp"}, Options: "--no-healthcheck -m 64m"},
+		{ID: "redis", Image: "redis:7", Ports: []string{"6379/tcp"}, Options: "--no-healthcheck"},
 	}
 }
 
@@ -37,15 +39,17 @@ func servicesAssignment(t *testing.T, taskID int64, services []jobservices.Servi
 }
 
 // TestServicesPod: each service is a native sidecar after the runner's
-// install, hardened, with what its entry maps onto; every key resolves to
-// the Pod; the runner learns the services and the profile's timeout through
-// the Secret, and the Pod spec holds no credential.
+// install, hardened (a read-only root, its own emptyDir for /tmp and its
+// anonymous volumes, a memory request and limit: --memory or the profile's
+// serviceMemory), with what its entry maps onto; every key resolves to the
+// Pod; the runner learns the services and the profile's timeout through the
+// Secret, and the Pod spec holds no credential.
 func TestServicesPod(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
 	client := fake.NewClientset()
 	cfg.Client = client
-	cfg.Pools[0].Profile = json.RawMessage(`{"serviceTimeout":"45s",` + testTemplate[1:])
+	cfg.Pools[0].Profile = json.RawMessage(`{"serviceTimeout":"45s","serviceMemory":"256Mi",` + testTemplate[1:])
 	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +75,7 @@ func TestServicesPod(t *testing.T) {
 	hardened := func(user, group *int64) *corev1.SecurityContext {
 		return &corev1.SecurityContext{
 			RunAsNonRoot: &yes, RunAsUser: user, RunAsGroup: group,
-			AllowPrivilegeEscalation: &no, Privileged: &no,
+			AllowPrivilegeEscalation: &no, Privileged: &no, ReadOnlyRootFilesystem: &yes,
 			Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		}
@@ -90,13 +94,20 @@ func TestServicesPod(t *testing.T) {
 		},
 		SecurityContext:          hardened(&uid, &uid),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		ImagePullPolicy:          corev1.PullAlways,
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "gdr-service-postgres", MountPath: "/tmp", SubPath: "tmp"},
+			{Name: "gdr-service-postgres", MountPath: "/var/lib/postgresql/data", SubPath: "volume-0"},
+		},
 	}
 	wantRedis := corev1.Container{
 		Name: "gdr-service-redis", Image: "redis:7", RestartPolicy: &always, Args: []string{},
 		Ports:                    []corev1.ContainerPort{{ContainerPort: 6379, Protocol: corev1.ProtocolTCP}},
-		Resources:                corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
+		Resources:                corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}},
 		SecurityContext:          hardened(nil, nil),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		ImagePullPolicy:          corev1.PullAlways,
+		VolumeMounts:             []corev1.VolumeMount{{Name: "gdr-service-redis", MountPath: "/tmp", SubPath: "tmp"}},
 	}
 	for i, want := range []corev1.Container{wantPG, wantRedis} {
 		got := pod.Spec.InitContainers[i+1]
@@ -104,14 +115,21 @@ func TestServicesPod(t *testing.T) {
 			got.Args, want.Args = nil, nil
 		}
 		if !reflect.DeepEqual(got.Resources.Limits.Cpu().MilliValue(), want.Resources.Limits.Cpu().MilliValue()) ||
-			got.Resources.Limits.Memory().Value() != want.Resources.Limits.Memory().Value() {
-			t.Errorf("%s resources %v, want %v", got.Name, got.Resources, want.Resources)
+			got.Resources.Limits.Memory().Value() != want.Resources.Limits.Memory().Value() ||
+			got.Resources.Requests.Memory().Value() != want.Resources.Limits.Memory().Value() {
+			t.Errorf("%s resources %v, want limits %v and the memory requested", got.Name, got.Resources, want.Resources.Limits)
 		}
 		got.Resources, want.Resources = corev1.ResourceRequirements{}, corev1.ResourceRequirements{}
 		if !reflect.DeepEqual(got, want) {
 			gj, _ := json.Marshal(got)
 			wj, _ := json.Marshal(want)
 			t.Errorf("sidecar\n%s\nwant\n%s", gj, wj)
+		}
+	}
+	for _, name := range []string{"gdr-service-postgres", "gdr-service-redis"} {
+		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
+		if i < 0 || pod.Spec.Volumes[i].EmptyDir == nil {
+			t.Errorf("volumes %+v: want the emptyDir %s", pod.Spec.Volumes, name)
 		}
 	}
 	if want := []corev1.HostAlias{{IP: "127.0.0.1", Hostnames: []string{"postgres", "redis"}}}; !reflect.DeepEqual(pod.Spec.HostAliases, want) {
@@ -156,21 +174,31 @@ func TestServicesPod(t *testing.T) {
 	}
 }
 
-// TestServicesPullAsTheRunner: a service's image is pulled as the template's
-// runner container's (the install container's too), so a node that holds
-// the images beforehand runs a job's services without a registry.
-func TestServicesPullAsTheRunner(t *testing.T) {
+// TestJobImagesPullAsThePoolSays: the images the job chose (its services',
+// and its container's) are pulled as the pool's images.pullPolicy says,
+// Always by default, whatever the template's runner container says; the
+// template's own images (the runner's install) keep the template's policy.
+func TestJobImagesPullAsThePoolSays(t *testing.T) {
 	ctx := context.Background()
-	for _, policy := range []corev1.PullPolicy{"", corev1.PullIfNotPresent, corev1.PullNever} {
+	for _, tc := range []struct {
+		pool imagepolicy.PullPolicy
+		want corev1.PullPolicy
+	}{
+		{"", corev1.PullAlways},
+		{imagepolicy.PullIfNotPresent, corev1.PullIfNotPresent},
+		{imagepolicy.PullNever, corev1.PullNever},
+	} {
 		cfg := testConfig(t)
 		client := fake.NewClientset()
 		cfg.Client = client
-		cfg.Pools[0].Profile = json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1","imagePullPolicy":"` + string(policy) + `"}]}}}`)
+		cfg.Pools[0].Profile = json.RawMessage(`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1","imagePullPolicy":"IfNotPresent"}]}}}`)
+		cfg.Pools[0].Images.PullPolicy = tc.pool
 		b, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		a := servicesAssignment(t, 12, twoServices())
+		a.Task.Image = "node:22"
 		if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
 			t.Fatal(err)
 		}
@@ -178,11 +206,59 @@ func TestServicesPullAsTheRunner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range pod.Spec.InitContainers {
-			if c.ImagePullPolicy != policy {
-				t.Errorf("runner pulls %q: init container %s pulls %q", policy, c.Name, c.ImagePullPolicy)
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			want := tc.want
+			if c.Name == InstallContainer {
+				want = corev1.PullIfNotPresent // the template's runner image, not the job's
+			}
+			if c.ImagePullPolicy != want {
+				t.Errorf("pool pullPolicy %q: container %s (image %s) pulls %q, want %q", tc.pool, c.Name, c.Image, c.ImagePullPolicy, want)
 			}
 		}
+	}
+}
+
+// TestJobImagesRefusedByPool: an image outside the pool's images rule fails
+// the assignment permanently, naming the image and the rule, and creates
+// nothing; allowed ones run.
+func TestJobImagesRefusedByPool(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		image    string
+		services []jobservices.Service
+		want     string // "" = created
+	}{
+		{"allowed", "node:22", twoServices(), ""},
+		{"container", "ruby:3", nil, `container image "ruby:3": image not allowed: it matches none of the runner pool's images.allowed [node:*]`},
+		{"service", "", []jobservices.Service{{ID: "db", Image: "mysql:8"}}, `service db: image "mysql:8": image not allowed: it matches none of the runner pool's images.services [postgres:*, redis:*]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg := testConfig(t)
+			client := fake.NewClientset()
+			cfg.Client = client
+			cfg.Pools[0].Images = imagepolicy.Policy{Allowed: &[]string{"node:*"}, Services: &[]string{"postgres:*", "redis:*"}}
+			b, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := servicesAssignment(t, 22, tc.services)
+			a.Task.Image = tc.image
+			_, err = b.Create(ctx, a, launch(cfg.Keys, a))
+			pods, _ := client.CoreV1().Pods("ci").List(ctx, metav1.ListOptions{})
+			if tc.want == "" {
+				if err != nil || len(pods.Items) != 1 {
+					t.Fatalf("Create = %v, %d Pods; want the Pod", err, len(pods.Items))
+				}
+				return
+			}
+			if err == nil || !executor.IsPermanent(err) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `runner pool "linux"`) {
+				t.Fatalf("Create = %v; want a permanent error naming the pool and %q", err, tc.want)
+			}
+			if len(pods.Items) != 0 {
+				t.Fatalf("a refused image created %d Pods", len(pods.Items))
+			}
+		})
 	}
 }
 
@@ -223,7 +299,11 @@ func TestServicesRefused(t *testing.T) {
 		{"expression in image", svc(func(s *jobservices.Service) { s.Image = "postgres:${{ matrix.pg }}" }), "image holds"},
 		{"expression in ports", svc(func(s *jobservices.Service) { s.Ports = []string{"${{ matrix.port }}"} }), "ports holds a ${{ }} expression"},
 		{"expression in cmd", svc(func(s *jobservices.Service) { s.Cmd = []string{"${{ vars.X }}"} }), "cmd holds"},
-		{"volumes", svc(func(s *jobservices.Service) { s.Volumes = []string{"/data:/data"} }), "volumes are not supported"},
+		{"host volume", svc(func(s *jobservices.Service) { s.Volumes = []string{"/data:/data"} }), `volumes: "/data:/data": only anonymous volumes`},
+		{"named volume", svc(func(s *jobservices.Service) { s.Volumes = []string{"pgdata:/var/lib/postgresql/data"} }), "only anonymous volumes"},
+		{"relative volume", svc(func(s *jobservices.Service) { s.Volumes = []string{"data"} }), "only anonymous volumes"},
+		{"root volume", svc(func(s *jobservices.Service) { s.Volumes = []string{"/"} }), "cannot be the root directory"},
+		{"volume at /tmp", svc(func(s *jobservices.Service) { s.Volumes = []string{"/tmp/"} }), "mounted twice"},
 		{"credentials", svc(func(s *jobservices.Service) { s.Credentials = true }), "imagePullSecrets"},
 		{"remapped port", svc(func(s *jobservices.Service) { s.Ports = []string{"15432:5432"} }), "another number"},
 		{"udp", svc(func(s *jobservices.Service) { s.Ports = []string{"53/udp"} }), "only TCP"},
@@ -259,12 +339,15 @@ func TestServicesRefused(t *testing.T) {
 	}
 }
 
-func TestServiceTimeoutAndReservedNames(t *testing.T) {
+func TestServiceDefaultsAndReservedNames(t *testing.T) {
 	for _, tc := range []struct{ profile, err string }{
 		{`{"serviceTimeout":"0s",` + testTemplate[1:], "serviceTimeout"},
 		{`{"serviceTimeout":"-1m",` + testTemplate[1:], "serviceTimeout"},
 		{`{"serviceTimeout":"soon",` + testTemplate[1:], `invalid duration "soon"`},
+		{`{"serviceMemory":"0",` + testTemplate[1:], "serviceMemory: 0 is not positive"},
+		{`{"serviceMemory":"lots",` + testTemplate[1:], "serviceMemory"},
 		{`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1"},{"name":"gdr-service-db","image":"x"}]}}}`, `prefix "gdr-service-" is reserved`},
+		{`{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1"}],"volumes":[{"name":"gdr-service-db","emptyDir":{}}]}}}`, `spec.volumes[gdr-service-db]: the prefix "gdr-service-" is reserved`},
 	} {
 		cfg := testConfig(t)
 		cfg.Pools[0].Profile = json.RawMessage(tc.profile)
@@ -278,5 +361,8 @@ func TestServiceTimeoutAndReservedNames(t *testing.T) {
 	}
 	if got := b.pools["linux"].serviceTimeout; got != DefaultServiceTimeout {
 		t.Fatalf("default service timeout %v", got)
+	}
+	if got := b.pools["linux"].serviceMemory; got.String() != DefaultServiceMemory {
+		t.Fatalf("default service memory %v, want %s", got.String(), DefaultServiceMemory)
 	}
 }
