@@ -262,12 +262,12 @@ func TestReserveAndCommitRules(t *testing.T) {
 	if got := restore(t, c, mainA, "k"); got != "0123456789" {
 		t.Fatalf("restored %q", got)
 	}
-	// An abandoned reservation goes after reservationTTL.
+	// An abandoned reservation goes after DefaultReservationTTL.
 	stale, err := c.Reserve(ctx, mainA, "stale", "v1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk.t = clk.t.Add(reservationTTL + time.Minute)
+	clk.t = clk.t.Add(DefaultReservationTTL + time.Minute)
 	if _, err := c.Reserve(ctx, mainA, "other", "v1", 1); err != nil {
 		t.Fatal(err)
 	}

@@ -13,14 +13,23 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"golang.org/x/net/netutil"
 )
 
-// Proxy timeouts: a request's headers; a whole request (one chunk of at most
-// MaxChunkBytes relayed to the gateway); an idle connection.
+// Proxy bounds, those of the functions' servers (shared/function, which this
+// transport package does not import): a request's headers; a whole request
+// (one chunk of at most MaxChunkBytes relayed to the gateway); an idle
+// connection; each write of a response (an archive streams for as long as
+// the job reads it, but a job that stops reading loses its connection this
+// long after the write it left blocked); the connections held at once (past
+// it, new ones wait in the kernel's backlog).
 const (
-	proxyHeaderTimeout = 10 * time.Second
-	proxyReadTimeout   = 10 * time.Minute
-	proxyIdleTimeout   = time.Minute
+	proxyHeaderTimeout  = 10 * time.Second
+	proxyReadTimeout    = 10 * time.Minute
+	proxyIdleTimeout    = time.Minute
+	proxyWriteProgress  = 30 * time.Second
+	proxyMaxConnections = 512
 )
 
 // Proxy is the cache endpoint the runner serves inside its executor, on
@@ -41,6 +50,10 @@ type Proxy struct {
 // StartProxy serves a Proxy forwarding to upstream (the gateway's base URL,
 // such as https://gateway:8443) until Close.
 func StartProxy(upstream string, transport http.RoundTripper, log *slog.Logger) (*Proxy, error) {
+	return startProxy(upstream, transport, log, proxyWriteProgress, proxyMaxConnections)
+}
+
+func startProxy(upstream string, transport http.RoundTripper, log *slog.Logger, progress time.Duration, maxConns int) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -77,15 +90,58 @@ func StartProxy(upstream string, transport http.RoundTripper, log *slog.Logger) 
 	mux := http.NewServeMux()
 	mux.Handle(prefix+strings.TrimPrefix(PathPrefix, "/"), rp)
 	p.srv = &http.Server{
-		Handler:           http.MaxBytesHandler(mux, MaxChunkBytes),
+		Handler:           http.MaxBytesHandler(writeProgress(mux, progress), MaxChunkBytes),
 		ReadHeaderTimeout: proxyHeaderTimeout,
 		ReadTimeout:       proxyReadTimeout,
 		IdleTimeout:       proxyIdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 	}
-	go func() { _ = p.srv.Serve(ln) }()
+	go func() { _ = p.srv.Serve(netutil.LimitListener(ln, maxConns)) }()
 	return p, nil
 }
 
 // Close stops the proxy.
 func (p *Proxy) Close() error { return p.srv.Close() }
+
+// writeProgress gives every write of h's responses d to complete, from its
+// start: the connection's write deadline moves ahead before each write, and
+// is cleared while h has not written yet (it may wait on the gateway for as
+// long as the gateway takes).
+func writeProgress(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		h.ServeHTTP(&deadlineWriter{ResponseWriter: w, rc: rc, d: d}, r)
+		_ = rc.SetWriteDeadline(time.Now().Add(d)) // what net/http writes after h
+	})
+}
+
+// deadlineWriter moves its connection's write deadline d ahead of each
+// write.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *deadlineWriter) ahead() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *deadlineWriter) WriteHeader(code int) {
+	w.ahead()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *deadlineWriter) Write(b []byte) (int, error) {
+	w.ahead()
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush sends what was written (httputil.ReverseProxy flushes as it
+// streams).
+func (w *deadlineWriter) Flush() {
+	w.ahead()
+	_ = w.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
