@@ -337,8 +337,11 @@ func (c *Cache) Reserve(ctx context.Context, s Scope, key, version string, size 
 	if key == "" || version == "" || len(key) > 512 || len(version) > 512 || size < 0 {
 		return 0, fmt.Errorf("%w: a key and a version (at most 512 bytes each) are required", ErrInvalid)
 	}
-	if size > c.Limits.MaxBytes || (c.Limits.MaxTotalBytes > 0 && size > c.Limits.MaxTotalBytes) {
-		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, size, c.Limits.MaxBytes)
+	if limit := c.Limits.MaxBytes; size > limit || (c.Limits.MaxTotalBytes > 0 && size > c.Limits.MaxTotalBytes) {
+		if c.Limits.MaxTotalBytes > 0 {
+			limit = min(limit, c.Limits.MaxTotalBytes)
+		}
+		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, size, limit)
 	}
 	id, err := newID()
 	if err != nil {
