@@ -185,6 +185,8 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if err != nil {
 		return nil, nil, err
 	}
+	// No message opens after its payload is gone.
+	signer = signer.WithTTL(cfg.pools.PayloadTTL())
 	// The finish notices' stream is the gateway's on both paths.
 	if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx); err != nil {
 		return nil, nil, err

@@ -161,6 +161,7 @@ func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys key
 	if err != nil {
 		return queue{}, err
 	}
+	signer = signer.WithTTL(runnerpool.Pools{p}.PayloadTTL()) // no message opens after its payload is gone
 	q := assignmentqueue.New(js, "").SignedBy(signer)
 	if err := q.EnsureStream(ctx); err != nil {
 		return queue{}, err

@@ -203,6 +203,8 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	// No message it publishes again opens after its payload is gone.
+	signer = signer.WithTTL(cfg.pools.PayloadTTL())
 	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, cfg.pools)
 	if err != nil {
 		return nil, nil, nil, err

@@ -6,13 +6,20 @@
 //
 // A signed message is a JSON envelope around the exact bytes signed:
 //
-//	{"v":1,"kid":"<key ID>","sig":"<base64 signature>","msg":"<base64 message>"}
+//	{"v":2,"kid":"<key ID>","exp":<unix seconds>,"sig":"<base64 signature>","msg":"<base64 message>"}
 //
-// The signature covers a domain string and the message bytes; the key ID
-// (the first 8 bytes of the public key's SHA-256, hex) only picks the key,
-// so several keys can verify at once during a rotation. Open returns the
-// message bytes exactly as they were signed, for the caller to decode: no
+// The signature covers a domain string, the expiry and the message bytes;
+// the key ID (the first 8 bytes of the public key's SHA-256, hex) only picks
+// the key, so several keys can verify at once during a rotation. Open returns
+// the message bytes exactly as they were signed, for the caller to decode: no
 // byte of the message is trusted before its signature is.
+//
+// The expiry bounds replay: a copy of an assignment message (kept from the
+// queue, say) opens only until exp, which the signer sets to its TTL after
+// signing: the longest a task's payload lives (runnerpool.Pools.PayloadTTL),
+// after which the task is over anyway. A message still queued at its expiry
+// is refused like a forged one; the task it named, if still alive, is
+// recover's to publish again.
 package assignmentsig
 
 import (
@@ -23,20 +30,27 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"encoding/binary"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 )
 
-// envelopeVersion is the version of the envelope Seal writes.
-const envelopeVersion = 1
+// envelopeVersion is the version of the envelope Seal writes, and the only
+// one Open accepts (version 1 had no expiry).
+const envelopeVersion = 2
 
 // domain separates these signatures from any other use of the key.
-const domain = "gitea-dynamic-runner/assignment/v1\x00"
+const domain = "gitea-dynamic-runner/assignment/v2\x00"
 
-// MaxMessage bounds a sealed message: an assignment is a few hundred bytes.
+// MaxMessage bounds a signed message: an assignment is a few hundred bytes.
 const MaxMessage = 16 << 10
+
+// DefaultTTL is how long a sealed message opens when the signer is given no
+// TTL: Gitea's default ENDLESS_TASK_TIMEOUT (3h) and an hour.
+const DefaultTTL = 4 * time.Hour
 
 // ErrUnauthenticated marks a message that is not signed, badly signed, signed
 // by an unknown key, or tampered with. Its consumer terminates it: no retry
@@ -46,6 +60,7 @@ var ErrUnauthenticated = errors.New("unauthenticated assignment message")
 type envelope struct {
 	V   int    `json:"v"`
 	KID string `json:"kid"`
+	Exp int64  `json:"exp"`
 	Sig []byte `json:"sig"`
 	Msg []byte `json:"msg"`
 }
@@ -56,8 +71,13 @@ func KeyID(pub ed25519.PublicKey) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-func signed(msg []byte) []byte {
-	return append([]byte(domain), msg...)
+// signed is what the signature covers: the domain, the expiry (8 bytes, big
+// endian) and the message.
+func signed(exp int64, msg []byte) []byte {
+	b := make([]byte, 0, len(domain)+8+len(msg))
+	b = append(b, domain...)
+	b = binary.BigEndian.AppendUint64(b, uint64(exp))
+	return append(b, msg...)
 }
 
 // Signer signs assignment messages (dispatch, recover), and opens what it
@@ -66,6 +86,8 @@ type Signer struct {
 	priv ed25519.PrivateKey
 	kid  string
 	ring *Keyring
+	ttl  time.Duration
+	now  func() time.Time
 }
 
 // NewSigner returns the signer of an Ed25519 private key given as its
@@ -80,18 +102,38 @@ func NewSigner(seed secretkey.Key) (*Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Signer{priv: priv, kid: KeyID(pub), ring: ring}, nil
+	return &Signer{priv: priv, kid: KeyID(pub), ring: ring, ttl: DefaultTTL, now: time.Now}, nil
+}
+
+// WithTTL returns a copy of s whose messages open for ttl after sealing
+// (DefaultTTL if ttl is not positive).
+func (s *Signer) WithTTL(ttl time.Duration) *Signer {
+	c := *s
+	if c.ttl = ttl; ttl <= 0 {
+		c.ttl = DefaultTTL
+	}
+	return &c
+}
+
+// WithClock returns a copy of s that reads the time from now, to seal and
+// to open (tests).
+func (s *Signer) WithClock(now func() time.Time) *Signer {
+	c := *s
+	c.now, c.ring = now, s.ring.WithClock(now)
+	return &c
 }
 
 // Public returns the public key that verifies this signer's messages.
 func (s *Signer) Public() ed25519.PublicKey { return s.priv.Public().(ed25519.PublicKey) }
 
-// Seal returns msg signed, in its envelope.
+// Seal returns msg signed, in its envelope, opening until the signer's TTL
+// from now (rounded up to the second).
 func (s *Signer) Seal(msg []byte) ([]byte, error) {
 	if len(msg) == 0 || len(msg) > MaxMessage {
 		return nil, fmt.Errorf("seal an assignment message of %d bytes: want 1 to %d", len(msg), MaxMessage)
 	}
-	return json.Marshal(envelope{V: envelopeVersion, KID: s.kid, Sig: ed25519.Sign(s.priv, signed(msg)), Msg: msg})
+	exp := s.now().Add(s.ttl + time.Second - 1).Unix()
+	return json.Marshal(envelope{V: envelopeVersion, KID: s.kid, Exp: exp, Sig: ed25519.Sign(s.priv, signed(exp, msg)), Msg: msg})
 }
 
 // Open verifies a message against the signer's own public key.
@@ -101,6 +143,7 @@ func (s *Signer) Open(sealed []byte) ([]byte, error) { return s.ring.Open(sealed
 // Knative receiver).
 type Keyring struct {
 	keys map[string]ed25519.PublicKey
+	now  func() time.Time
 }
 
 // NewKeyring returns the keyring of pubs; at least one, each an Ed25519
@@ -109,7 +152,7 @@ func NewKeyring(pubs ...ed25519.PublicKey) (*Keyring, error) {
 	if len(pubs) == 0 {
 		return nil, errors.New("assignment verification keys: none given")
 	}
-	k := &Keyring{keys: make(map[string]ed25519.PublicKey, len(pubs))}
+	k := &Keyring{keys: make(map[string]ed25519.PublicKey, len(pubs)), now: time.Now}
 	for i, pub := range pubs {
 		if len(pub) != ed25519.PublicKeySize {
 			return nil, fmt.Errorf("assignment verification key %d: %d bytes, want %d", i+1, len(pub), ed25519.PublicKeySize)
@@ -117,6 +160,13 @@ func NewKeyring(pubs ...ed25519.PublicKey) (*Keyring, error) {
 		k.keys[KeyID(pub)] = append(ed25519.PublicKey(nil), pub...)
 	}
 	return k, nil
+}
+
+// WithClock returns a copy of k that checks expiries against now (tests).
+func (k *Keyring) WithClock(now func() time.Time) *Keyring {
+	c := *k
+	c.now = now
+	return &c
 }
 
 // ParseKeyring reads a comma-separated list of base64 (standard or URL,
@@ -147,7 +197,8 @@ func decodeBase64(s string) ([]byte, error) {
 }
 
 // Open verifies sealed and returns the message bytes it carries, exactly as
-// signed. Every error wraps ErrUnauthenticated and says what is wrong,
+// signed: at most MaxMessage bytes, signed by a key of the ring, and not
+// expired. Every error wraps ErrUnauthenticated and says what is wrong,
 // never quoting the message.
 func (k *Keyring) Open(sealed []byte) ([]byte, error) {
 	msg, err := k.open(sealed)
@@ -175,6 +226,8 @@ func (k *Keyring) open(sealed []byte) ([]byte, error) {
 		return nil, fmt.Errorf("envelope version %d, want %d", e.V, envelopeVersion)
 	case len(e.Msg) == 0:
 		return nil, errors.New("no message")
+	case len(e.Msg) > MaxMessage:
+		return nil, fmt.Errorf("a message of %d bytes, more than the %d a signer seals", len(e.Msg), MaxMessage)
 	case len(e.Sig) != ed25519.SignatureSize:
 		return nil, errors.New("no signature")
 	}
@@ -182,8 +235,12 @@ func (k *Keyring) open(sealed []byte) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("signed by unknown key %q", e.KID)
 	}
-	if !ed25519.Verify(pub, signed(e.Msg), e.Sig) {
+	if !ed25519.Verify(pub, signed(e.Exp, e.Msg), e.Sig) {
 		return nil, fmt.Errorf("bad signature (key %s)", e.KID)
+	}
+	// After the signature: an expiry nobody signed says nothing.
+	if now := k.now(); now.Unix() >= e.Exp {
+		return nil, fmt.Errorf("expired at %s (it is %s)", time.Unix(e.Exp, 0).UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
 	return e.Msg, nil
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 )
@@ -49,6 +50,8 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	byPrevious, _ := previous.Seal([]byte(message))
+	// Sealed five hours ago with a four-hour TTL.
+	expired, _ := current.WithTTL(4 * time.Hour).WithClock(func() time.Time { return time.Now().Add(-5 * time.Hour) }).Seal([]byte(message))
 	byStranger, _ := stranger.Seal([]byte(message))
 	other := strings.Replace(message, "alice/repo", "mallory/repo", 1)
 	for _, tc := range []struct {
@@ -66,7 +69,10 @@ func TestOpen(t *testing.T) {
 		{"signature flipped", reseal(t, sealed, func(e *envelope) { e.Sig[0] ^= 1 }), "bad signature"},
 		{"no signature", reseal(t, sealed, func(e *envelope) { e.Sig = nil }), "no signature"},
 		{"no message", reseal(t, sealed, func(e *envelope) { e.Msg = nil }), "no message"},
-		{"other version", reseal(t, sealed, func(e *envelope) { e.V = 2 }), "version 2"},
+		{"version 1 (no expiry)", reseal(t, sealed, func(e *envelope) { e.V = 1 }), "version 1"},
+		{"expiry extended", reseal(t, sealed, func(e *envelope) { e.Exp += 3600 }), "bad signature"},
+		{"expired", expired, "expired at"},
+		{"inner message larger than a signer seals", reseal(t, sealed, func(e *envelope) { e.Msg = bytes.Repeat([]byte("x"), MaxMessage+1) }), "more than the 16384 a signer seals"},
 		{"unknown field", []byte(strings.Replace(string(sealed), `{"v"`, `{"x":1,"v"`, 1)), "not a signed envelope"},
 		{"trailing data", append(append([]byte(nil), sealed...), []byte(` {"v":1}`)...), "data after"},
 		{"huge", bytes.Repeat([]byte("x"), 3*MaxMessage), "more than"},
@@ -101,6 +107,42 @@ func TestSignerOpensItsOwn(t *testing.T) {
 	}
 	if _, err := s.Open(mustSeal(t, signer(t, 2))); !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("Open(another signer's) = %v", err)
+	}
+}
+
+// TestExpiry: a message opens until its signer's TTL has passed, and not a
+// second after; the signer's own Open checks it too.
+func TestExpiry(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	s := signer(t, 1).WithTTL(90 * time.Minute).WithClock(clock)
+	sealed, err := s.Seal([]byte(message))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := NewKeyring(s.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		at    time.Duration
+		opens bool
+	}{{0, true}, {89 * time.Minute, true}, {90*time.Minute - time.Second, true}, {90 * time.Minute, false}, {24 * time.Hour, false}} {
+		at := now.Add(tc.at)
+		_, err := ring.WithClock(func() time.Time { return at }).Open(sealed)
+		if (err == nil) != tc.opens {
+			t.Errorf("%v after sealing: Open = %v, want opens %v", tc.at, err, tc.opens)
+		}
+		if err != nil && (!errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "expired at 2026-12-02T13:30:00Z")) {
+			t.Errorf("%v after sealing: error %v, want ErrUnauthenticated naming the expiry", tc.at, err)
+		}
+	}
+	later := now.Add(2 * time.Hour)
+	if _, err := s.WithClock(func() time.Time { return later }).Open(sealed); err == nil {
+		t.Error("the signer's own Open opened an expired message")
+	}
+	if d := signer(t, 1).WithTTL(0); d.ttl != DefaultTTL {
+		t.Errorf("WithTTL(0) = %v, want DefaultTTL", d.ttl)
 	}
 }
 
@@ -144,7 +186,7 @@ func FuzzOpen(f *testing.F) {
 	sealed, _ := s.Seal([]byte(message))
 	f.Add(sealed)
 	f.Add([]byte(message))
-	f.Add([]byte(`{"v":1,"kid":"","sig":"","msg":""}`))
+	f.Add([]byte(`{"v":2,"kid":"","exp":0,"sig":"","msg":""}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		msg, err := ring.Open(data)
 		if err != nil {
@@ -154,7 +196,7 @@ func FuzzOpen(f *testing.F) {
 			return
 		}
 		var e envelope
-		if json.Unmarshal(data, &e) != nil || !bytes.Equal(e.Msg, msg) || !ed25519.Verify(s.Public(), signed(msg), e.Sig) {
+		if json.Unmarshal(data, &e) != nil || !bytes.Equal(e.Msg, msg) || !ed25519.Verify(s.Public(), signed(e.Exp, msg), e.Sig) || time.Now().Unix() >= e.Exp {
 			t.Fatalf("Open(%q) accepted a message its key did not sign", data)
 		}
 	})

@@ -163,6 +163,8 @@ func TestHandlerOutcomes(t *testing.T) {
 		{"image changed", tamper(t, encode(t, withImage(assignment(t, 1), "golang:1.26")), "golang:1.26", "evil/miner:1"), never, Poison},
 		{"task changed", tamper(t, good, `"id":1,`, `"id":2,`), never, Poison},
 		{"pool changed", tamper(t, good, `"pool":"linux"`, `"pool":"gpu"`), never, Poison},
+		// A genuine message replayed after its expiry (kept from the queue, say).
+		{"expired", seal(t, jetstreamenv.Signer().WithTTL(time.Hour).WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) }), raw(t, assignment(t, 1))), never, Poison},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &outcomes{}
