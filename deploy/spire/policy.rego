@@ -1,12 +1,19 @@
 # SPIRE Server authorization policy (auth_opa_policy_engine) for
-# gitea-dynamic-runner: SPIRE v1.13.3's default policy, unchanged, plus one
-# rule. It lets the callers in data.gitea_dynamic_runner.minters (handle of
-# the opensandbox backend, over the TCP API with its own SVID) call
-# MintX509SVID for task identities only: a CSR whose one URI SAN is
-# spiffe://<trust_domain>/repo/..., with no DNS, IP or e-mail SAN, and a TTL
-# of at most max_ttl_seconds. Those callers are not admins: they can mint no
-# other identity (not the gateway's) and call no other admin API. GetBundle
-# is open to any caller by the default policy. See deploy/README.md.
+# gitea-dynamic-runner: SPIRE v1.13.3's default policy, unchanged, plus the
+# rules below, for callers that reach the TCP API with their own SVID and are
+# NOT admins (neither in admin_ids nor on the local socket):
+#   - data.gitea_dynamic_runner.minters (handle of the opensandbox backend)
+#     may call MintX509SVID for task identities only: a CSR whose one URI SAN
+#     is spiffe://<trust_domain>/repo/..., with no DNS, IP or e-mail SAN, and
+#     a TTL of at most max_ttl_seconds;
+#   - data.gitea_dynamic_runner.registrars (handle and recover of the pod
+#     backend) may create, read and delete task registration entries only:
+#     entry IDs under entry_id_prefix, SPIFFE IDs spiffe://<trust_domain>/repo/...,
+#     parented by an agent of the trust domain, selected by one k8s pod-uid
+#     selector, never admin or downstream, with no DNS names or federation.
+# Neither can mint or register any other identity (not the gateway's), touch
+# an entry the operator made, write a bundle or call any other admin API.
+# GetBundle is open to any caller by the default policy. See deploy/README.md.
 package spire
 
 result = {
@@ -73,4 +80,49 @@ allow = true if {
     uri.Scheme == "spiffe"
     uri.Host == gdr.trust_domain
     startswith(uri.Path, "/repo/")
+}
+
+# gitea-dynamic-runner: task registration entries for executor Pods, created
+# by handle and deleted by recover (pod backend). A batch is allowed only if
+# every entry in it is a task entry.
+allow = true if {
+    input.full_method == "/spire.api.server.entry.v1.Entry/BatchCreateEntry"
+    gdr := data.gitea_dynamic_runner
+    input.caller == gdr.registrars[_]
+    count(input.req.entries) > 0
+    every e in input.req.entries {
+        task_entry(e, gdr)
+    }
+}
+
+allow = true if {
+    input.full_method == "/spire.api.server.entry.v1.Entry/GetEntry"
+    gdr := data.gitea_dynamic_runner
+    input.caller == gdr.registrars[_]
+    startswith(input.req.id, gdr.entry_id_prefix)
+}
+
+allow = true if {
+    input.full_method == "/spire.api.server.entry.v1.Entry/BatchDeleteEntry"
+    gdr := data.gitea_dynamic_runner
+    input.caller == gdr.registrars[_]
+    count(input.req.ids) > 0
+    every id in input.req.ids {
+        startswith(id, gdr.entry_id_prefix)
+    }
+}
+
+task_entry(e, gdr) if {
+    startswith(e.id, gdr.entry_id_prefix)
+    e.spiffe_id.trust_domain == gdr.trust_domain
+    startswith(e.spiffe_id.path, "/repo/")
+    e.parent_id.trust_domain == gdr.trust_domain
+    startswith(e.parent_id.path, "/spire/agent/")
+    not e.admin
+    not e.downstream
+    object.get(e, "dns_names", []) == []
+    object.get(e, "federates_with", []) == []
+    count(e.selectors) == 1
+    e.selectors[0].type == "k8s"
+    startswith(e.selectors[0].value, "pod-uid:")
 }

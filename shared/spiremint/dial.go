@@ -124,3 +124,89 @@ func (r *Remote) Close() error {
 	r.conn, r.source, r.minter = nil, nil, nil
 	return errors.Join(errs...)
 }
+
+// ClientConn returns a gRPC connection to the SPIRE Server API at addr, in
+// the forms Dial takes, for callers of APIs other than minting (the pod
+// backend's registration entries). gRPC connects on first use; over TCP the
+// first handshake fetches this function's own X.509-SVID from the Workload
+// API (SPIFFE_ENDPOINT_SOCKET, waiting at most workloadAPIWait) and the
+// server must present spiffe://<td>/spire/server. What the caller may do is
+// the server's authorization policy's to say (deploy/spire/policy.rego). The
+// returned function closes the connection and the Workload API source.
+func ClientConn(addr string, td spiffeid.TrustDomain) (*grpc.ClientConn, func() error, error) {
+	r, err := Dial(addr, td)
+	if err != nil {
+		return nil, nil, err
+	}
+	creds := insecure.NewCredentials()
+	src := &lazySource{wait: workloadAPIWait}
+	if !strings.HasPrefix(r.target, "unix://") {
+		server := spiffeid.RequireFromPath(td, "/spire/server")
+		creds = credentials.NewTLS(tlsconfig.MTLSClientConfig(src, src, tlsconfig.AuthorizeID(server)))
+	}
+	conn, err := grpc.NewClient(r.target, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, nil, fmt.Errorf("spiremint: the SPIRE Server at %s: %w", addr, err)
+	}
+	return conn, func() error { return errors.Join(conn.Close(), src.Close()) }, nil
+}
+
+// workloadAPIWait bounds the wait for this function's own SVID on a
+// handshake: the agent hands it out at once when the function's entry exists.
+const workloadAPIWait = 30 * time.Second
+
+// lazySource is an X.509 SVID and bundle source that opens the Workload API
+// on first use (a TLS handshake), so that building a client never blocks;
+// a failed open is retried on the next handshake.
+type lazySource struct {
+	wait time.Duration
+
+	mu  sync.Mutex
+	src *workloadapi.X509Source
+}
+
+func (l *lazySource) get() (*workloadapi.X509Source, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.src != nil {
+		return l.src, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.wait)
+	defer cancel()
+	src, err := workloadapi.NewX509Source(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("this function's own SVID from the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET), to authenticate to the SPIRE Server: %w", err)
+	}
+	l.src = src
+	return src, nil
+}
+
+// GetX509SVID implements x509svid.Source.
+func (l *lazySource) GetX509SVID() (*x509svid.SVID, error) {
+	src, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return src.GetX509SVID()
+}
+
+// GetX509BundleForTrustDomain implements x509bundle.Source.
+func (l *lazySource) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	src, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return src.GetX509BundleForTrustDomain(td)
+}
+
+// Close closes the Workload API source, if it was opened.
+func (l *lazySource) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.src == nil {
+		return nil
+	}
+	err := l.src.Close()
+	l.src = nil
+	return err
+}

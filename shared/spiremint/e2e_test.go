@@ -19,7 +19,10 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	bundlev1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/bundle/v1"
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	svidv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/svid/v1"
+	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -224,5 +227,148 @@ func TestE2EShippedPolicyLetsHandleMintTaskIDsOnly(t *testing.T) {
 		r, _ := as(t, spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/recover"))
 		_, _, err := r.MintX509SVID(ctx, task, time.Minute)
 		denied(t, "a task SVID", err)
+	})
+}
+
+// TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly runs a real
+// spire-server with deploy/spire's authorization policy and connects as the
+// pod backend does (ClientConn over TCP, with its own SVID): handle's and
+// recover's IDs, which are not admins, may create, read and delete task
+// entries (entry ID under the prefix, a /repo/ ID of the trust domain, an
+// agent parent, one pod-uid selector), and nothing else: not an entry for the
+// gateway's ID or another trust domain, not an admin entry, not an entry the
+// operator made, no bundle write, no mint. Another caller may do none of it.
+func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
+	trust := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
+	handleID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/handle-pod")
+	dir := t.TempDir()
+	raw, err := os.ReadFile("../../deploy/spire/policy_data.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	gdr := data["gitea_dynamic_runner"].(map[string]any)
+	gdr["registrars"], gdr["trust_domain"] = []string{handleID.String()}, trust.Name()
+	prefix := gdr["entry_id_prefix"].(string)
+	if raw, err = json.Marshal(data); err != nil {
+		t.Fatal(err)
+	}
+	dataPath := filepath.Join(dir, "policy_data.json")
+	if err := os.WriteFile(dataPath, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	regoPath, err := filepath.Abs("../../deploy/spire/policy.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spire := spireenv.Start(t, spireenv.WithAuthorizationPolicy(regoPath, dataPath))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	local := spiremint.New(spire.Conn())
+	// An entry the operator made on the admin socket (the gateway's): its ID
+	// is SPIRE's, not under the prefix.
+	gatewayID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/gateway")
+	agent := &types.SPIFFEID{TrustDomain: trust.Name(), Path: "/spire/agent/k8s_psat/gdr/node-1"}
+	entry := func(id string, spiffeID *types.SPIFFEID, edit ...func(*types.Entry)) *types.Entry {
+		e := &types.Entry{Id: id, SpiffeId: spiffeID, ParentId: agent,
+			Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:0f8e"}}}
+		for _, f := range edit {
+			f(e)
+		}
+		return e
+	}
+	operator, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{
+		entry("", &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()}, func(e *types.Entry) {
+			e.Selectors = []*types.Selector{{Type: "k8s", Value: "sa:gateway"}}
+		})}})
+	if err != nil || operator.Results[0].Status.Code != 0 {
+		t.Fatalf("the operator's entry: %v %v", operator, err)
+	}
+	operatorEntry := operator.Results[0].Entry.Id
+
+	as := func(t *testing.T, caller spiffeid.ID) *grpc.ClientConn {
+		t.Helper()
+		svid, bundle, err := local.MintX509SVID(ctx, caller, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("SPIFFE_ENDPOINT_SOCKET", workloadAPI(t, svid, bundle))
+		conn, closeConn, err := spiremint.ClientConn(spire.Addr, trust)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = closeConn() })
+		return conn
+	}
+	task := &types.SPIFFEID{TrustDomain: trust.Name(), Path: "/repo/alice/repo/task/7"}
+	taskEntryID := prefix + "0123456789abcdef0123456789abcdef"
+	denied := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s: err = %v, want PermissionDenied", what, err)
+		}
+	}
+	create := func(c entryv1.EntryClient, e *types.Entry) error {
+		_, err := c.BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{e}})
+		return err
+	}
+
+	t.Run("handle", func(t *testing.T) {
+		conn := as(t, handleID)
+		c := entryv1.NewEntryClient(conn)
+		resp, err := c.BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{entry(taskEntryID, task)}})
+		if err != nil || resp.Results[0].Status.Code != 0 {
+			t.Fatalf("a task entry: %v %v", resp, err)
+		}
+		if got, err := c.GetEntry(ctx, &entryv1.GetEntryRequest{Id: taskEntryID}); err != nil || got.SpiffeId.Path != task.Path {
+			t.Fatalf("read the task entry back: %v %v", got, err)
+		}
+		for _, tc := range []struct {
+			name string
+			e    *types.Entry
+		}{
+			{"the gateway's ID", entry(prefix+"1", &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()})},
+			{"another trust domain", entry(prefix+"2", &types.SPIFFEID{TrustDomain: "evil.example.org", Path: task.Path})},
+			{"an entry ID outside the prefix", entry("mine-3", task)},
+			{"no entry ID (SPIRE would choose one)", entry("", task)},
+			{"an admin entry", entry(prefix+"4", task, func(e *types.Entry) { e.Admin = true })},
+			{"a downstream entry", entry(prefix+"5", task, func(e *types.Entry) { e.Downstream = true })},
+			{"a parent that is no agent", entry(prefix+"6", task, func(e *types.Entry) { e.ParentId = &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()} })},
+			{"a selector other than pod-uid", entry(prefix+"7", task, func(e *types.Entry) { e.Selectors = []*types.Selector{{Type: "k8s", Value: "sa:gateway"}} })},
+			{"a second selector", entry(prefix+"8", task, func(e *types.Entry) {
+				e.Selectors = append(e.Selectors, &types.Selector{Type: "unix", Value: "uid:0"})
+			})},
+			{"DNS names", entry(prefix+"9", task, func(e *types.Entry) { e.DnsNames = []string{"gateway"} })},
+		} {
+			denied(t, tc.name, create(c, tc.e))
+		}
+		// One bad entry in a batch refuses the batch.
+		_, err = c.BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{
+			entry(prefix+"10", task), entry(prefix+"11", &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()})}})
+		denied(t, "a batch with the gateway's ID in it", err)
+		_, err = c.GetEntry(ctx, &entryv1.GetEntryRequest{Id: operatorEntry})
+		denied(t, "reading the operator's entry", err)
+		_, err = c.BatchDeleteEntry(ctx, &entryv1.BatchDeleteEntryRequest{Ids: []string{operatorEntry}})
+		denied(t, "deleting the operator's entry", err)
+		_, err = c.ListEntries(ctx, &entryv1.ListEntriesRequest{})
+		denied(t, "listing entries", err)
+		_, err = bundlev1.NewBundleClient(conn).AppendBundle(ctx, &bundlev1.AppendBundleRequest{})
+		denied(t, "a bundle write", err)
+		_, err = svidv1.NewSVIDClient(conn).MintX509SVID(ctx, &svidv1.MintX509SVIDRequest{})
+		denied(t, "a mint", err)
+		del, err := c.BatchDeleteEntry(ctx, &entryv1.BatchDeleteEntryRequest{Ids: []string{taskEntryID}})
+		if err != nil || del.Results[0].Status.Code != 0 {
+			t.Fatalf("delete the task entry: %v %v", del, err)
+		}
+		// The refusals changed nothing: the operator's entry is the only one left.
+		if all := spire.AllEntries(t); len(all) != 1 || all[0].Id != operatorEntry {
+			t.Fatalf("entries left: %v", all)
+		}
+	})
+	t.Run("another caller", func(t *testing.T) {
+		denied(t, "a task entry", create(entryv1.NewEntryClient(as(t, gatewayID)), entry(taskEntryID, task)))
 	})
 }

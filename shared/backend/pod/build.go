@@ -5,20 +5,19 @@ import (
 	"log/slog"
 
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
-// c.SPIRESocket (gRPC connects on first use). The returned function closes
-// the SPIRE connection.
+// c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn). The
+// returned function closes the SPIRE connection.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendPod); err != nil {
 		return nil, nil, err
@@ -34,9 +33,9 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient("unix://"+c.SPIRESocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, closeConn, err := spiremint.ClientConn(c.SPIREServer, d.TrustDomain)
 	if err != nil {
-		return nil, nil, fmt.Errorf("pod backend: SPIRE Server API at %s: %w", c.SPIRESocket, err)
+		return nil, nil, fmt.Errorf("pod backend: GDR_SPIRE_SERVER: %w", err)
 	}
 	b, err := New(Config{
 		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
@@ -44,8 +43,8 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
 	})
 	if err != nil {
-		_ = conn.Close()
+		_ = closeConn()
 		return nil, nil, err
 	}
-	return b, conn.Close, nil
+	return b, closeConn, nil
 }
