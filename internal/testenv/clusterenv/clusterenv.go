@@ -945,7 +945,7 @@ func (c *Cluster) Stop() error {
 // dumpLogs logs the tail of every component's log.
 func (c *Cluster) dumpLogs(t testing.TB) {
 	t.Helper()
-	for _, name := range []string{"node", "containerd", "kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"} {
+	for _, name := range []string{"node", "containerd", "kubelet", "kube-proxy", "kube-router", "kube-scheduler", "kube-controller-manager"} {
 		t.Logf("--- %s.log (tail)\n%s", name, testenv.LogTail(filepath.Join(c.Dir, name+".log"), 40))
 	}
 }

@@ -6,7 +6,16 @@
 //   - api: the HTTP status of listing the Pod's namespace's pods and secrets
 //     through the "kubernetes" Service (KUBERNETES_SERVICE_HOST/PORT, the
 //     token, the CA bundle: what client-go's in-cluster configuration does);
-//   - dial=<host:port>: a line sent over TCP and the line that comes back.
+//   - dial=<host:port>: a line sent over TCP and the line that comes back;
+//   - connect=<label>@<host:port>: one TCP connection attempt (3 s at most),
+//     printed as <label>=ok or <label>=fail:<reason>; a refused or timed-out
+//     connection is a result, not a failure of the check.
+//
+// With every=<duration> first, it runs the connect checks that follow for
+// ever, one round every <duration>, each printed on one line
+// "round <start, Unix nanoseconds> <label>=<result> ...": a caller reading
+// the log takes the first round that started after a moment of its own
+// (the clocks are the machine's).
 //
 // Only the standard library: the image stays small and builds fast.
 package main
@@ -15,11 +24,13 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -29,6 +40,12 @@ func main() {
 	checks := os.Args[1:]
 	if len(checks) == 0 {
 		checks = []string{"sa"}
+	}
+	if every, ok := strings.CutPrefix(checks[0], "every="); ok {
+		if err := rounds(every, checks[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 	failed := false
 	for _, c := range checks {
@@ -54,6 +71,13 @@ func run(check string) error {
 		return api()
 	case strings.HasPrefix(check, "dial="):
 		return dial(strings.TrimPrefix(check, "dial="))
+	case strings.HasPrefix(check, "connect="):
+		label, addr, ok := strings.Cut(strings.TrimPrefix(check, "connect="), "@")
+		if !ok {
+			return fmt.Errorf("want connect=<label>@<host:port>")
+		}
+		fmt.Println(connect(label, addr))
+		return nil
 	}
 	return fmt.Errorf("unknown check")
 }
@@ -120,4 +144,51 @@ func dial(addr string) error {
 	}
 	fmt.Printf("dial %s: %s\n", addr, strings.TrimSpace(line))
 	return nil
+}
+
+// connect makes one TCP connection attempt to addr and returns
+// "<label>=ok" or "<label>=fail:<reason>" (no spaces).
+func connect(label, addr string) string {
+	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err == nil {
+		conn.Close()
+		return label + "=ok"
+	}
+	reason := err.Error()
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		reason = "timeout"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		reason = "refused"
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		reason = "unreachable"
+	}
+	return label + "=fail:" + strings.ReplaceAll(reason, " ", "_")
+}
+
+// rounds runs the connect checks every interval until killed.
+func rounds(interval string, checks []string) error {
+	d, err := time.ParseDuration(interval)
+	if err != nil {
+		return fmt.Errorf("every=%s: %w", interval, err)
+	}
+	type target struct{ label, addr string }
+	var targets []target
+	for _, c := range checks {
+		label, addr, ok := strings.Cut(strings.TrimPrefix(c, "connect="), "@")
+		if !strings.HasPrefix(c, "connect=") || !ok {
+			return fmt.Errorf("every=: only connect=<label>@<host:port> checks, not %q", c)
+		}
+		targets = append(targets, target{label, addr})
+	}
+	for {
+		start := time.Now()
+		line := []string{"round", fmt.Sprint(start.UnixNano())}
+		for _, tg := range targets {
+			line = append(line, connect(tg.label, tg.addr))
+		}
+		fmt.Println(strings.Join(line, " "))
+		time.Sleep(d)
+	}
 }
