@@ -35,7 +35,8 @@ type isolationTarget struct {
 // the API server (the "kubernetes" Service and the node's address), the
 // kubelet, the SPIRE server, the gateway's metrics port and another executor
 // Pod (all refused), and to the gateway's 8443, directly and through its
-// Service (answers). The gateway stays Ready and alive meanwhile: its
+// Service (answers). A real job then runs to success, its executor under
+// the same policies, and the gateway stays Ready and alive meanwhile: its
 // kubelet probes get through. Then, with the policies deleted, the same
 // connections all succeed: the refusals were the policies'.
 //
@@ -151,6 +152,27 @@ func TestE2EClusterIsolation(t *testing.T) {
 		}
 	}
 	t.Logf("policies enforced: %v", round)
+	// A real job runs to success under the enforced policies: its executor
+	// gets its SVID and reports through the gateway (SPIFFE mTLS, 8443).
+	// Gitea's webhook reaches dispatch's NodePort from this machine, which
+	// the shipped gdr-dispatch-webhook refuses (its PLACEHOLDER names an
+	// in-cluster Gitea): dispatch's CronJob pass claims the job instead.
+	repo := in.g.CreateRepo(t, "isolated")
+	pushed := time.Now()
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/isolated.yml", `on: push
+jobs:
+  isolated:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo "isolated in $(cat /etc/hostname)"
+`)
+	if job := in.waitCompleted(ctx, t, repo, "isolated", 5*time.Minute); job.Conclusion != "success" {
+		t.Errorf("job under the enforced policies: %+v, want success; log:\n%s", job, in.g.JobLogs(t, repo, job.ID))
+	} else if log := in.g.JobLogs(t, repo, job.ID); !strings.Contains(log, "isolated in gdr-linux-") {
+		t.Errorf("job isolated's log lacks its step's output:\n%s", log)
+	} else {
+		t.Logf("job isolated: success under the enforced policies, %v after the push", time.Since(pushed).Round(time.Millisecond))
+	}
 	// The gateway's kubelet probes (readiness every 10 s, failing after 3)
 	// must get through: it stays Ready, its liveness never fails.
 	restarts := gateway.Status.ContainerStatuses[0].RestartCount
