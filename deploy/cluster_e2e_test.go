@@ -97,8 +97,19 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	cs := c.Client(t)
 
 	// The peers outside the cluster, each forwarded to the node.
-	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()))
-	agentID := c.StartSPIREAgent(ctx, t, spire, spireSync)
+	// The SPIRE server runs the shipped authorization policy: handle-pod and
+	// recover reach its TCP API with their own SVIDs (entries below) and may
+	// manage task entries only.
+	td := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
+	handleID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/handle-pod")
+	recoverID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/recover")
+	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()),
+		spireenv.WithShippedPolicy(t, "spire", map[string]any{"registrars": []string{handleID.String(), recoverID.String()}}))
+	agentID := c.StartSPIREAgent(ctx, t, spire, spireSync) // forwards spire.Addr to the node
+	_, spirePort, err := net.SplitHostPort(spire.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	natsConf, err := os.ReadFile(authorizationFile)
 	if err != nil {
 		t.Fatal(err)
@@ -124,14 +135,6 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	// Its webhooks go to the node's address (a NodePort, below): private.
 	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP(),
 		ExtraINI: "[webhook]\nALLOWED_HOST_LIST = loopback,private\n"})
-	// handle and recover reach the SPIRE Server API on its socket (a
-	// hostPath, as the shipped manifests say), as user 65532.
-	if err := os.Chmod(filepath.Dir(spire.Socket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(spire.Socket, 0o777); err != nil {
-		t.Fatal(err)
-	}
 
 	// kustomize build keda, with the placeholders of gdr-config set.
 	root := copyDeploy(t)
@@ -140,13 +143,13 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	// PersistentVolume of a node folder made for it (no provisioner here).
 	enableComponent(t, filepath.Join(root, "keda"), "cache")
 	docs := buildKustomization(t, filepath.Join(root, "keda"))
-	td := spire.TrustDomain
 	gatewayID := spiffeid.RequireFromPath(td, "/gateway")
 	config := map[string]string{
 		"GDR_NATS_URL":          "nats://" + natsAddr,
 		"GDR_GITEA_URL":         "http://" + giteaAddr + "/",
 		"GDR_TRUST_DOMAIN":      td.Name(),
 		"GDR_CLUSTER_NAME":      clusterenv.SPIRECluster,
+		"GDR_SPIRE_SERVER":      net.JoinHostPort(c.NodeIP(), spirePort),
 		"GDR_GATEWAY_SPIFFE_ID": gatewayID.String(),
 		// No DNS: the gateway Service's ClusterIP, fixed below.
 		"GDR_GATEWAY_URL": "https://" + gatewayClusterIP + ":443",
@@ -157,9 +160,6 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 				if md, ok := m["metadata"].(map[string]any); ok {
 					md["natsServerMonitoringEndpoint"] = monitor
 				}
-			}
-			if hp, ok := m["hostPath"].(map[string]any); ok && hp["path"] == "/run/spire/server-sockets" {
-				hp["path"] = filepath.Dir(spire.Socket)
 			}
 			if img, ok := m["image"].(string); ok {
 				// A manifest outside the kustomization (manual/) names
@@ -254,18 +254,23 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The gateway's registration entry (deploy/README.md): its ServiceAccount
-	// in this namespace, on this node's agent.
-	resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
-		SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: gatewayID.Path()},
-		ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
-		Selectors: []*spiretypes.Selector{
-			{Type: "k8s", Value: "ns:" + installNamespace},
-			{Type: "k8s", Value: "sa:gitea-dynamic-runner-gateway"},
-		},
-	}}})
-	if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
-		t.Fatalf("gateway entry: %v %v", err, resp)
+	// The registration entries of the gateway, handle and recover
+	// (deploy/README.md): each one's ServiceAccount in this namespace, on
+	// this node's agent.
+	for id, sa := range map[spiffeid.ID]string{
+		gatewayID: "gitea-dynamic-runner-gateway", handleID: "gitea-dynamic-runner-handle", recoverID: "gitea-dynamic-runner-recover",
+	} {
+		resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
+			SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: id.Path()},
+			ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
+			Selectors: []*spiretypes.Selector{
+				{Type: "k8s", Value: "ns:" + installNamespace},
+				{Type: "k8s", Value: "sa:" + sa},
+			},
+		}}})
+		if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
+			t.Fatalf("%s entry: %v %v", sa, err, resp)
+		}
 	}
 
 	cacheDir := t.TempDir()

@@ -61,7 +61,7 @@ func TestBackendNotLinkedIsAConfigurationError(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, v := range map[string]string{
-		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(), "GDR_BACKEND": "pod", "GDR_CLUSTER_NAME": "ci",
+		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(), "GDR_BACKEND": "pod", "GDR_CLUSTER_NAME": "ci", "GDR_SPIRE_SERVER": "spire-server:8081",
 		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org",
 	} {

@@ -34,7 +34,7 @@ func TestLoadConfig(t *testing.T) {
 	base := map[string]string{
 		"GDR_POOLS_FILE": pools, "GDR_STATE_DIR": t.TempDir(),
 		"GDR_BACKEND": "pod", "GDR_TRUST_DOMAIN": "ci.example.org", "GDR_ASSIGNMENT_VERIFY_KEYS": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
-		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org", "GDR_CLUSTER_NAME": "ci",
+		"GDR_BOOTSTRAP_KEY": goodKey, "GDR_GATEWAY_URL": "https://gateway.example.org", "GDR_CLUSTER_NAME": "ci", "GDR_SPIRE_SERVER": "spire-server:8081",
 	}
 	for _, tc := range []struct {
 		name    string
@@ -66,6 +66,7 @@ func TestLoadConfig(t *testing.T) {
 		{"setup needs no verification keys", map[string]string{"GDR_MODE": "setup", "GDR_ASSIGNMENT_VERIFY_KEYS": ""}, ""},
 		{"setup needs no gateway", map[string]string{"GDR_MODE": "setup", "GDR_GATEWAY_URL": "x"}, ""},
 		{"pod backend without its cluster name", map[string]string{"GDR_CLUSTER_NAME": ""}, "GDR_CLUSTER_NAME is required for the pod backend"},
+		{"pod backend without its SPIRE Server", map[string]string{"GDR_SPIRE_SERVER": ""}, "GDR_SPIRE_SERVER is required for the pod backend"},
 		{"opensandbox backend without its URL", map[string]string{"GDR_BACKEND": "opensandbox"}, "GDR_OPENSANDBOX_URL is required"},
 		{"process backend without a CA", map[string]string{"GDR_BACKEND": "process"}, "GDR_CA_DIR"},
 		{"setup builds no backend", map[string]string{"GDR_MODE": "setup", "GDR_CLUSTER_NAME": ""}, ""},

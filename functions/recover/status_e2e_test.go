@@ -70,7 +70,7 @@ func TestE2EStatusShowsWhyATaskWaits(t *testing.T) {
 	for k, v := range map[string]string{
 		"KUBECONFIG": kubeconfig, "GDR_KUBE_NAMESPACE": ns, "GDR_CLUSTER_NAME": "test-cluster",
 		"GDR_SPIRE_SERVER": "unix:" + filepath.Join(dir, "no-spire.sock"), // recover status never calls SPIRE
-		"GDR_GITEA_URL":           "http://127.0.0.1:1/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir, "GDR_NATS_URL": q.URL,
+		"GDR_GITEA_URL":    "http://127.0.0.1:1/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir, "GDR_NATS_URL": q.URL,
 		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
 		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 	} {

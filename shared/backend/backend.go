@@ -42,7 +42,7 @@ type BuildSettings struct {
 	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
 	OpenSandboxSPIRE string `envconfig:"OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
 	KubeNamespace    string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
-	SPIREServer      string `envconfig:"SPIRE_SERVER" default:"unix:/run/spire/server-sockets/api.sock" desc:"pod backend: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
+	SPIREServer      string `envconfig:"SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
 	ClusterName      string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
@@ -69,9 +69,16 @@ func (c BuildSettings) Check(kind taskassignment.BackendKind) error {
 		}
 		return errors.Join(errs...)
 	case taskassignment.BackendPod:
+		var errs []error
 		if c.ClusterName == "" {
-			return errors.New("GDR_CLUSTER_NAME is required for the pod backend")
+			errs = append(errs, errors.New("GDR_CLUSTER_NAME is required for the pod backend"))
 		}
+		if c.SPIREServer == "" {
+			errs = append(errs, errors.New("GDR_SPIRE_SERVER is required for the pod backend: the SPIRE Server's TCP API (host:port), or unix:<admin socket path>"))
+		}
+		// Its form is checked when the backend is built (spiremint.ClientConn):
+		// this package links no gRPC, for handle's process-only build.
+		return errors.Join(errs...)
 	}
 	return nil
 }

@@ -141,37 +141,12 @@ func (a *fakeAgent) FetchX509SVID(_ *workload.X509SVIDRequest, s grpc.ServerStre
 func TestE2EShippedPolicyLetsHandleMintTaskIDsOnly(t *testing.T) {
 	trust := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
 	handleID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/handle-opensandbox")
-	dir := t.TempDir()
-	raw, err := os.ReadFile("../../deploy/spire/policy_data.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		t.Fatal(err)
-	}
-	gdr := data["gitea_dynamic_runner"].(map[string]any)
-	gdr["minters"], gdr["trust_domain"] = []string{handleID.String()}, trust.Name()
-	raw, err = json.Marshal(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dataPath := filepath.Join(dir, "policy_data.json")
-	if err := os.WriteFile(dataPath, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	regoPath, err := filepath.Abs("../../deploy/spire/policy.rego")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The local socket stays admin under the policy: Start's readiness
-	// check (CountEntries) proves it.
-	spire := spireenv.Start(t, spireenv.WithAuthorizationPolicy(regoPath, dataPath))
+	spire := spireenv.Start(t, spireenv.WithShippedPolicy(t, "../../deploy/spire", map[string]any{"minters": []string{handleID.String()}}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	local := spiremint.New(spire.Conn())
+	maxTTL := shippedMaxTTL(t)
 	task := spiffeid.RequireFromPath(trust, "/repo/alice/repo/task/7")
-	maxTTL := time.Duration(gdr["max_ttl_seconds"].(float64)) * time.Second
 
 	as := func(t *testing.T, caller spiffeid.ID) (*spiremint.Remote, *grpc.ClientConn) {
 		t.Helper()
@@ -241,30 +216,8 @@ func TestE2EShippedPolicyLetsHandleMintTaskIDsOnly(t *testing.T) {
 func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 	trust := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
 	handleID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/handle-pod")
-	dir := t.TempDir()
-	raw, err := os.ReadFile("../../deploy/spire/policy_data.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		t.Fatal(err)
-	}
-	gdr := data["gitea_dynamic_runner"].(map[string]any)
-	gdr["registrars"], gdr["trust_domain"] = []string{handleID.String()}, trust.Name()
-	prefix := gdr["entry_id_prefix"].(string)
-	if raw, err = json.Marshal(data); err != nil {
-		t.Fatal(err)
-	}
-	dataPath := filepath.Join(dir, "policy_data.json")
-	if err := os.WriteFile(dataPath, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	regoPath, err := filepath.Abs("../../deploy/spire/policy.rego")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spire := spireenv.Start(t, spireenv.WithAuthorizationPolicy(regoPath, dataPath))
+	spire := spireenv.Start(t, spireenv.WithShippedPolicy(t, "../../deploy/spire", map[string]any{"registrars": []string{handleID.String()}}))
+	prefix := shippedEntryIDPrefix(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	local := spiremint.New(spire.Conn())
@@ -371,4 +324,32 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 	t.Run("another caller", func(t *testing.T) {
 		denied(t, "a task entry", create(entryv1.NewEntryClient(as(t, gatewayID)), entry(taskEntryID, task)))
 	})
+}
+
+// shippedData is deploy/spire's policy data for this project.
+func shippedData(t *testing.T) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile("../../deploy/spire/policy_data.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data struct {
+		GDR map[string]any `json:"gitea_dynamic_runner"`
+	}
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	return data.GDR
+}
+
+// shippedMaxTTL is the longest task SVID the shipped policy lets a minter ask for.
+func shippedMaxTTL(t *testing.T) time.Duration {
+	t.Helper()
+	return time.Duration(shippedData(t)["max_ttl_seconds"].(float64)) * time.Second
+}
+
+// shippedEntryIDPrefix is the prefix of the entry IDs the shipped policy lets registrars manage.
+func shippedEntryIDPrefix(t *testing.T) string {
+	t.Helper()
+	return shippedData(t)["entry_id_prefix"].(string)
 }

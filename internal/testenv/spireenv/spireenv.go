@@ -18,7 +18,9 @@ package spireenv
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -123,6 +125,41 @@ func AgentBinary(t testing.TB) string {
 // auth_opa_policy_engine).
 func WithAuthorizationPolicy(regoPath, dataPath string) Option {
 	return func(o *options) { o.regoPath, o.dataPath = regoPath, dataPath }
+}
+
+// WithShippedPolicy is WithAuthorizationPolicy with the project's own
+// policy: policy.rego and policy_data.json in dir (deploy/spire, relative to
+// the test), with the fields of set replacing those of the data's
+// gitea_dynamic_runner object and its trust_domain the server's. The data
+// file is written to a folder of the test's.
+func WithShippedPolicy(t testing.TB, dir string, set map[string]any) Option {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "policy_data.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatalf("%s/policy_data.json: %v", dir, err)
+	}
+	gdr, ok := data["gitea_dynamic_runner"].(map[string]any)
+	if !ok {
+		t.Fatalf("%s/policy_data.json has no gitea_dynamic_runner object", dir)
+	}
+	maps.Copy(gdr, set)
+	gdr["trust_domain"] = TrustDomain
+	if raw, err = json.Marshal(data); err != nil {
+		t.Fatal(err)
+	}
+	dataPath := filepath.Join(t.TempDir(), "policy_data.json")
+	if err := os.WriteFile(dataPath, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	regoPath, err := filepath.Abs(filepath.Join(dir, "policy.rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return WithAuthorizationPolicy(regoPath, dataPath)
 }
 
 // WithAdminIDs makes ids admins (the server's admin_ids): a caller

@@ -1,0 +1,59 @@
+package pod
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+)
+
+// TestBuildSPIREServer: Build takes the SPIRE Server's TCP API or a unix socket, connects
+// nothing yet, and refuses any other form naming the variable.
+func TestBuildSPIREServer(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
+	keys, err := taskassignment.NewKeys("ci.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := backend.Deps{Keys: keys, TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Pools: runnerpool.Pools{
+		{Name: "linux", Labels: []string{"x"}, Backend: taskassignment.BackendPod, Capacity: 1, Profile: json.RawMessage(testTemplate)},
+	}}
+	for _, tc := range []struct{ addr, err string }{
+		{"spire-server.spire.svc:8081", ""},
+		{"unix:/run/spire/server-sockets/api.sock", ""},
+		{"/run/spire/server-sockets/api.sock", `GDR_SPIRE_SERVER: spiremint: SPIRE Server address "/run/spire/server-sockets/api.sock" is neither host:port nor unix:<path>`},
+		{"", "GDR_SPIRE_SERVER is required"},
+	} {
+		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: tc.addr, ClusterName: "c", KubeNamespace: "ci"}, deps)
+		if tc.err == "" {
+			if err != nil || b == nil {
+				t.Errorf("%q: Build = %v", tc.addr, err)
+				continue
+			}
+			if err := closeFn(); err != nil {
+				t.Errorf("%q: close: %v", tc.addr, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%q: Build = %v, want an error with %q", tc.addr, err, tc.err)
+		}
+	}
+}
