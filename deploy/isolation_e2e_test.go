@@ -154,9 +154,8 @@ func TestE2EClusterIsolation(t *testing.T) {
 	t.Logf("policies enforced: %v", round)
 	// A real job runs to success under the enforced policies: its executor
 	// gets its SVID and reports through the gateway (SPIFFE mTLS, 8443).
-	// Gitea's webhook reaches dispatch's NodePort from this machine, which
-	// the shipped gdr-dispatch-webhook refuses (its PLACEHOLDER names an
-	// in-cluster Gitea): dispatch's CronJob pass claims the job instead.
+	// Whether Gitea's webhook reaches dispatch (a NodePort, from this
+	// machine) does not matter: dispatch also finds jobs by polling Gitea.
 	repo := in.g.CreateRepo(t, "isolated")
 	pushed := time.Now()
 	in.g.PushWorkflow(t, repo, ".gitea/workflows/isolated.yml", `on: push
