@@ -15,10 +15,12 @@ import (
 	"time"
 
 	"golang.org/x/net/netutil"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/writeprogress"
 )
 
-// Proxy bounds, those of the functions' servers (shared/function, which this
-// transport package does not import): a request's headers; a whole request
+// Proxy bounds, those of the functions' servers (shared/function; the write
+// progress bound is shared/writeprogress): a request's headers; a whole request
 // (one chunk of at most MaxChunkBytes relayed to the gateway); an idle
 // connection; each write of a response (an archive streams for as long as
 // the job reads it, but a job that stops reading loses its connection this
@@ -90,7 +92,7 @@ func startProxy(upstream string, transport http.RoundTripper, log *slog.Logger, 
 	mux := http.NewServeMux()
 	mux.Handle(prefix+strings.TrimPrefix(PathPrefix, "/"), rp)
 	p.srv = &http.Server{
-		Handler:           http.MaxBytesHandler(writeProgress(mux, progress), MaxChunkBytes),
+		Handler:           http.MaxBytesHandler(writeprogress.Handler(mux, progress), MaxChunkBytes),
 		ReadHeaderTimeout: proxyHeaderTimeout,
 		ReadTimeout:       proxyReadTimeout,
 		IdleTimeout:       proxyIdleTimeout,
@@ -102,46 +104,3 @@ func startProxy(upstream string, transport http.RoundTripper, log *slog.Logger, 
 
 // Close stops the proxy.
 func (p *Proxy) Close() error { return p.srv.Close() }
-
-// writeProgress gives every write of h's responses d to complete, from its
-// start: the connection's write deadline moves ahead before each write, and
-// is cleared while h has not written yet (it may wait on the gateway for as
-// long as the gateway takes).
-func writeProgress(h http.Handler, d time.Duration) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		_ = rc.SetWriteDeadline(time.Time{})
-		h.ServeHTTP(&deadlineWriter{ResponseWriter: w, rc: rc, d: d}, r)
-		_ = rc.SetWriteDeadline(time.Now().Add(d)) // what net/http writes after h
-	})
-}
-
-// deadlineWriter moves its connection's write deadline d ahead of each
-// write.
-type deadlineWriter struct {
-	http.ResponseWriter
-	rc *http.ResponseController
-	d  time.Duration
-}
-
-func (w *deadlineWriter) ahead() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
-
-func (w *deadlineWriter) WriteHeader(code int) {
-	w.ahead()
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *deadlineWriter) Write(b []byte) (int, error) {
-	w.ahead()
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush sends what was written (httputil.ReverseProxy flushes as it
-// streams).
-func (w *deadlineWriter) Flush() {
-	w.ahead()
-	_ = w.rc.Flush()
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/net/netutil"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/writeprogress"
 )
 
 // The timeouts of every function's HTTP server. Bodies are capped per
@@ -48,7 +50,7 @@ func Server(h http.Handler, maxBody int64) *http.Server {
 }
 
 func server(h http.Handler, maxBody int64, progress time.Duration) *http.Server {
-	h = writeProgress(h, progress)
+	h = writeprogress.Handler(h, progress)
 	if maxBody > 0 {
 		h = http.MaxBytesHandler(h, maxBody)
 	}
@@ -102,46 +104,3 @@ func ListenAndServe(ctx context.Context, srv *http.Server, addr string) error {
 	}
 	return Serve(ctx, srv, ln)
 }
-
-// writeProgress bounds every write of h's responses by progress: each
-// write (headers, body, flush) must complete within d of its start, and
-// what net/http writes after h returns within d of that. Before h writes,
-// the connection has no write deadline, whatever an earlier response on it
-// left.
-func writeProgress(h http.Handler, d time.Duration) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		_ = rc.SetWriteDeadline(time.Time{})
-		h.ServeHTTP(&progressWriter{ResponseWriter: w, rc: rc, d: d}, r)
-		_ = rc.SetWriteDeadline(time.Now().Add(d))
-	})
-}
-
-// progressWriter moves its connection's write deadline d ahead before each
-// write.
-type progressWriter struct {
-	http.ResponseWriter
-	rc *http.ResponseController
-	d  time.Duration
-}
-
-func (p *progressWriter) progress() { _ = p.rc.SetWriteDeadline(time.Now().Add(p.d)) }
-
-func (p *progressWriter) WriteHeader(code int) {
-	p.progress()
-	p.ResponseWriter.WriteHeader(code)
-}
-
-func (p *progressWriter) Write(b []byte) (int, error) {
-	p.progress()
-	return p.ResponseWriter.Write(b)
-}
-
-// Flush flushes what the handler wrote, within d.
-func (p *progressWriter) Flush() {
-	p.progress()
-	_ = p.rc.Flush()
-}
-
-// Unwrap lets http.ResponseController reach the connection's writer.
-func (p *progressWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
