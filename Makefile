@@ -45,7 +45,8 @@ try-gitea:
 ##        Gitea v1.27.3; Kubernetes v1.37.2 (kube-apiserver, kube-scheduler,
 ##        kube-controller-manager, kubelet, kube-proxy) + etcd v3.7.0; spire-server and spire-agent
 ##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft);
-##        KEDA's operator v2.21.0
+##        kube-router v2.1.0's firewall with Debian's iptables and ipset (the test cluster's
+##        NetworkPolicy dataplane; a test peer only); KEDA's operator v2.21.0
 peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build

@@ -8,6 +8,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -46,6 +47,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kedaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/registryenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -86,6 +88,9 @@ type installation struct {
 	// localize rewrites a manifest of deploy/ for this cluster, as the
 	// build was (for the manual Jobs, created later).
 	localize func(obj *unstructured.Unstructured)
+	// registry is the private registry, at registryHost from the node.
+	registry     *registryenv.Registry
+	registryHost string
 }
 
 // installKEDA installs deploy/keda into a new cluster; see installation.
@@ -136,6 +141,19 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP(),
 		ExtraINI: "[webhook]\nALLOWED_HOST_LIST = loopback,private\n"})
 
+	// A private registry (basic authentication), reached from the node at
+	// registryHost over plain HTTP, holding an image only the pool linux has
+	// the credentials for.
+	registry := registryenv.Start(t)
+	registryHost, err := c.Forward(registry.Addr)
+	if err == nil {
+		err = c.TrustPlainHTTPRegistry(registryHost)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	registry.Push(t, filepath.Join(images, "runner-host"), registry.Addr+"/"+privateImage)
+
 	// kustomize build keda, with the placeholders of gdr-config set.
 	root := copyDeploy(t)
 	override(t, filepath.Join(root, "keda"), installNamespace, "gdr.local", "latest")
@@ -185,7 +203,7 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 				}
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
-			pools = localPools(t, obj)
+			pools = localPools(t, obj, registryHost)
 		case d.kind() == "Deployment" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
 		case d.kind() == "Service" && obj.GetName() == "gateway":
@@ -247,6 +265,12 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := cs.CoreV1().Secrets(installNamespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: registrySecret}, Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: registry.DockerConfigJSON(registryHost)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := cs.CoreV1().ConfigMaps(installNamespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "gdr-assignment-verify-keys"},
@@ -311,7 +335,8 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	}
 	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize}
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize,
+		registry: registry, registryHost: registryHost}
 }
 
 // TestE2EClusterInstall runs real jobs through deploy/keda as installed by
@@ -336,6 +361,7 @@ func TestE2EClusterInstall(t *testing.T) {
 		run  func(t *testing.T)
 	}{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"PrivateImageNotShared", func(t *testing.T) { in.privateImageNotShared(ctx, t) }},
 		{"Cancel", func(t *testing.T) { in.cancel(ctx, t, in.g.CreateRepo(t, "cancel")) }},
 		{"Cache", func(t *testing.T) { in.cache(ctx, t) }},
 		{"HandleKilled", func(t *testing.T) { in.handleKilled(ctx, t, in.g.CreateRepo(t, "crash")) }},
@@ -397,7 +423,7 @@ jobs:
     container: registry.example.com/tenant-b/private:1
     steps:
       - run: echo "must not run"
-`, `container image "registry.example.com/tenant-b/private:1": image not allowed: it matches none of the runner pool's images.allowed [gdr.local/**]`, "failure"},
+`, `container image "registry.example.com/tenant-b/private:1": image not allowed: it matches none of the runner pool's images.allowed [gdr.local/**, `, "failure"},
 		{"foreignsvc", `on: push
 jobs:
   foreignsvc:
@@ -432,6 +458,75 @@ jobs:
 		}
 		t.Logf("job %s %s, seen %v after the pushes", tc.name, job.Conclusion, time.Since(t0).Round(time.Millisecond))
 	}
+}
+
+// privateImageNotShared: the pool linux runs a job in a private image it
+// has the pull secret for, which leaves the image in the node's cache. A job
+// of the pool tenant-lax (pullPolicy IfNotPresent, no secret) then runs it
+// from the cache without the registry ever being asked: the leak the pull
+// policy exists for, on a kubelet that does not verify cached images'
+// credentials (clusterenv's: imagePullCredentialsVerificationPolicy
+// NeverVerify, as before Kubernetes' KEP-2535). A job of the pool tenant-b
+// (the default, Always; no secret) makes the node ask the registry without
+// credentials, is refused, and ends failure with the image pull in its log,
+// its step never run.
+func (in *installation) privateImageNotShared(ctx context.Context, t *testing.T) {
+	image := in.registryHost + "/" + privateImage
+	workflow := func(pool string) string {
+		return `on: push
+jobs:
+  private:
+    runs-on: ` + pool + `
+    container: ` + image + `
+    steps:
+      - run: echo "private image ran in $(cat /etc/hostname)"
+`
+	}
+	requests := func() (with, without int) {
+		for _, r := range in.registry.ManifestRequests() {
+			if r.Authenticated {
+				with++
+			} else {
+				without++
+			}
+		}
+		return with, without
+	}
+	run := func(pool string, timeout time.Duration) (giteaenv.Job, string) {
+		repo := in.g.CreateRepo(t, "private-"+pool)
+		in.g.PushWorkflow(t, repo, ".gitea/workflows/private.yml", workflow(pool))
+		job := in.waitCompleted(ctx, t, repo, "private", timeout)
+		return job, in.g.JobLogs(t, repo, job.ID)
+	}
+
+	job, log := run("ubuntu-latest", 5*time.Minute)
+	if job.Conclusion != "success" || !strings.Contains(log, "private image ran in gdr-linux-") {
+		t.Fatalf("the pool with the pull secret: job %+v, log:\n%s", job, log)
+	}
+	if with, _ := requests(); with == 0 {
+		t.Fatal("the private image ran, but the registry served no authenticated manifest request")
+	}
+
+	// The precondition of the leak: the image is in the node's cache, and a
+	// pool without credentials that trusts the cache runs it.
+	withBefore, withoutBefore := requests()
+	job, log = run("tenant-lax", 5*time.Minute)
+	if job.Conclusion != "success" || !strings.Contains(log, "private image ran in gdr-tenant-lax-") {
+		t.Fatalf("tenant-lax (IfNotPresent) did not run the cached image: job %+v, log:\n%s", job, log)
+	}
+	if with, without := requests(); with != withBefore || without != withoutBefore {
+		t.Fatalf("tenant-lax asked the registry (%d/%d manifest requests, were %d/%d): the cache was not what ran", with, without, withBefore, withoutBefore)
+	}
+
+	job, log = run("tenant-b", 8*time.Minute)
+	_, withoutAfter := requests()
+	if withoutAfter == withoutBefore {
+		t.Fatalf("tenant-b's node never asked the registry without credentials (job %+v): Always did not reach the registry", job)
+	}
+	if job.Conclusion != "failure" || !strings.Contains(log, "ImagePull") || strings.Contains(log, "private image ran in") {
+		t.Fatalf("tenant-b (Always, no secret) ran or did not fail on the pull: job %+v, log:\n%s", job, log)
+	}
+	t.Logf("tenant-b refused by the registry (%d unauthenticated manifest requests); its job failed with the pull in its log", withoutAfter-withoutBefore)
 }
 
 // cache runs actions/cache@v4 (the real action, hosted by this Gitea) in
@@ -869,9 +964,12 @@ const dispatchNodePort = 30080
 // localPools rewrites the pools file of the gdr-pools ConfigMap obj for this
 // cluster: the executor images are the imported ones (IfNotPresent, the
 // template's and, through the pool's images.pullPolicy, the jobs'), and the
-// Workload API comes from the agent's socket folder by hostPath. It returns
-// the rewritten file.
-func localPools(t testing.TB, obj *unstructured.Unstructured) string {
+// Workload API comes from the agent's socket folder by hostPath. The pool
+// linux may pull from the private registry at registry (its template names
+// the pull secret gdr-registry); two more pools, copies of linux without that
+// secret, serve the private-image test: tenant-b pulls job images Always
+// (the default), tenant-lax IfNotPresent. It returns the rewritten file.
+func localPools(t testing.TB, obj *unstructured.Unstructured, registry string) string {
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
 	var pools map[string]any
@@ -890,14 +988,34 @@ func localPools(t testing.TB, obj *unstructured.Unstructured) string {
 		if _, ok := m["podTemplate"]; ok {
 			m["workloadAPI"] = map[string]any{"hostPath": clusterenv.SPIREAgentSocketDir}
 		}
-		if _, ok := m["backend"]; ok {
-			// No registry: the jobs' images (echo, the container job's) are imported.
-			// The rule admits exactly what the jobs test runs and refuses its two
-			// foreign-image jobs.
-			m["images"] = map[string]any{"pullPolicy": "IfNotPresent",
-				"allowed": []any{"gdr.local/**"}, "services": []any{"gdr.local/echo:*"}}
-		}
 	})
+	list, _ := pools["pools"].([]any)
+	if len(list) != 1 {
+		t.Fatalf("the shipped pools file has %d pools, want linux alone", len(list))
+	}
+	linux := list[0].(map[string]any)
+	copyOf := func(name, pull string) map[string]any {
+		var c map[string]any
+		b, _ := json.Marshal(linux)
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		c["name"], c["labels"] = name, []any{name}
+		// No registry here: the jobs' imported images (echo, the container
+		// job's) need IfNotPresent in linux. The rule admits exactly what the
+		// jobs test runs and refuses its two foreign-image jobs.
+		c["images"] = map[string]any{"pullPolicy": pull,
+			"allowed": []any{"gdr.local/**", registry + "/**"}, "services": []any{"gdr.local/echo:*"}}
+		return c
+	}
+	tenantB, lax := copyOf("tenant-b", "Always"), copyOf("tenant-lax", "IfNotPresent")
+	linux["images"] = copyOf("linux", "IfNotPresent")["images"]
+	spec, _, _ := unstructured.NestedMap(linux, "profile", "podTemplate", "spec")
+	spec["imagePullSecrets"] = []any{map[string]any{"name": registrySecret}}
+	if err := unstructured.SetNestedMap(linux, spec, "profile", "podTemplate", "spec"); err != nil {
+		t.Fatal(err)
+	}
+	pools["pools"] = []any{linux, tenantB, lax}
 	out, err := yaml.Marshal(pools)
 	if err != nil {
 		t.Fatal(err)
@@ -907,6 +1025,13 @@ func localPools(t testing.TB, obj *unstructured.Unstructured) string {
 	}
 	return string(out)
 }
+
+// registrySecret is the pull secret of the pool linux for the private
+// registry (registryenv).
+const registrySecret = "gdr-registry"
+
+// privateImage is the image only the pool linux may pull.
+const privateImage = "tenant-a/private:1"
 
 // imagesFolder is `make images`' output (bin/images), or the test is
 // unavailable (skipped on a developer machine, failed under CI=true).

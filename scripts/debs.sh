@@ -28,51 +28,23 @@ set -euo pipefail
 VERSION=1
 PACKAGES=(bash dash coreutils git nodejs ca-certificates tar gzip findutils grep sed)
 ARCHES=(amd64 arm64)
-ROOT=${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}
 # shellcheck disable=SC1091
 CODENAME=$(. /etc/os-release && echo "${VERSION_CODENAME:-unknown}")
-DEST=$ROOT/debs-$CODENAME-v$VERSION
-STAMP=$DEST/.complete
-
-say() { echo "debs.sh: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
+PEER=debs-$CODENAME-v$VERSION
+# shellcheck source=peers/lib.sh
+. "$(dirname "$0")/peers/lib.sh"
 
 built() { [ -f "$STAMP" ]; }
 
-sources() {
-  if [ -n "${GDR_DEBIAN_SOURCES:-}" ]; then echo "$GDR_DEBIAN_SOURCES"
-  elif [ -f /etc/apt/sources.list.d/debian.sources ]; then echo /etc/apt/sources.list.d/debian.sources
-  elif [ -f /etc/apt/sources.list ]; then echo /etc/apt/sources.list
-  else die "no Debian apt sources found (set GDR_DEBIAN_SOURCES)"
-  fi
-}
-
 # fetch ARCH TMP: the closure of PACKAGES for ARCH into TMP/ARCH, apt's state in TMP/apt-ARCH.
 fetch() {
-  local arch=$1 tmp=$2 src state
-  src=$(sources)
+  local arch=$1 tmp=$2 state d
   state=$tmp/apt-$arch
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/etc/sources.list.d" "$state/etc/preferences.d" "$tmp/$arch"
-  case "$src" in
-    *.sources) cp "$src" "$state/etc/sources.list.d/debian.sources" ;;
-    *) cp "$src" "$state/etc/sources.list.d/debian.list" ;;
-  esac
-  : >"$state/status"
-  local opts=(
-    -o "APT::Architecture=$arch" -o "APT::Architectures=$arch"
-    -o "Dir::State=$state" -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status"
-    -o "Dir::Cache=$state/cache" -o "Dir::Cache::archives=$state/cache/archives"
-    -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$state/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$state/etc/preferences.d"
-    -o "APT::Install-Recommends=false" -o "APT::Install-Suggests=false"
-    -o "APT::Sandbox::User=root" -o "Debug::NoLocking=true"
-  )
-  say "$arch: package indexes"
-  apt-get "${opts[@]}" -qq update >&2
+  mkdir -p "$tmp/$arch"
+  apt_private "$state" "$arch"
   say "$arch: downloading the closure of ${PACKAGES[*]}"
-  apt-get "${opts[@]}" -qq -y --download-only install "${PACKAGES[@]}" >&2
+  apt-get "${APT_OPTS[@]}" -qq -y --download-only install "${PACKAGES[@]}" >&2
   mv "$state/cache/archives/"*.deb "$tmp/$arch/"
-  local d
   for d in "$tmp/$arch/"*.deb; do
     dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d"
   done | sort >>"$tmp/packages.txt"
@@ -83,18 +55,8 @@ build() {
   if built; then echo "$DEST"; return 0; fi
   command -v apt-get >/dev/null || die "apt-get not found: the runner-host image needs Debian's packages"
   command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
-  mkdir -p "$ROOT"
-  exec 9>"$ROOT/.debs-$CODENAME-v$VERSION.lock"
-  flock 9
-  if built; then echo "$DEST"; return 0; fi # another build finished while we waited
-
-  local t0 tmp arch
-  t0=$(date +%s)
-  rm -rf "$ROOT/.debs-$CODENAME-v$VERSION.tmp."* # we hold the lock: leftovers of killed builds
-  tmp=$(mktemp -d "$ROOT/.debs-$CODENAME-v$VERSION.tmp.XXXXXX")
-  chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: remove exactly this temp dir on any exit
-  trap "rm -rf '$tmp'" EXIT
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local arch
   for arch in "${ARCHES[@]}"; do fetch "$arch" "$tmp"; done
   {
     echo "packages=${PACKAGES[*]}"
@@ -102,16 +64,7 @@ build() {
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
-  rm -rf "$DEST" # a leftover without a stamp is not complete
-  mv "$tmp" "$DEST"
-  trap - EXIT
-  say "downloaded in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
-  echo "$DEST"
+  build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+peer_main "$@"

@@ -71,9 +71,5 @@ build() {
   build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST/gitea"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+PEER_PATH=$DEST/gitea
+peer_main "$@"

@@ -37,41 +37,11 @@ built() {
   [ -x "$DEST/cni/bridge" ] && [ -x "$DEST/cni/host-local" ] && [ -x "$DEST/cni/loopback" ]
 }
 
-sources() {
-  if [ -n "${GDR_DEBIAN_SOURCES:-}" ]; then echo "$GDR_DEBIAN_SOURCES"
-  elif [ -f /etc/apt/sources.list.d/debian.sources ]; then echo /etc/apt/sources.list.d/debian.sources
-  elif [ -f /etc/apt/sources.list ]; then echo /etc/apt/sources.list
-  else die "no Debian apt sources found (set GDR_DEBIAN_SOURCES)"
-  fi
-}
-
 # runtime TMP: Debian's containerd, runc and CNI plugins into TMP/bin and TMP/cni.
 runtime() {
-  local tmp=$1 src state d
-  src=$(sources)
-  state=$tmp/apt
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/etc/sources.list.d" "$tmp/x" "$tmp/bin" "$tmp/cni"
-  case "$src" in
-    *.sources) cp "$src" "$state/etc/sources.list.d/debian.sources" ;;
-    *) cp "$src" "$state/etc/sources.list.d/debian.list" ;;
-  esac
-  : >"$state/status"
-  local opts=(
-    -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
-    -o "Dir::State=$state" -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status"
-    -o "Dir::Cache=$state/cache" -o "Dir::Cache::archives=$state/cache/archives"
-    -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$state/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=/dev/null"
-    -o "APT::Sandbox::User=root" -o "Debug::NoLocking=true"
-  )
-  say "runtime: package indexes"
-  apt-get "${opts[@]}" -qq update >&2
-  say "runtime: downloading ${DEBS[*]}"
-  (cd "$state/cache/archives" && apt-get "${opts[@]}" -qq download "${DEBS[@]}" >&2)
-  for d in "$state/cache/archives/"*.deb; do
-    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d" >>"$tmp/packages.txt"
-    dpkg-deb -x "$d" "$tmp/x"
-  done
+  local tmp=$1
+  mkdir -p "$tmp/bin" "$tmp/cni"
+  debs_unpack "$tmp" "${DEBS[@]}"
   cp "$tmp/x/usr/bin/containerd" "$tmp/x/usr/bin/containerd-shim-runc-v2" "$tmp/x/usr/bin/ctr" "$tmp/bin/"
   cp "$tmp/x/usr/sbin/runc" "$tmp/bin/" 2>/dev/null || cp "$tmp/x/usr/bin/runc" "$tmp/bin/"
   cp "$tmp/x/usr/lib/cni/"* "$tmp/cni/"
@@ -81,7 +51,7 @@ runtime() {
   # The wrapper finds its libraries beside itself, wherever the folder is.
   printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/..\nLD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/nft.real" "$@"\n' >"$tmp/bin/nft"
   chmod 755 "$tmp/bin/nft"
-  rm -rf "$tmp/x" "$state"
+  rm -rf "$tmp/x" "$tmp/apt"
 }
 
 build() {
@@ -104,9 +74,4 @@ build() {
   build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+peer_main "$@"

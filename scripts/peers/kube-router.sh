@@ -52,42 +52,11 @@ built() {
   done
 }
 
-sources() {
-  if [ -n "${GDR_DEBIAN_SOURCES:-}" ]; then echo "$GDR_DEBIAN_SOURCES"
-  elif [ -f /etc/apt/sources.list.d/debian.sources ]; then echo /etc/apt/sources.list.d/debian.sources
-  elif [ -f /etc/apt/sources.list ]; then echo /etc/apt/sources.list
-  else die "no Debian apt sources found (set GDR_DEBIAN_SOURCES)"
-  fi
-}
-
 # tools TMP: Debian's iptables and ipset into TMP/{libexec,lib,xtables,bin}.
 tools() {
-  local tmp=$1 src state d c
-  src=$(sources)
-  state=$tmp/apt
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/etc/sources.list.d" "$tmp/x" \
-    "$tmp/bin" "$tmp/libexec" "$tmp/lib" "$tmp/xtables"
-  case "$src" in
-    *.sources) cp "$src" "$state/etc/sources.list.d/debian.sources" ;;
-    *) cp "$src" "$state/etc/sources.list.d/debian.list" ;;
-  esac
-  : >"$state/status"
-  local opts=(
-    -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
-    -o "Dir::State=$state" -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status"
-    -o "Dir::Cache=$state/cache" -o "Dir::Cache::archives=$state/cache/archives"
-    -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$state/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=/dev/null"
-    -o "APT::Sandbox::User=root" -o "Debug::NoLocking=true"
-  )
-  say "tools: package indexes"
-  apt-get "${opts[@]}" -qq update >&2
-  say "tools: downloading ${DEBS[*]}"
-  (cd "$state/cache/archives" && apt-get "${opts[@]}" -qq download "${DEBS[@]}" >&2)
-  for d in "$state/cache/archives/"*.deb; do
-    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d" >>"$tmp/packages.txt"
-    dpkg-deb -x "$d" "$tmp/x"
-  done
+  local tmp=$1 c
+  mkdir -p "$tmp/bin" "$tmp/libexec" "$tmp/lib" "$tmp/xtables"
+  debs_unpack "$tmp" "${DEBS[@]}"
   cp "$tmp/x/usr/sbin/xtables-legacy-multi" "$tmp/libexec/"
   cp "$tmp/x/usr/sbin/ipset" "$tmp/libexec/ipset"
   cp -P "$tmp/x/usr/lib/x86_64-linux-gnu/"lib*.so* "$tmp/lib/"
@@ -98,7 +67,7 @@ tools() {
     printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/..\nLD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" XTABLES_LIBDIR="$d/xtables" exec "$d/libexec/%s" "$@"\n' "$c" >"$tmp/bin/$c"
     chmod 755 "$tmp/bin/$c"
   done
-  rm -rf "$tmp/x" "$state"
+  rm -rf "$tmp/x" "$tmp/apt"
 }
 
 build() {
@@ -148,9 +117,4 @@ build() {
   build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+peer_main "$@"

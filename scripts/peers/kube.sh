@@ -120,9 +120,4 @@ build() {
   build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+peer_main "$@"

@@ -6,7 +6,7 @@
 # builds of one peer are serialized by a lock file beside it.
 #
 # The sourcing script sets PEER (the folder's name, with its version) first and defines built()
-# (true when $DEST holds everything) after. Its build() runs:
+# (true when $DEST holds everything) after, and ends with `peer_main "$@"`. Its build() runs:
 #
 #   if built; then echo "$DEST"; return 0; fi
 #   <its own tool checks>
@@ -47,4 +47,67 @@ build_end() {
   trap - EXIT
   say "built $PEER in $(($(date +%s) - t0))s, $(du -sh "$DEST" | cut -f1)"
   echo "$DEST"
+}
+
+# peer_main ARGS: the command line of every peer script: `build` (once; prints the folder) or
+# `path` (prints $PEER_PATH, default $DEST, if built; else exits 1).
+peer_main() {
+  case "${1:-}" in
+    build) build ;;
+    path)
+      if built; then echo "${PEER_PATH:-$DEST}"; else exit 1; fi ;;
+    *) die "usage: $0 build|path" ;;
+  esac
+}
+
+# debian_sources prints the machine's Debian apt sources file (GDR_DEBIAN_SOURCES: another
+# deb822 or one-line file), signed by its Debian archive keyring.
+debian_sources() {
+  if [ -n "${GDR_DEBIAN_SOURCES:-}" ]; then echo "$GDR_DEBIAN_SOURCES"
+  elif [ -f /etc/apt/sources.list.d/debian.sources ]; then echo /etc/apt/sources.list.d/debian.sources
+  elif [ -f /etc/apt/sources.list ]; then echo /etc/apt/sources.list
+  else die "no Debian apt sources found (set GDR_DEBIAN_SOURCES)"
+  fi
+}
+
+# apt_private STATE ARCH: sets APT_OPTS, the options that make apt-get use a private state in
+# STATE (lists, cache, an empty dpkg status, the machine's Debian sources, no recommends) for
+# ARCH, and fetches the package indexes: the machine's own apt is neither read nor written, and
+# nothing is installed.
+apt_private() {
+  local state=$1 arch=$2 src
+  src=$(debian_sources)
+  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/etc/sources.list.d" "$state/etc/preferences.d"
+  case "$src" in
+    *.sources) cp "$src" "$state/etc/sources.list.d/debian.sources" ;;
+    *) cp "$src" "$state/etc/sources.list.d/debian.list" ;;
+  esac
+  : >"$state/status"
+  APT_OPTS=(
+    -o "APT::Architecture=$arch" -o "APT::Architectures=$arch"
+    -o "Dir::State=$state" -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status"
+    -o "Dir::Cache=$state/cache" -o "Dir::Cache::archives=$state/cache/archives"
+    -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$state/etc/sources.list.d"
+    -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$state/etc/preferences.d"
+    -o "APT::Install-Recommends=false" -o "APT::Install-Suggests=false"
+    -o "APT::Sandbox::User=root" -o "Debug::NoLocking=true"
+  )
+  say "$arch: package indexes"
+  apt-get "${APT_OPTS[@]}" -qq update >&2
+}
+
+# debs_unpack TMP PKG...: downloads the Debian packages PKG (amd64; each alone, not its
+# dependencies) with a private apt state in TMP/apt, unpacks each into TMP/x (maintainer scripts
+# never run) and appends "<package> <version> <arch>" per package to TMP/packages.txt.
+debs_unpack() {
+  local tmp=$1 d
+  shift
+  apt_private "$tmp/apt" amd64
+  mkdir -p "$tmp/x"
+  say "downloading $*"
+  (cd "$tmp/apt/cache/archives" && apt-get "${APT_OPTS[@]}" -qq download "$@" >&2)
+  for d in "$tmp/apt/cache/archives/"*.deb; do
+    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d" >>"$tmp/packages.txt"
+    dpkg-deb -x "$d" "$tmp/x"
+  done
 }

@@ -61,9 +61,5 @@ build() {
   build_end
 }
 
-case "${1:-}" in
-  build) build ;;
-  path)
-    if built; then echo "$DEST/spire-server"; else exit 1; fi ;;
-  *) die "usage: $0 build|path" ;;
-esac
+PEER_PATH=$DEST/spire-server
+peer_main "$@"

@@ -473,8 +473,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
 `, filepath.Join(d, "containerd", "root"), filepath.Join(d, "containerd.sock"), filepath.Join(d, "containerd", "opt"),
-		PauseImage, filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"))
+		PauseImage, filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"),
+		c.registryHostsDir())
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "gdr",
@@ -487,6 +490,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	// The kubelet listens on every address of the node's own network
 	// namespace: the node's (the API server, through the veth) and
 	// 127.0.0.1 (the SPIRE agent's k8s workload attestor, host network).
+	// imagePullCredentialsVerificationPolicy NeverVerify: the kubelet of a
+	// cluster without Kubernetes' ensure-secret-pulled-images (KEP-2535; on
+	// by default here, v1.37): an image on the node runs for any Pod that
+	// does not pull it, whoever's credentials pulled it. The tests show the
+	// pools' images.pullPolicy closing that on such a node.
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 0.0.0.0
@@ -517,6 +525,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+imagePullCredentialsVerificationPolicy: NeverVerify
 `, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"))
 	// kube-proxy, nftables mode (nft from the kube-node peer, on PATH): it
 	// programs the node's own network namespace only. Every conntrack
@@ -788,6 +797,23 @@ func moduleRoot() (string, error) {
 		}
 		d = parent
 	}
+}
+
+// registryHostsDir is containerd's registry hosts directory (config_path):
+// one folder per registry host, read at every pull.
+func (c *Cluster) registryHostsDir() string { return filepath.Join(c.Dir, "containerd", "certs.d") }
+
+// TrustPlainHTTPRegistry tells the node's containerd that the registry at
+// host (host:port, as the node reaches it) speaks plain HTTP, for pulls by
+// the kubelet (a test's registryenv behind Forward). Nothing else changes:
+// credentials still come from each Pod's imagePullSecrets.
+func (c *Cluster) TrustPlainHTTPRegistry(host string) error {
+	dir := filepath.Join(c.registryHostsDir(), host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+host, "http://"+host)
+	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644)
 }
 
 // ImportImage imports the OCI layout at dir into the node's containerd (the
