@@ -157,6 +157,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("serving executors", slog.String("addr", ln.Addr().String()), slog.Int("pools", len(forwarders)))
 	srv := function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes())
 	srv.TLSConfig = tlsconfig.MTLSServerConfig(svids, bundles, g.Authorizer())
+	g.TrackConnections(srv)
 	err = function.Serve(ctx, srv, ln)
 	cancel()
 	return errors.Join(err, <-opsDone)

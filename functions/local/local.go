@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -394,7 +393,10 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 	}
 	requests := metrics.NewRequests(l.reg, "gateway", "Register", "Declare", "FetchTask", "UpdateTask", "UpdateLog")
 	l.gw = function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes())
-	go func() { _ = l.gw.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer()))) }()
+	l.gw.TLSConfig = tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer())
+	g.TrackConnections(l.gw)
+	// stop shuts the servers down; function.Serve caps their connections.
+	go func() { _ = function.Serve(context.Background(), l.gw, ln) }()
 	return nil
 }
 
@@ -416,7 +418,7 @@ func (l *local) startWebhook() error {
 		return fmt.Errorf("webhook: %w", err)
 	}
 	l.hook = function.Server(mux, webhook.MaxDelivery)
-	go func() { _ = l.hook.Serve(ln) }()
+	go func() { _ = function.Serve(context.Background(), l.hook, ln) }()
 	return nil
 }
 
@@ -431,7 +433,7 @@ func (l *local) startOps() error {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
 	l.ops = function.Server(mux, opsMaxBytes)
-	go func() { _ = l.ops.Serve(ln) }()
+	go func() { _ = function.Serve(context.Background(), l.ops, ln) }()
 	l.log.Info("serving metrics", slog.String("url", "http://"+ln.Addr().String()+"/metrics"))
 	return nil
 }

@@ -108,6 +108,8 @@ type Gateway struct {
 	bindings bindings
 	// inFlight counts each peer's requests in flight (perPeer).
 	inFlight inFlight
+	// conns counts each peer's open connections (perPeer, TrackConnections).
+	conns peerConns
 }
 
 // MaxRequestsPerPeer caps the requests one executor (one SPIFFE ID) has in
@@ -146,14 +148,21 @@ func (f *inFlight) release(peer string) {
 }
 
 // perPeer admits a request while its TLS peer has fewer than
-// MaxRequestsPerPeer in flight; any other is answered 429 before anything
-// of it is read. A request without a peer identity counts under "", and is
-// refused by authentication after.
+// MaxRequestsPerPeer in flight, on one of at most MaxConnectionsPerPeer
+// connections (with TrackConnections); any other is answered 429 before
+// anything of it is read, and its connection closed. A request without a
+// peer identity counts under "", and is refused by authentication after.
 func (g *Gateway) perPeer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var peer string
 		if id := peerID(r); id != nil {
 			peer = id.String()
+		}
+		if !g.admitConn(r, peer) {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			http.Error(w, "too many connections from this executor", http.StatusTooManyRequests)
+			return
 		}
 		if !g.inFlight.acquire(peer, MaxRequestsPerPeer) {
 			w.Header().Set("Retry-After", "1")

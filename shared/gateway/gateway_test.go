@@ -95,6 +95,7 @@ func startWith(t testing.TB, change func(*Gateway)) fixture {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: g.Handler()}
+	g.TrackConnections(srv)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	for _, id := range []int64{7, 8} {
