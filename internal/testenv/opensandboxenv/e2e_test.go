@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -134,8 +135,11 @@ func TestE2EOpenSandboxDockerServer(t *testing.T) {
 		if len(list) != 1 || list[0].ID != sb.ID {
 			t.Errorf("list by metadata: %v, want exactly %s", list, sb.ID)
 		}
+		if code, body := raw(t, s, http.MethodDelete, "/v1/sandboxes/"+sb.ID, "", true); code != http.StatusNoContent {
+			t.Errorf("DELETE: %d %s, want 204", code, body)
+		}
 		if err := c.Delete(ctx, sb.ID); err != nil {
-			t.Fatalf("delete: %v", err)
+			t.Fatalf("client delete of a deleted sandbox: %v, want nil", err)
 		}
 		if _, err := c.Get(ctx, sb.ID); !sandboxapi.IsNotFound(err) {
 			t.Errorf("get after delete: %v, want a not-found error", err)
@@ -147,16 +151,20 @@ func TestE2EOpenSandboxDockerServer(t *testing.T) {
 		}
 	})
 
-	// Three sandboxes watched together: the entrypoint exits 0, exits 1,
-	// or runs past the sandbox's timeout (60 s, the least the client sends).
+	// Four sandboxes watched together: the entrypoint exits 0 or 1 (with a
+	// timeout long past the watch), exits 0 with a 60 s timeout (the least
+	// the client sends), or runs past its 60 s timeout. Each case names the
+	// state it must reach, "404" for gone.
 	t.Run("Endings", func(t *testing.T) {
 		cases := []struct {
 			name, cmd string
 			timeout   time.Duration
+			want      string // a state, or "404"
 		}{
-			{"exit0", "sleep 2; exit 0", 10 * time.Minute},
-			{"exit1", "sleep 2; exit 1", 10 * time.Minute},
-			{"expired", "sleep 3600", time.Minute},
+			{"exit0", "sleep 2; exit 0", 10 * time.Minute, string(sandboxapi.StateTerminated)},
+			{"exit1", "sleep 2; exit 1", 10 * time.Minute, string(sandboxapi.StateFailed)},
+			{"exit0-expired", "sleep 2; exit 0", time.Minute, "404"},
+			{"expired", "sleep 3600", time.Minute, "404"},
 		}
 		var wg sync.WaitGroup
 		for _, tc := range cases {
@@ -174,40 +182,52 @@ func TestE2EOpenSandboxDockerServer(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				last := ""
-				deadline := created.Add(3 * time.Minute)
-				for time.Now().Before(deadline) {
+				for time.Since(created) < 3*time.Minute {
 					got, err := c.Get(ctx, sb.ID)
-					var now string
+					now := string(got.State)
+					detail := fmt.Sprintf("%s reason=%q message=%q", got.State, got.Reason, got.Message)
 					if sandboxapi.IsNotFound(err) {
-						now = "404"
+						now, detail = "404", "404"
 					} else if err != nil {
-						now = "error: " + err.Error()
-					} else {
-						now = fmt.Sprintf("%s reason=%q message=%q", got.State, got.Reason, got.Message)
-					}
-					if now != last {
-						t.Logf("observed: %s: +%s GET: %s", tc.name, time.Since(created).Round(time.Second), now)
-						last = now
-					}
-					if now == "404" {
-						code, body := raw(t, s, http.MethodGet, "/v1/sandboxes/"+sb.ID, "", true)
-						t.Logf("observed: %s: gone: %d %s", tc.name, code, body)
+						t.Errorf("%s: get: %v", tc.name, err)
 						return
 					}
-					if tc.name != "expired" && time.Since(created) > 45*time.Second {
-						list, _ := c.List(ctx, sandboxapi.ListFilter{Metadata: md})
-						t.Logf("observed: %s: list by metadata after 45 s: %d sandbox(es): %+v", tc.name, len(list), list)
+					if detail != last {
+						t.Logf("observed: %s: +%s GET: %s", tc.name, time.Since(created).Round(time.Second), detail)
+						last = detail
+					}
+					if now == "404" && time.Now().Before(sb.ExpiresAt) {
+						t.Errorf("%s: gone before it expired (%s)", tc.name, sb.ExpiresAt)
+						return
+					}
+					if now == tc.want {
+						if tc.want != "404" {
+							// It stays: still listed by its metadata.
+							time.Sleep(5 * time.Second)
+							list, err := c.List(ctx, sandboxapi.ListFilter{Metadata: md})
+							if err != nil || len(list) != 1 || list[0].State != got.State {
+								t.Errorf("%s: list 5 s after it reached %s: %v %v, want it in that state", tc.name, now, list, err)
+							}
+						}
 						raw(t, s, http.MethodGet, "/v1/sandboxes/"+sb.ID, "", true)
 						return
 					}
 					time.Sleep(time.Second)
 				}
-				t.Errorf("%s: still %s 3 minutes after create", tc.name, last)
+				t.Errorf("%s: still %s 3 minutes after create, want %s", tc.name, last, tc.want)
 			}()
 		}
 		wg.Wait()
 	})
+
 	if t.Failed() {
 		t.Logf("server log:\n%s", s.ServerLog())
+	}
+	// Stop leaves nothing: no folder, no cgroup (Stop fails if one is left).
+	if err := s.Stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	if _, err := os.Stat(s.Dir); !os.IsNotExist(err) {
+		t.Errorf("the server's folder %s is still there after Stop (%v)", s.Dir, err)
 	}
 }

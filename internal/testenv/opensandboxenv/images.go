@@ -191,4 +191,3 @@ func moduleRoot() (string, error) {
 		d = parent
 	}
 }
-

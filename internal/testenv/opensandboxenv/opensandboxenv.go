@@ -486,9 +486,11 @@ func (d *nsDialer) dial(addr string) (net.Conn, error) {
 
 func (d *nsDialer) close() { d.once.Do(func() { close(d.stop) }) }
 
-// cgroupDirs returns, for every cgroup v1 hierarchy the test process is in,
-// the folder of the relative cgroup parent name below the process's own
-// cgroup: where dockerd (a descendant that never moves) puts containers.
+// cgroupDirs returns, for every cgroup hierarchy the test process is in
+// (v1, and the v2 "unified" one of a hybrid layout) and that is mounted under
+// /sys/fs/cgroup, the folder of the relative cgroup parent name below the
+// process's own cgroup: where dockerd (a descendant that never moves) and
+// runc put containers.
 func cgroupDirs(name string) ([]string, error) {
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
@@ -499,11 +501,19 @@ func cgroupDirs(name string) ([]string, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 || parts[1] == "" { // the v2 line: dockerd uses v1 here
+		if len(parts) != 3 {
 			continue
 		}
+		// The v2 line ("0::/path"): in a hybrid layout runc makes the
+		// container's folder in the unified hierarchy too.
 		hier := strings.TrimPrefix(parts[1], "name=")
 		base := filepath.Join("/sys/fs/cgroup", hier)
+		if hier == "" {
+			base = "/sys/fs/cgroup/unified"
+			if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+				base = "/sys/fs/cgroup" // v2 only
+			}
+		}
 		if _, err := os.Stat(base); err != nil {
 			continue
 		}
