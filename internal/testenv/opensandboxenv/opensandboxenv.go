@@ -497,8 +497,15 @@ func cgroupDirs(name string) ([]string, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseCgroupDirs(f, "/sys/fs/cgroup", name)
+}
+
+// parseCgroupDirs reads a /proc/<pid>/cgroup file from r and returns the
+// folder name would have below the process's cgroup in each hierarchy that
+// exists under root.
+func parseCgroupDirs(r io.Reader, root, name string) ([]string, error) {
 	var dirs []string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		parts := strings.SplitN(sc.Text(), ":", 3)
 		if len(parts) != 3 {
@@ -507,11 +514,11 @@ func cgroupDirs(name string) ([]string, error) {
 		// The v2 line ("0::/path"): in a hybrid layout runc makes the
 		// container's folder in the unified hierarchy too.
 		hier := strings.TrimPrefix(parts[1], "name=")
-		base := filepath.Join("/sys/fs/cgroup", hier)
+		base := filepath.Join(root, hier)
 		if hier == "" {
-			base = "/sys/fs/cgroup/unified"
-			if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-				base = "/sys/fs/cgroup" // v2 only
+			base = filepath.Join(root, "unified")
+			if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+				base = root // v2 only
 			}
 		}
 		if _, err := os.Stat(base); err != nil {
