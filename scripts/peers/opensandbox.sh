@@ -123,10 +123,12 @@ execd() {
   cp "$SRC/components/execd/bootstrap.sh" "$tmp/bootstrap.sh"
   s=$(date +%s)
   say "compiling execd"
-  (cd "$tmp/src/execd" && GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache \
+  # The machine's build cache: execd shares the standard library and common modules with the
+  # other Go peers, compiled once.
+  (cd "$tmp/src/execd" && GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 \
     go build -trimpath -ldflags "-s -w" -o "$tmp/execd" .)
   say "execd built in $(($(date +%s) - s))s"
-  chmod -R u+w "$tmp/gocache" "$tmp/src" && rm -rf "$tmp/gocache" "$tmp/src"
+  chmod -R u+w "$tmp/src" && rm -rf "$tmp/src"
 }
 
 build() {
