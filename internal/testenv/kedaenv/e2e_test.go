@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -342,4 +343,31 @@ func procAddr(s string) (string, error) {
 		return "", fmt.Errorf("address %q: %w", s, err)
 	}
 	return net.JoinHostPort(net.IP(b).String(), strconv.FormatUint(p, 10)), nil
+}
+
+// TestE2EOperatorStartsAgainAfterItExits: killed (as controller-runtime stops it when an informer
+// does not sync in time), the operator is started again and becomes ready, as its Deployment's
+// restart policy would do in a cluster.
+func TestE2EOperatorStartsAgainAfterItExits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := plane.Plane(t)
+	op := Start(ctx, t, p.Config, Options{WatchNamespace: "default"})
+	first := op.PID()
+	exited := op.Exited()
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited // the fault: the first process is gone
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if op.PID() != first && op.ready(ctx) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the operator was not started again and ready within 2 minutes; log:\n%s", op.LogTail(40))
+		}
+	}
+	if !strings.Contains(op.LogTail(200), "keda-operator exited; start 2") {
+		t.Error("the restart is not in the operator's log")
+	}
 }

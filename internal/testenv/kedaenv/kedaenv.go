@@ -42,6 +42,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -93,15 +94,54 @@ type Operator struct {
 	// metrics service, all on 127.0.0.1.
 	MetricsAddr, ProbeAddr, MetricsServiceAddr string
 
-	proc    *testenv.Process
 	logPath string
+
+	mu       sync.Mutex
+	proc     *testenv.Process
+	stopped  bool
+	restarts int
 }
 
-// PID is the operator's process ID.
-func (o *Operator) PID() int { return o.proc.PID() }
+// maxRestarts bounds how often the operator is started again after it
+// exited on its own (see supervise).
+const maxRestarts = 3
 
-// Exited is closed once the operator has exited.
-func (o *Operator) Exited() <-chan struct{} { return o.proc.Exited() }
+// PID is the operator's current process ID.
+func (o *Operator) PID() int { return o.current().PID() }
+
+// Exited is closed once the operator's current process has exited.
+func (o *Operator) Exited() <-chan struct{} { return o.current().Exited() }
+
+func (o *Operator) current() *testenv.Process {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.proc
+}
+
+// supervise starts the operator again when it exits before the test ends,
+// at most maxRestarts times, as its Deployment's restart policy does in a
+// cluster: controller-runtime stops the whole operator when one informer
+// does not sync within its timeout, which a loaded machine can cause. The
+// log says each restart.
+func (o *Operator) supervise(start func() (*testenv.Process, error)) {
+	for {
+		p := o.current()
+		<-p.Exited()
+		o.mu.Lock()
+		if o.stopped || o.restarts >= maxRestarts {
+			o.mu.Unlock()
+			return
+		}
+		o.restarts++
+		next, err := start()
+		if err != nil {
+			o.mu.Unlock()
+			return
+		}
+		o.proc = next
+		o.mu.Unlock()
+	}
+}
 
 // LogTail returns the last n lines of the operator's log (stdout and stderr).
 func (o *Operator) LogTail(n int) string { return testenv.LogTail(o.logPath, n) }
@@ -135,46 +175,59 @@ func Start(ctx context.Context, t testing.TB, cfg *rest.Config, opts Options) *O
 	}
 	loopback := func() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t))) }
 	o := &Operator{MetricsAddr: loopback(), ProbeAddr: loopback(), MetricsServiceAddr: loopback(), logPath: filepath.Join(work, "keda-operator.log")}
-	logf, err := os.Create(o.logPath)
+	// One log across restarts: each start appends, after a line saying so.
+	start := func() (*testenv.Process, error) {
+		logf, err := os.OpenFile(o.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		defer logf.Close() // the child holds its own descriptor
+		if o.restarts > 0 {
+			fmt.Fprintf(logf, "kedaenv: keda-operator exited; start %d\n", o.restarts+1)
+		}
+		cmd := exec.Command(filepath.Join(dir, "keda-operator"),
+			"--metrics-bind-address="+o.MetricsAddr,
+			"--health-probe-bind-address="+o.ProbeAddr,
+			"--metrics-service-bind-address="+o.MetricsServiceAddr,
+			"--profiling-bind-address=",
+			"--leader-elect=false",
+			"--enable-cert-rotation=false",
+			"--cert-dir="+certDir,
+			"--ca-dir="+caDir,
+			"--zap-log-level=info",
+			"--zap-encoder=console",
+		)
+		cmd.Dir = work
+		// Its whole environment: nothing of the test's (proxies, credentials) leaks in.
+		cmd.Env = []string{
+			"HOME=" + work,
+			"KUBECONFIG=" + kubeconfig,
+			"WATCH_NAMESPACE=" + opts.WatchNamespace,
+			"KEDA_CLUSTER_OBJECT_NAMESPACE=" + ObjectNamespace,
+			"POD_NAMESPACE=" + ObjectNamespace,
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		return testenv.StartProcess(cmd)
+	}
+	proc, err := start()
 	if err != nil {
 		t.Fatalf("kedaenv: %v", err)
 	}
-	defer logf.Close() // the child holds its own descriptor
-	cmd := exec.Command(filepath.Join(dir, "keda-operator"),
-		"--metrics-bind-address="+o.MetricsAddr,
-		"--health-probe-bind-address="+o.ProbeAddr,
-		"--metrics-service-bind-address="+o.MetricsServiceAddr,
-		"--profiling-bind-address=",
-		"--leader-elect=false",
-		"--enable-cert-rotation=false",
-		"--cert-dir="+certDir,
-		"--ca-dir="+caDir,
-		"--zap-log-level=info",
-		"--zap-encoder=console",
-	)
-	cmd.Dir = work
-	// Its whole environment: nothing of the test's (proxies, credentials) leaks in.
-	cmd.Env = []string{
-		"HOME=" + work,
-		"KUBECONFIG=" + kubeconfig,
-		"WATCH_NAMESPACE=" + opts.WatchNamespace,
-		"KEDA_CLUSTER_OBJECT_NAMESPACE=" + ObjectNamespace,
-		"POD_NAMESPACE=" + ObjectNamespace,
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	o.proc, err = testenv.StartProcess(cmd)
-	if err != nil {
-		t.Fatalf("kedaenv: %v", err)
-	}
+	o.proc = proc
+	go o.supervise(start)
 	t.Cleanup(func() {
-		o.proc.Stop(10 * time.Second)
+		o.mu.Lock()
+		o.stopped = true
+		p := o.proc
+		o.mu.Unlock()
+		p.Stop(10 * time.Second)
 		if t.Failed() {
 			t.Logf("kedaenv: tail of keda-operator's log %s:\n%s", o.logPath, o.LogTail(80))
 		}
 	})
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute) // two cores shared with compilers
 	defer cancel()
-	if err := o.proc.WaitReady(readyCtx, 200*time.Millisecond, o.ready); err != nil {
+	if err := o.current().WaitReady(readyCtx, 200*time.Millisecond, o.ready); err != nil {
 		t.Fatalf("kedaenv: keda-operator: %v", err) // the cleanup prints its log
 	}
 	return o
