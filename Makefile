@@ -46,7 +46,8 @@ try-gitea:
 ##        kube-controller-manager, kubelet, kube-proxy) + etcd v3.7.0; spire-server and spire-agent
 ##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft);
 ##        kube-router v2.1.0's firewall with Debian's iptables and ipset (the test cluster's
-##        NetworkPolicy dataplane; a test peer only); KEDA's operator v2.21.0
+##        NetworkPolicy dataplane; a test peer only); KEDA's operator v2.21.0; OpenSandbox's
+##        BatchSandbox controller manager, CRDs and execd at 4db3a993 (from ../shared/peers)
 peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
@@ -54,6 +55,7 @@ peers:
 	./scripts/peers/kube-router.sh build
 	./scripts/peers/spire.sh build
 	./scripts/peers/keda.sh build
+	./scripts/peers/opensandbox-k8s.sh build
 
 ## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test
 e2e: peers images
