@@ -38,7 +38,8 @@ const endpointsAnnotation = "sandbox.opensandbox.io/endpoints"
 //     /dev/null`) gets a Pod <name>-0 owned by the BatchSandbox, on the node,
 //     whose init container copied execd (execd's own banner with the pinned
 //     commit is in the container's log); the BatchSandbox shows phase
-//     Succeed, ready 1 and the Pod's IP in its endpoints annotation.
+//     Succeed, ready 1 and the Pod's IP in its endpoints annotation, and
+//     another Pod gets 200 from execd's GET /ping at <that IP>:44772.
 //   - Exit1 / Exit0: an entrypoint that exits 1 or 0. The template has no
 //     restartPolicy (Always), so the kubelet restarts either and backs off;
 //     the controller turns CrashLoopBackOff into phase Failed with condition
@@ -126,10 +127,19 @@ func TestE2EOpenSandboxKubernetesBatchSandbox(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 		t.Logf("sbx-running's sandbox container log:\n%s", log)
-		for _, want := range []string{"starting OpenSandbox Execd daemon at /opt/opensandbox/execd.", " OpenSandbox Execd", "Git Commit  : " + Commit} {
+		for _, want := range []string{"starting OpenSandbox Execd daemon at /opt/opensandbox/execd.", " OpenSandbox Execd",
+			"Git Commit  : " + Commit, "execd listening on :44772"} {
 			if !strings.Contains(log, want) {
 				t.Errorf("sandbox container log lacks %q", want)
 			}
+		}
+		status, _, _ := unstructured.NestedMap(s.bs.Object, "status")
+		t.Logf("sbx-running: annotations %v, status %v", s.bs.GetAnnotations(), status)
+		// The endpoint the server's direct ingress answers is <endpoints[0]>:<port>:
+		// another Pod reaches execd there.
+		probe := execdProbe(ctx, t, kube, ns, "execd-ping", s.pod.Status.PodIP+":44772")
+		if !strings.Contains(probe, " 200 OK") || !strings.Contains(probe, "nc-exit=0") {
+			t.Errorf("GET /ping of execd at the sandbox's endpoint: %q, want 200 OK", probe)
 		}
 	})
 
@@ -140,6 +150,8 @@ func TestE2EOpenSandboxKubernetesBatchSandbox(t *testing.T) {
 				s := m[name]
 				return s.bs != nil && s.phase() == "Failed" && s.condition("PodFailed") != ""
 			})[name]
+			status, _, _ := unstructured.NestedMap(s.bs.Object, "status")
+			t.Logf("%s: status %v", name, status)
 			if got := s.condition("PodFailed"); !strings.HasPrefix(got, "True/CrashLoopBackOff") {
 				t.Errorf("PodFailed = %q, want True/CrashLoopBackOff", got)
 			}
@@ -184,6 +196,47 @@ func TestE2EOpenSandboxKubernetesBatchSandbox(t *testing.T) {
 			return m["sbx-running"].pod == nil
 		})
 	})
+}
+
+// execdProbe runs a Pod of SandboxImage that asks execd's GET /ping at addr
+// (host:port; HTTP/1.0 by busybox nc, 5 s timeout), waits until it ends, and
+// returns its log: the response and "nc-exit=<code>".
+func execdProbe(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns, name, addr string) string {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "probe", Image: SandboxImage, ImagePullPolicy: corev1.PullNever,
+				// busybox nc, not wget: Debian's static busybox wget dies with SIGSEGV here.
+				Command: []string{"/bin/sh", "-c", "printf 'GET /ping HTTP/1.0\\r\\n\\r\\n' | nc -w 5 " + strings.Replace(addr, ":", " ", 1) + "; rc=$?; echo; echo nc-exit=$rc"},
+			}},
+		},
+	}
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create probe Pod: %v", err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		p, err := kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("probe Pod: %v", err)
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("probe Pod still %s after 2m", p.Status.Phase)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	b, err := kube.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("probe Pod's log: %v", err)
+	}
+	t.Logf("probe of execd at %s:\n%s", addr, b)
+	return string(b)
 }
 
 // providerBatchSandbox is the BatchSandbox the lifecycle server's
