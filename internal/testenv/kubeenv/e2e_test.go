@@ -106,3 +106,35 @@ func TestE2EAuditLog(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EStoppingOnePlaneLeavesAnotherRunning: a package's shared plane, started first, keeps
+// answering after a second plane of the same binaries (a test's cluster) starts and stops; the
+// second plane's watchdog watches its own processes only.
+func TestE2EStoppingOnePlaneLeavesAnotherRunning(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	shared := plane.Plane(t)
+	paths := []string{Assets(t) + "/etcd", Assets(t) + "/kube-apiserver"}
+	before, err := childrenRunning(paths)
+	if err != nil || len(before) < 2 {
+		t.Fatalf("the shared plane's processes: %v, %v", before, err)
+	}
+	second, err := StartWith(Assets(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := childrenRunning(paths)
+	if len(all) < len(before)+2 {
+		t.Fatalf("children %v: the second plane's processes are not among them", all)
+	}
+	if second.watchdog == nil || len(second.watchdog.cmd.Args) != 4+len(all)-len(before) {
+		t.Fatalf("the second plane's watchdog watches %v; want its own %d processes", second.watchdog.cmd.Args, len(all)-len(before))
+	}
+	if err := second.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(7 * time.Second) // the watchdog's TERM, then KILL after 5 s
+	if _, err := kubernetes.NewForConfigOrDie(shared.Config).CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("the shared plane no longer answers after another plane stopped: %v", err)
+	}
+}

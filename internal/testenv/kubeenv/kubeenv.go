@@ -36,6 +36,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +50,12 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
+
+// starting serializes plane starts in this process: a start tells its own
+// processes apart from the process's other children by what appears while it
+// starts (see StartWith's watchdog), which two concurrent starts would mix.
+// It is the package's one piece of state, for a process-wide fact.
+var starting sync.Mutex
 
 // Version is the Kubernetes release the harness is written against and
 // scripts/peers/kube.sh builds.
@@ -170,14 +177,27 @@ func StartWith(dir string, opts Options) (*Plane, error) {
 		ControlPlaneStopTimeout:  30 * time.Second,
 		ControlPlane:             envtest.ControlPlane{Etcd: etcd, APIServer: api},
 	}
+	// The watchdog must kill this plane's processes only, not another
+	// plane's of the same binaries (a package's shared plane while a test
+	// runs a cluster of its own): it watches the children that appear with
+	// this start. starting keeps two starts in one process from mixing.
+	starting.Lock()
+	paths := []string{filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")}
+	before, _ := childrenRunning(paths)
 	cfg, err := env.Start()
+	var ours []string
+	if err == nil {
+		ours, err = childrenRunning(paths)
+		ours = slices.DeleteFunc(ours, func(c string) bool { return slices.Contains(before, c) })
+	}
+	starting.Unlock()
 	if err != nil {
 		_ = env.Stop()
 		os.RemoveAll(data)
 		return nil, fmt.Errorf("kubeenv: start kube-apiserver and etcd from %s: %w", abs, err)
 	}
 	p := &Plane{Config: cfg, env: env, data: data, auditLog: auditLog}
-	if p.watchdog, err = startWatchdog(data, filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")); err != nil {
+	if p.watchdog, err = startWatchdog(data, ours); err != nil {
 		_ = p.Stop()
 		return nil, err
 	}

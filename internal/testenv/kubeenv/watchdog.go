@@ -39,12 +39,10 @@ sleep 1
 case "$0" in */gdr-kubeenv-*) rm -rf -- "$0" ;; esac
 `
 
-// startWatchdog watches this process's children running the given
-// executables, and the folder data. Without /proc (not Linux) it watches
-// nothing.
-func startWatchdog(data string, paths ...string) (*watchdog, error) {
-	children, err := childrenRunning(paths)
-	if err != nil || len(children) == 0 {
+// startWatchdog watches children ("pid:path", from childrenRunning) and the
+// folder data. Without children (no /proc: not Linux) it watches nothing.
+func startWatchdog(data string, children []string) (*watchdog, error) {
+	if len(children) == 0 {
 		return nil, nil // no /proc: no watchdog; Stop still works
 	}
 	r, w, err := os.Pipe()
