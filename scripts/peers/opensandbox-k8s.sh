@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# scripts/peers/opensandbox-k8s.sh: OpenSandbox's Kubernetes runtime as the lifecycle server's
+# `[runtime] type = "kubernetes"` (provider `batchsandbox`) uses it: the controller manager (the
+# BatchSandbox, Pool and SandboxSnapshot controllers) with its CRDs, and what every sandbox Pod
+# runs besides the user's image: execd and bootstrap.sh (the execd-installer init container copies
+# them into the Pod) and a shell. Our end-to-end tests run the manager out of cluster against the
+# test cluster and build the node's images from these files (internal/testenv/batchsandboxenv).
+#
+#   opensandbox-k8s.sh build   build once into
+#                              ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/opensandbox-k8s-4db3a993/:
+#                                manager       the controller manager (kubernetes/cmd/controller)
+#                                crds/         its CRDs (kubernetes/config/crd/bases)
+#                                execd         the sandbox daemon (components/execd), static
+#                                bootstrap.sh  the entrypoint wrapper (components/execd/bootstrap.sh)
+#                                busybox       Debian bookworm's busybox-static (the images' shell)
+#                              and print that folder (fast no-op when already built)
+#   opensandbox-k8s.sh path    print the folder if built, else exit 1
+#
+# No registry serves OpenSandbox's code: it is built from the pinned copy of OpenSandbox at commit
+# 4db3a993 beside the checkout (../shared/peers/opensandbox from the repository's root; another
+# copy with GDR_OPENSANDBOX_SRC, the folder holding PEER.md, kubernetes/ and components/). The
+# modules are copied into a temporary folder and built there (the pinned copy is never written),
+# their dependencies fetched from the Go module proxy as their go.sum files pin them (execd's
+# `replace ... => ../internal` is kept by copying components/internal beside it). CGO_ENABLED=0,
+# -trimpath, the commit stamped as the upstream Dockerfiles do, a private build cache that is
+# deleted afterwards. busybox-static comes from a private apt state (lib.sh debs_unpack: the
+# machine's apt is untouched, nothing installed). Not built: the task executor and the image
+# committer (pool mode and snapshots; a BatchSandbox made from a Pod template needs neither).
+# Cold timings: docs/OPENSANDBOX-KUBERNETES.md.
+set -euo pipefail
+
+OPENSANDBOX_COMMIT=4db3a993
+PEER=opensandbox-k8s-$OPENSANDBOX_COMMIT
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SRC=${GDR_OPENSANDBOX_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/../shared/peers/opensandbox}
+
+built() {
+  [ -f "$STAMP" ] && [ -x "$DEST/manager" ] && [ -f "$DEST/crds/sandbox.opensandbox.io_batchsandboxes.yaml" ] &&
+    [ -x "$DEST/execd" ] && [ -f "$DEST/bootstrap.sh" ] && [ -x "$DEST/busybox" ]
+}
+
+build() {
+  if built; then echo "$DEST"; return 0; fi
+  command -v go >/dev/null || die "go not found in PATH"
+  command -v apt-get >/dev/null || die "apt-get not found (busybox-static comes from Debian)"
+  [ -f "$SRC/kubernetes/go.mod" ] && [ -f "$SRC/components/execd/go.mod" ] ||
+    die "no OpenSandbox copy at $SRC (set GDR_OPENSANDBOX_SRC)"
+  grep -q "$OPENSANDBOX_COMMIT" "$SRC/PEER.md" || die "$SRC/PEER.md does not name commit $OPENSANDBOX_COMMIT"
+  build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
+  local module
+  module=$(awk '$1 == "module" {print $2; exit}' "$SRC/kubernetes/go.mod")
+  [ -n "$module" ] || die "$SRC/kubernetes/go.mod names no module"
+
+  export GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
+  unset GOOS GOARCH || true
+  mkdir -p "$tmp/src/components"
+  cp -R "$SRC/kubernetes" "$tmp/src/kubernetes"
+  cp -R "$SRC/components/execd" "$SRC/components/internal" "$tmp/src/components/"
+  chmod -R u+w "$tmp/src"
+  (
+    local s
+    s=$(date +%s)
+    cd "$tmp/src/kubernetes"
+    say "compiling $module/cmd/controller at $OPENSANDBOX_COMMIT"
+    go build -trimpath -ldflags "-s -w -X main.commitID=$OPENSANDBOX_COMMIT" -o "$tmp/manager" ./cmd/controller
+    say "manager built in $(($(date +%s) - s))s"
+    s=$(date +%s)
+    cd "$tmp/src/components/execd"
+    say "compiling execd at $OPENSANDBOX_COMMIT"
+    local v=github.com/alibaba/opensandbox/internal/version
+    go build -trimpath -ldflags "-s -w -X $v.Version=$OPENSANDBOX_COMMIT -X $v.GitCommit=$OPENSANDBOX_COMMIT -X $v.BuildTime=unknown" \
+      -o "$tmp/execd" .
+    say "execd built in $(($(date +%s) - s))s"
+  )
+  install -m 755 "$SRC/components/execd/bootstrap.sh" "$tmp/bootstrap.sh"
+  mkdir "$tmp/crds"
+  cp "$SRC"/kubernetes/config/crd/bases/*.yaml "$tmp/crds/"
+  chmod 644 "$tmp"/crds/*.yaml
+  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/src"
+
+  mkdir "$tmp/debs"
+  debs_unpack "$tmp/debs" busybox-static
+  install -m 755 "$tmp/debs/x/bin/busybox" "$tmp/busybox"
+  cp "$tmp/debs/packages.txt" "$tmp/packages.txt"
+  rm -rf "$tmp/debs"
+
+  grep -qE "^[[:space:]]path[[:space:]]+$module/cmd/controller([[:space:]]|$)" <<<"$(go version -m "$tmp/manager")" ||
+    die "built manager is not $module/cmd/controller"
+  grep -qE "^[[:space:]]path[[:space:]]+github.com/alibaba/opensandbox/execd([[:space:]]|$)" <<<"$(go version -m "$tmp/execd")" ||
+    die "built execd is not github.com/alibaba/opensandbox/execd"
+  "$tmp/busybox" sh -c 'exit 0' || die "busybox does not run"
+  {
+    echo "opensandbox=$OPENSANDBOX_COMMIT"
+    echo "go=$(go env GOVERSION)"
+    echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "seconds=$(($(date +%s) - t0))"
+  } >"$tmp/.complete"
+  build_end
+}
+
+peer_main "$@"
