@@ -12,7 +12,10 @@
 //  2. a payload with neither a queued message nor an executor (a crash
 //     between dispatch's payload write and its publish, a message
 //     terminated without naming its assignment) is re-published, unless
-//     Gitea says the task is over, in which case the payload is deleted. A
+//     Gitea says the task is over, in which case the payload is deleted, or
+//     an executor had taken it (the gateway's started mark: the executor
+//     vanished, expired or deleted, without a report), in which case the
+//     task is failed with that reason rather than run a second time. A
 //     payload whose rejection entry is still pending (step 0 failed for it)
 //     is no orphan: it is left for the next drain. On the Knative path
 //     (no Queue: the channel's stream cannot be asked) a payload without an
@@ -157,6 +160,9 @@ type Summary struct {
 	// Republished payloads that had neither a message nor an executor;
 	// PayloadsDeleted of tasks that are over.
 	Republished, PayloadsDeleted int
+	// Vanished counts tasks failed because their executor took them and
+	// then disappeared without a report (see vanishedReason).
+	Vanished int
 	// Rejected and Exhausted count tasks Drain failed: their assignment was
 	// rejected by handle, or ran out of deliveries. RejectionsDropped counts
 	// entries that named no assignment, removed; RejectionsLeft entries left
@@ -274,8 +280,9 @@ func (r *Recoverer) handle(ctx context.Context, backend executor.Backend, a task
 	}
 }
 
-// orphans re-publishes payloads with neither a message nor an executor, and
-// deletes those of tasks Gitea has ended.
+// orphans re-publishes payloads with neither a message nor an executor,
+// deletes those of tasks Gitea has ended, and fails the tasks whose executor
+// took them and vanished.
 func (r *Recoverer) orphans(ctx context.Context, withExecutor map[string]bool, sum *Summary) error {
 	ids, err := r.Payloads.IDs(ctx)
 	if err != nil {
@@ -333,6 +340,24 @@ func (r *Recoverer) orphans(ctx context.Context, withExecutor map[string]bool, s
 			}
 			continue
 		}
+		// An executor took this task (its runner fetched it) and is gone
+		// without a report: expired at its timeout, or deleted by someone
+		// else. Sending the assignment again would run the job a second
+		// time over what the first run did; it is failed instead.
+		started, err := r.Payloads.Started(ctx, id)
+		if err != nil {
+			log.Warn("ask whether an orphan payload's executor took it", slog.Any("error", err))
+			continue
+		}
+		if started {
+			if err := r.failTask(ctx, id, string(pool.Backend), vanishedReason); err != nil {
+				errs = append(errs, fmt.Errorf("fail %s, whose executor vanished: %w", id, err))
+				continue
+			}
+			log.Warn("task failed: its executor vanished after it took the task", slog.String("reason", vanishedReason))
+			sum.Vanished++
+			continue
+		}
 		a, err := r.rebuild(ctx, pool, id)
 		if err != nil {
 			log.Error("orphan payload cannot be rebuilt", slog.Any("error", err))
@@ -354,6 +379,12 @@ func (r *Recoverer) orphans(ctx context.Context, withExecutor map[string]bool, s
 	}
 	return errors.Join(errs...)
 }
+
+// vanishedReason is the job log's explanation of a task whose executor took
+// it (its runner fetched it: the payload's started mark) and then vanished
+// without reporting: an OpenSandbox sandbox removed at its expiry, an
+// executor deleted by hand.
+const vanishedReason = "its executor vanished (deleted, or removed when its timeout expired) after it took the job and before it reported a result"
 
 // graceOver reports whether the assignment of id was last sent more than
 // OrphanGrace ago (the Knative path's orphan rule).
@@ -396,6 +427,6 @@ func (s Summary) Attrs() []any {
 	return []any{slog.Int("executors", s.Executors), slog.Int("done", s.Done), slog.Int("pending", s.Pending),
 		slog.Int("failed", s.Failed), slog.Int("unknown_pool", s.UnknownPool),
 		slog.Int("republished", s.Republished), slog.Int("payloads_deleted", s.PayloadsDeleted),
-		slog.Int("rejected", s.Rejected), slog.Int("exhausted", s.Exhausted),
+		slog.Int("rejected", s.Rejected), slog.Int("exhausted", s.Exhausted), slog.Int("vanished", s.Vanished),
 		slog.Int("rejections_dropped", s.RejectionsDropped), slog.Int("rejections_left", s.RejectionsLeft)}
 }

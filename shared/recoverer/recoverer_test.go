@@ -3,6 +3,7 @@ package recoverer
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -28,6 +29,7 @@ type giteaView struct {
 	mu       sync.Mutex
 	over     map[int64]bool
 	reported map[int64]executor.Phase
+	reasons  map[int64]string
 }
 
 func (g *giteaView) Terminal(_ context.Context, id int64) (bool, error) {
@@ -41,6 +43,9 @@ func (g *giteaView) Report(_ context.Context, id int64, e executor.Executor) err
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reported[id] = p
+	if g.reasons != nil {
+		g.reasons[id] = e.Reason
+	}
 	g.over[id] = true
 	return nil
 }
@@ -355,5 +360,62 @@ func TestRunMarksFinishedTasksEnded(t *testing.T) {
 	}
 	if n := f.backend.Creates(); n != 1 {
 		t.Fatalf("executor created %d times: the redelivery after the task ended created it again", n)
+	}
+}
+
+// An executor that took its task and then vanished without a report (an
+// OpenSandbox sandbox removed at its expiry, a Pod deleted by hand) leaves
+// a payload with neither message nor executor. Re-publishing it, as for a
+// payload no executor ever took, would run the job a second time over what
+// the first run did; the task is failed with a reason instead, and a message
+// of it delivered again creates nothing.
+func TestRunFailsATaskWhoseExecutorVanished(t *testing.T) {
+	f := setup(t)
+	f.gitea.reasons = map[int64]string{}
+	ctx := context.Background()
+	taken := f.claimed(t, 1, true)
+	never := f.claimed(t, 2, false) // no executor ever: re-published as before
+	if err := f.payloads.MarkStarted(ctx, taken.ID); err != nil { // its runner fetched the task
+		t.Fatal(err)
+	}
+	e, err := f.backend.Find(ctx, taken.ID)
+	if err != nil || e == nil {
+		t.Fatalf("executor of %s: %v, %v", taken.ID, e, err)
+	}
+	if err := f.backend.Delete(ctx, e); err != nil { // it vanishes, reporting nothing
+		t.Fatal(err)
+	}
+	// The fault happened: no executor, the payload and its started mark stay,
+	// no message is queued, Gitea still runs the task.
+	if e, _ := f.backend.Find(ctx, taken.ID); e != nil || !f.hasPayload(t, taken.ID) || f.gitea.over[1] {
+		t.Fatalf("before the pass: executor %v, payload %v, over %v", e, f.hasPayload(t, taken.ID), f.gitea.over[1])
+	}
+	if started, err := f.payloads.Started(ctx, taken.ID); err != nil || !started {
+		t.Fatalf("started mark = %v, %v", started, err)
+	}
+
+	sum, err := f.r.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Summary{Republished: 1, Vanished: 1}); sum != want {
+		t.Fatalf("summary = %+v, want %+v", sum, want)
+	}
+	q, _, err := f.queue.Queued(ctx, taskassignment.BackendProcess, td)
+	if err != nil || q[taken.ID] || !q[never.ID] {
+		t.Fatalf("queued after Run = %v, %v: the vanished executor's task must not be sent again", q, err)
+	}
+	if f.gitea.reported[1] != executor.PhaseFailed || !strings.Contains(f.gitea.reasons[1], "vanished") {
+		t.Fatalf("task 1 reported %q with reason %q, want failed, vanished", f.gitea.reported[1], f.gitea.reasons[1])
+	}
+	if f.hasPayload(t, taken.ID) {
+		t.Fatal("the vanished executor's payload is still stored")
+	}
+	w := executor.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.payloads.Endings()}
+	if ok, err := w.Accept(ctx, taken); !ok || err != nil {
+		t.Fatalf("redelivered Accept = %v, %v", ok, err)
+	}
+	if n := f.backend.Creates(); n != 1 {
+		t.Fatalf("executor created %d times: the vanished executor's task was started again", n)
 	}
 }

@@ -26,7 +26,7 @@ func NewRecover(reg prometheus.Registerer) *Recover {
 		passes:      counter("passes_total", "Recover passes, by result (ok, error).", "result"),
 		executors:   counter("executors_total", "Executors a pass found, by what it made of them (done, pending, failed, unknown_pool).", "outcome"),
 		payloads:    counter("payloads_total", "Payloads a pass acted on (republished: neither message nor executor; deleted: task over).", "action"),
-		tasksFailed: counter("tasks_failed_total", "Tasks failed in Gitea from the rejection stream (rejected by handle, exhausted: out of deliveries).", "reason"),
+		tasksFailed: counter("tasks_failed_total", "Tasks recover failed in Gitea: from the rejection stream (rejected by handle, exhausted: out of deliveries), or vanished: the executor took the task and disappeared without a report.", "reason"),
 	}
 	reg.MustRegister(m.passes, m.executors, m.payloads, m.tasksFailed)
 	return m
@@ -46,4 +46,5 @@ func (m *Recover) Pass(sum recoverer.Summary, err error) {
 	m.payloads.WithLabelValues("deleted").Add(float64(sum.PayloadsDeleted))
 	m.tasksFailed.WithLabelValues("rejected").Add(float64(sum.Rejected))
 	m.tasksFailed.WithLabelValues("exhausted").Add(float64(sum.Exhausted))
+	m.tasksFailed.WithLabelValues("vanished").Add(float64(sum.Vanished))
 }

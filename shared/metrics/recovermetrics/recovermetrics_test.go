@@ -12,7 +12,7 @@ import (
 func TestRecover(t *testing.T) {
 	reg := metrics.NewRegistry()
 	r := NewRecover(reg)
-	r.Pass(recoverer.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1}, nil)
+	r.Pass(recoverer.Summary{Executors: 3, Done: 2, Pending: 1, Republished: 1, Rejected: 1, Vanished: 2}, nil)
 	r.Pass(recoverer.Summary{}, errors.New("backend down"))
 	fams := metricsenv.Gather(t, reg)
 	for _, want := range []struct {
@@ -25,6 +25,7 @@ func TestRecover(t *testing.T) {
 		{"gdr_recover_executors_total", []string{"outcome", "done"}, 2},
 		{"gdr_recover_payloads_total", []string{"action", "republished"}, 1},
 		{"gdr_recover_tasks_failed_total", []string{"reason", "rejected"}, 1},
+		{"gdr_recover_tasks_failed_total", []string{"reason", "vanished"}, 2},
 	} {
 		if v, ok := fams.Value(want.name, want.labels...); !ok || v != want.v {
 			t.Errorf("%s%v = %v (%v), want %v", want.name, want.labels, v, ok, want.v)
