@@ -375,7 +375,8 @@ func TestRunFailsATaskWhoseExecutorVanished(t *testing.T) {
 	ctx := context.Background()
 	taken := f.claimed(t, 1, true)
 	never := f.claimed(t, 2, false) // no executor ever: re-published as before
-	if err := f.payloads.MarkStarted(ctx, taken.ID); err != nil { // its runner fetched the task
+	// Its runner fetched the task.
+	if err := f.payloads.MarkStarted(ctx, taken.ID); err != nil {
 		t.Fatal(err)
 	}
 	e, err := f.backend.Find(ctx, taken.ID)
