@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 	"slices"
 	"strings"
 
@@ -41,9 +42,11 @@ type BuildSettings struct {
 	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
 	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
 	OpenSandboxSPIRE string `envconfig:"OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
-	KubeNamespace    string `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
-	SPIREServer      string `envconfig:"SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
-	ClusterName      string `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
+	// OpenSandboxMaxTimeout is the server's max_sandbox_timeout_seconds.
+	OpenSandboxMaxTimeout time.Duration `envconfig:"OPENSANDBOX_MAX_TIMEOUT" default:"24h" desc:"opensandbox backend: the server's max_sandbox_timeout_seconds (its default: 86400 s); a pool whose job timeout is longer gets sandboxes of this timeout, with a warning when the backend starts (the server refuses a longer one)"`
+	KubeNamespace         string        `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
+	SPIREServer           string        `envconfig:"SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
+	ClusterName           string        `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
 // Check reports the settings backend kind needs and lacks, or holds in a

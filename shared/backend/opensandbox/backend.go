@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -55,8 +56,16 @@ type Config struct {
 	// and recovers.
 	TrustDomain spiffeid.TrustDomain
 	// Pools are the runner pools; those of backend opensandbox must have a
-	// valid Profile. A sandbox lives at most its pool's job timeout.
+	// valid Profile. A sandbox lives at most its pool's job timeout, and at
+	// least a minute (the API's minimum).
 	Pools runnerpool.Pools
+	// MaxTimeout is the server's max_sandbox_timeout_seconds: a pool whose
+	// job timeout is longer gets sandboxes of MaxTimeout instead (logged
+	// once, by New), since the server refuses a longer timeout with 400.
+	// Zero is DefaultMaxTimeout, the server's own default.
+	MaxTimeout time.Duration
+	// Log, if set, hears of configuration New adjusted (a clamped timeout).
+	Log *slog.Logger
 	// Minter, if set, mints the X.509-SVID each new sandbox gets in its
 	// environment (see bootstrap.SVIDEnvironment), for the pool's job
 	// timeout: spiremint (a SPIRE Server) or svidca (the local CA). Its
@@ -104,7 +113,16 @@ const (
 	// marker, left it out and finished deleting it (Err set if that
 	// failed; the next recovery tries again).
 	EventSkippedTerminal EventName = "sandbox_skipped_terminal"
+	// EventCreateAdopted: a create failed in a way that may have taken
+	// effect (Err: a 504 K8S_POD_READY_TIMEOUT from a Kubernetes runtime
+	// whose Pod was not ready within the server's wait, a lost answer), and
+	// the assignment's sandbox exists: it is adopted, never created twice.
+	EventCreateAdopted EventName = "sandbox_create_adopted"
 )
+
+// DefaultMaxTimeout is the OpenSandbox server's default
+// max_sandbox_timeout_seconds (86400).
+const DefaultMaxTimeout = 24 * time.Hour
 
 // Backend is the OpenSandbox backend. It holds no state of its own: every
 // method reads the server again, and every method is idempotent.
@@ -137,6 +155,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("opensandbox backend: %w", err)
 	}
 	b := &Backend{cfg: cfg, prefix: prefix, terminalKey: prefix + "/terminal", pools: map[string]pool{}}
+	maxTimeout := cmp.Or(cfg.MaxTimeout, DefaultMaxTimeout)
+	if maxTimeout < time.Minute {
+		return nil, fmt.Errorf("opensandbox backend: the server's maximum sandbox timeout %s is below the API's minimum of 1m", maxTimeout)
+	}
 	for _, p := range cfg.Pools {
 		if p.Backend != taskassignment.BackendOpenSandbox {
 			continue
@@ -145,7 +167,15 @@ func New(cfg Config) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opensandbox backend: pool %q: %w", p.Name, err)
 		}
-		b.pools[p.Name] = pool{profile: profile, timeout: max(p.Timeout(), time.Minute), of: p}
+		timeout := max(p.Timeout(), time.Minute)
+		if timeout > maxTimeout {
+			if cfg.Log != nil {
+				cfg.Log.Warn("the pool's job timeout exceeds the OpenSandbox server's maximum: its sandboxes live the maximum, and a job that runs longer is removed with its sandbox",
+					slog.String("pool", p.Name), slog.Duration("job_timeout", timeout), slog.Duration("sandbox_timeout", maxTimeout))
+			}
+			timeout = maxTimeout
+		}
+		b.pools[p.Name] = pool{profile: profile, timeout: timeout, of: p}
 	}
 	return b, nil
 }
@@ -218,14 +248,37 @@ func compareAge(a, b sandboxapi.Sandbox) int {
 	return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 }
 
+// toExecutor is the executor of sandbox s. A Failed sandbox's Reason is the
+// server's account of it (on Docker "CONTAINER_EXITED_ERROR: Sandbox
+// container exited with code 137." for a container killed mid-job), which
+// reaches the job's log when recover fails the task.
 func toExecutor(s sandboxapi.Sandbox) *executor.Executor {
-	return &executor.Executor{Name: s.ID, IdentityTarget: s.ID, Phase: phase(s.State)}
+	e := &executor.Executor{Name: s.ID, IdentityTarget: s.ID, Phase: phase(s.State)}
+	if e.Phase == executor.PhaseFailed {
+		e.Reason = failureReason(s)
+	}
+	return e
+}
+
+// failureReason words why sandbox s failed, from the server's reason and
+// message (neither carries a credential: the server writes them from the
+// container's state).
+func failureReason(s sandboxapi.Sandbox) string {
+	detail := strings.TrimSpace(strings.Join(slices.DeleteFunc([]string{s.Reason, s.Message}, func(v string) bool { return v == "" }), ": "))
+	if detail == "" {
+		return fmt.Sprintf("its sandbox %s failed", s.ID)
+	}
+	return fmt.Sprintf("its sandbox %s failed (%s)", s.ID, detail)
 }
 
 // phase maps a sandbox state to the executor phase. Allocated and Resuming
-// are on their way to Running; Terminated means the entry process exited 0
-// (or the sandbox expired), Failed that it did not. Every other state (Paused,
-// Stopping, Unknown, states added later) is unknown, which is not terminal.
+// are on their way to Running; Terminated means the entry process exited 0,
+// Failed that it did not (Docker: CONTAINER_EXITED_ERROR, also for a
+// container killed at expiry just before its removal; Kubernetes: a Pod in
+// CrashLoopBackOff). An expired sandbox is removed, not Terminated: Find no
+// longer sees it, and recover fails its task (recoverer's vanished
+// executor). Every other state (Paused, Stopping, Unknown, states added
+// later) is unknown, which is not terminal.
 func phase(s sandboxapi.State) executor.Phase {
 	switch s {
 	case sandboxapi.StatePending, sandboxapi.StateAllocated, sandboxapi.StateResuming:
@@ -289,6 +342,7 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 			return nil, fmt.Errorf("create a sandbox for assignment %s: %w (and whether it took effect is unknown: %w)", a.ID, err, ferr)
 		}
 		if e != nil {
+			b.emit(Event{Name: EventCreateAdopted, SandboxID: e.Name, AssignmentID: a.ID, Err: err})
 			return e, nil
 		}
 		if n >= retry.MaxAttempts() {
@@ -426,6 +480,9 @@ func (b *Backend) BindIdentity(ctx context.Context, e *executor.Executor, id tas
 		return fmt.Errorf("bind identity to sandbox %s: SPIFFE ID %q is not in trust domain %s", e.IdentityTarget, id.SPIFFEID, b.cfg.TrustDomain)
 	}
 	s, err := b.cfg.Sandboxes.Get(ctx, e.IdentityTarget)
+	if sandboxapi.IsNotFound(err) {
+		return fmt.Errorf("bind identity to sandbox %s: the sandbox is gone (expired or deleted): %w", e.IdentityTarget, err)
+	}
 	if err != nil {
 		return fmt.Errorf("bind identity to sandbox %s: %w", e.IdentityTarget, err)
 	}

@@ -301,7 +301,7 @@ func TestFindMapsStatesToPhases(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := executor.Executor{Name: created.Name, IdentityTarget: created.Name, Phase: tt.want}
-			if e == nil || *e != want {
+			if e == nil || e.Name != want.Name || e.IdentityTarget != want.IdentityTarget || e.Phase != want.Phase { // Reason: TestFailedSandboxReason
 				t.Fatalf("Find = %+v, want %+v", e, want)
 			}
 		})

@@ -1,7 +1,9 @@
 package opensandbox
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi"
@@ -22,7 +24,8 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt()}
+	cfg := Config{Sandboxes: client, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools, OnCorrupt: d.Corrupt(),
+		MaxTimeout: c.OpenSandboxMaxTimeout, Log: d.Log, OnEvent: logEvent(d.Log)}
 	release := func() error { return nil }
 	switch {
 	case c.OpenSandboxSPIRE != "":
@@ -44,4 +47,24 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 		return nil, nil, err
 	}
 	return b, release, nil
+}
+
+// logEvent logs what the backend did on its own on log (nil: nothing):
+// warnings for what a failure caused, info for the rest. An Event carries
+// IDs and an API error, never an environment value.
+func logEvent(log *slog.Logger) func(Event) {
+	if log == nil {
+		return nil
+	}
+	return func(e Event) {
+		level := slog.LevelInfo
+		if e.Err != nil {
+			level = slog.LevelWarn
+		}
+		attrs := []slog.Attr{slog.String("sandbox", e.SandboxID), slog.String("assignment", e.AssignmentID)}
+		if e.Err != nil {
+			attrs = append(attrs, slog.Any("error", e.Err))
+		}
+		log.LogAttrs(context.Background(), level, string(e.Name), attrs...)
+	}
 }
