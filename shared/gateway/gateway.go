@@ -57,6 +57,8 @@ type Forwarder interface {
 type Payloads interface {
 	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
 	MarkStarted(ctx context.Context, assignmentID string) error
+	// Started reports whether MarkStarted was called for assignmentID.
+	Started(ctx context.Context, assignmentID string) (bool, error)
 }
 
 // Observer hears of every task handed to its executor (metrics): pool's
@@ -393,8 +395,13 @@ func (service) Declare(context.Context, *connect.Request[runnerv1.DeclareRequest
 	return nil, connect.NewError(connect.CodePermissionDenied, errors.New("executors do not declare"))
 }
 
-// FetchTask returns the caller's own task, every time it asks, and marks it
-// started (from then on dispatch stops its keep-alive heartbeats).
+// FetchTask returns the caller's own task, every time it asks while Gitea
+// runs it, and marks it started (from then on dispatch stops its keep-alive
+// heartbeats). A task fetched before and ended since is refused
+// (FailedPrecondition): a runner started again in the same executor (an
+// OpenSandbox sandbox on Kubernetes, whose Pod restarts its container after
+// the runner exits) must not run a finished job a second time in the
+// moments before recover deletes the payload.
 func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
 	c, err := callerOf(ctx)
 	if err != nil {
@@ -404,12 +411,44 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 	if err != nil {
 		return nil, err
 	}
+	if err := s.g.refuseEnded(ctx, c); err != nil {
+		return nil, err
+	}
 	if err := s.g.Payloads.MarkStarted(ctx, c.assignmentID); err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: %w", c.taskID, err))
 	}
 	s.g.log().Info("task handed to its executor", slog.String("assignment", c.assignmentID), slog.Int64("task", c.taskID))
 	s.g.observeStarted(ctx, c)
 	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task}), nil
+}
+
+// refuseEnded refuses a fetch of a task fetched before (its started mark)
+// that Gitea has ended. A first fetch costs nothing more; a second asks
+// Gitea with a bare heartbeat, which a finished task answers with its
+// result and leaves as it is.
+func (g *Gateway) refuseEnded(ctx context.Context, c caller) error {
+	started, err := g.Payloads.Started(ctx, c.assignmentID)
+	if err != nil {
+		g.log().Error("started mark unavailable", slog.String("assignment", c.assignmentID), slog.Any("error", err))
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: payload unavailable", c.taskID))
+	}
+	if !started {
+		return nil
+	}
+	f, err := g.forwarder(c)
+	if err != nil {
+		return err
+	}
+	res, err := f.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: c.taskID}})
+	if err != nil {
+		return fromGitea(err)
+	}
+	if result := res.GetState().GetResult(); result != runnerv1.Result_RESULT_UNSPECIFIED {
+		g.log().Warn("executor refused: it fetched its task again after the task ended", slog.String("assignment", c.assignmentID),
+			slog.String("result", result.String()))
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d has ended (%s): it is not run again", c.taskID, result))
+	}
+	return nil
 }
 
 // UpdateTask forwards the caller's own task state; any other task is 403.

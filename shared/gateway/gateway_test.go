@@ -34,6 +34,8 @@ type recordingGitea struct {
 	tasks []int64
 	logs  []int64
 	fail  error
+	// results are the tasks Gitea has ended, with their result.
+	results map[int64]runnerv1.Result
 }
 
 func (r *recordingGitea) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
@@ -43,7 +45,13 @@ func (r *recordingGitea) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskR
 	if r.fail != nil {
 		return nil, r.fail
 	}
-	return &runnerv1.UpdateTaskResponse{State: &runnerv1.TaskState{Id: req.GetState().GetId()}}, nil
+	if result := req.GetState().GetResult(); result != runnerv1.Result_RESULT_UNSPECIFIED {
+		if r.results == nil {
+			r.results = map[int64]runnerv1.Result{}
+		}
+		r.results[req.GetState().GetId()] = result
+	}
+	return &runnerv1.UpdateTaskResponse{State: &runnerv1.TaskState{Id: req.GetState().GetId(), Result: r.results[req.GetState().GetId()]}}, nil
 }
 
 func (r *recordingGitea) UpdateLog(_ context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
@@ -294,5 +302,44 @@ func TestFetchTaskIsObserved(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.pools) != 1 || rec.pools[0] != "linux" || rec.waited[0] < 50*time.Millisecond || rec.waited[0] > time.Minute {
 		t.Fatalf("observed pools %v, waits %v; want one linux wait of at least 50ms", rec.pools, rec.waited)
+	}
+}
+
+// A runner fetches its task again in the same executor (the container of an
+// OpenSandbox sandbox on Kubernetes restarted after the runner exited): it
+// gets the task while Gitea runs it (a retry after a lost answer), and is
+// refused once the task has ended, so a finished job never runs twice.
+func TestFetchAgainAfterTheTaskEndedIsRefused(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	c := f.own(t, 7)
+	for i := range 2 {
+		if res, err := c.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err != nil || res.Msg.GetTask().GetId() != 7 {
+			t.Fatalf("fetch %d while the task runs = %v, %v", i+1, res, err)
+		}
+	}
+	final := &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 7, Result: runnerv1.Result_RESULT_SUCCESS}}
+	if _, err := c.UpdateTask(ctx, connect.NewRequest(final)); err != nil {
+		t.Fatal(err)
+	}
+	// The task has ended, its payload is still stored (recover has not run).
+	if _, err := f.payloads.Get(ctx, "linux-7"); err != nil {
+		t.Fatalf("payload of the ended task: %v", err)
+	}
+	_, err := f.own(t, 7).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if code(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "has ended") {
+		t.Fatalf("fetch after the task ended = %v, want FailedPrecondition", err)
+	}
+	// Another task, fetched for the first time, costs Gitea nothing.
+	f.gitea.mu.Lock()
+	before := len(f.gitea.tasks)
+	f.gitea.mu.Unlock()
+	if _, err := f.own(t, 8).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	f.gitea.mu.Lock()
+	defer f.gitea.mu.Unlock()
+	if len(f.gitea.tasks) != before {
+		t.Fatalf("a first fetch asked Gitea: %v", f.gitea.tasks[before:])
 	}
 }
