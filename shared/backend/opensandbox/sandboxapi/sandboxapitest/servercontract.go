@@ -386,9 +386,9 @@ func parseContractAnswer(status int, body []byte) (contractAnswer, []string) {
 	}
 	var v struct {
 		item
-		Items   *[]item    `json:"items"`
-		Code    *string    `json:"code"`
-		Message *string    `json:"message"`
+		Items   *[]item `json:"items"`
+		Code    *string `json:"code"`
+		Message *string `json:"message"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		a.Error = string(body)
