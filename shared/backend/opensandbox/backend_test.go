@@ -141,7 +141,8 @@ func TestCreate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if e.Name == "" || e.IdentityTarget != e.Name || e.Phase != executor.PhasePending {
+			// Create answers the sandbox Running, as the real server does.
+			if e.Name == "" || e.IdentityTarget != e.Name || e.Phase != executor.PhaseRunning {
 				t.Fatalf("executor = %+v", e)
 			}
 			sb, ok := h.fake.Sandbox(e.Name)

@@ -253,7 +253,7 @@ func TestListFiltersAndWalksEveryPage(t *testing.T) {
 			want[sb.ID] = true
 		}
 		if i == 3 {
-			fake.SetState(sb.ID, "Running")
+			fake.SetState(sb.ID, "Paused") // the others are Running
 		}
 	}
 	if _, err := c.Create(ctx, imageRequest(map[string]string{"other": "x"})); err != nil {
@@ -269,8 +269,8 @@ func TestListFiltersAndWalksEveryPage(t *testing.T) {
 		{"runner marker, pages of 7", sandboxapi.ListFilter{Metadata: map[string]string{"ci.example.org/runner": "true"}, PageSize: 7}, 25, 4},
 		{"two pairs, pages of 5", sandboxapi.ListFilter{Metadata: map[string]string{"ci.example.org/runner": "true", "ci.example.org/n": "1"}, PageSize: 5}, 12, 3},
 		{"page size divides exactly", sandboxapi.ListFilter{Metadata: map[string]string{"ci.example.org/runner": "true", "ci.example.org/n": "1"}, PageSize: 4}, 12, 3},
-		{"states ORed", sandboxapi.ListFilter{States: []sandboxapi.State{sandboxapi.StateRunning, "paused"}}, 1, 1},
-		{"state and metadata", sandboxapi.ListFilter{States: []sandboxapi.State{"pending"}, Metadata: map[string]string{"ci.example.org/n": "1"}}, 11, 1},
+		{"states ORed", sandboxapi.ListFilter{States: []sandboxapi.State{sandboxapi.StateFailed, "paused"}}, 1, 1},
+		{"state and metadata", sandboxapi.ListFilter{States: []sandboxapi.State{"running"}, Metadata: map[string]string{"ci.example.org/n": "1"}}, 11, 1},
 		{"no match", sandboxapi.ListFilter{Metadata: map[string]string{"ci.example.org/n": "2"}}, 0, 1},
 	}
 	for _, tt := range tests {
@@ -324,7 +324,7 @@ func TestCreateGetPatchDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if created.ID == "" || created.State != sandboxapi.StatePending || created.ExpiresAt.IsZero() {
+	if created.ID == "" || created.State != sandboxapi.StateRunning || created.ExpiresAt.IsZero() {
 		t.Fatalf("created = %+v", created)
 	}
 	three := "3"

@@ -1,6 +1,16 @@
 // Package sandboxapitest is a fake OpenSandbox lifecycle server for tests:
 // in memory, on 127.0.0.1, and strict.
 //
+// It answers as the real server does, as observed and recorded in
+// docs/OPENSANDBOX.md (the Docker runtime, by default) and
+// docs/OPENSANDBOX-KUBERNETES.md (WithRuntime(Kubernetes)): create answers
+// the sandbox Running; an entrypoint that exits (Exit) leaves it Terminated
+// or Failed with the server's reasons and messages (on Kubernetes, Pending
+// and then Failed by CrashLoopBackOff); an expired sandbox (Expire, or its
+// timeout passing) is removed, never Terminated; the error bodies carry the
+// server's codes and messages. RunContract runs the same cases against this
+// fake and against a real server, so that neither drifts from the other.
+//
 // Every request is validated against the specification the client is
 // generated from (shared/backend/opensandbox/sandboxapi/spec, through kin-openapi's
 // openapi3filter), and so is every response the fake sends: a response that
@@ -10,12 +20,14 @@
 // prefix (400 SANDBOX::INVALID_METADATA_LABEL), pageSize <= 200, image,
 // entrypoint and resourceLimits unless extensions.poolRef, 422 with FastAPI's
 // {"detail": [...]} for invalid requests, 202 on create, 204 on delete and 404
-// afterwards, the `metadata` filter and repeated `state` filter of the list,
+// afterwards, a timeout above the server's maximum (400
+// SANDBOX::INVALID_PARAMETER), 401 MISSING_API_KEY or INVALID_API_KEY, the `metadata` filter and repeated `state` filter of the list,
 // and merge-patch metadata where null deletes. A request the real server
 // would refuse is refused here too, so the fake cannot hide a client bug.
 //
 // Tests drive what a real server decides on its own: state transitions
-// (SetState, Transition), faults (Inject, FailNext: 429 or 5xx, before or
+// (SetState, Transition), an entrypoint's exit (Exit), expiry (Expire),
+// Kubernetes' create timeout (InjectPodReadyTimeout), faults (Inject, FailNext: 429 or 5xx, before or
 // after the request took effect; SetFaults: a fault rate, including answers
 // that never come) and latency (SetLatency). Created records every sandbox
 // ever created, deleted ones included.
@@ -55,6 +67,7 @@ type Server struct {
 	srv      *httptest.Server
 	contract *contract
 	rules    labelRules
+	opts     options
 
 	mu         sync.Mutex
 	sandboxes  map[string]*sandbox
@@ -66,26 +79,88 @@ type Server struct {
 	created    []Sandbox
 	latency    time.Duration
 	rejections []Rejection
+	// podReadyTimeouts queues the next creates' 504s (Kubernetes): true
+	// keeps the sandbox, false removes it as the server's cleanup does.
+	podReadyTimeouts []bool
 }
 
 // Option configures New.
 type Option func(*options)
 
-type options struct{ apiKey string }
+type options struct {
+	apiKey     string
+	runtime    Runtime
+	maxTimeout time.Duration
+	crashLoop  time.Duration
+}
 
 // WithAPIKey makes the fake require key in OPEN-SANDBOX-API-KEY, answering
-// 401 without it. By default, like a real server started without a key, it
-// accepts every request.
+// 401 MISSING_API_KEY without it and 401 INVALID_API_KEY with another. By
+// default, like a real server started without a key, it accepts every
+// request.
 func WithAPIKey(key string) Option { return func(o *options) { o.apiKey = key } }
+
+// Runtime is the server's runtime ([runtime] type in its configuration),
+// which decides the states, reasons and error codes it answers.
+type Runtime int
+
+const (
+	// Docker is the docker runtime: create answers Running; an exited
+	// entrypoint leaves the sandbox Terminated (exit 0) or Failed; errors
+	// are DOCKER::*.
+	Docker Runtime = iota
+	// Kubernetes is the kubernetes runtime with the batchsandbox provider:
+	// create answers Running (after waiting for the Pod, or 504
+	// KUBERNETES::POD_READY_TIMEOUT); an exited entrypoint is restarted, the
+	// sandbox Pending and then Failed (CrashLoopBackOff), never Terminated;
+	// errors are KUBERNETES::*.
+	Kubernetes
+)
+
+func (r Runtime) String() string {
+	if r == Kubernetes {
+		return "kubernetes"
+	}
+	return "docker"
+}
+
+// WithRuntime makes the fake answer as a server of runtime r; the default
+// is Docker.
+func WithRuntime(r Runtime) Option { return func(o *options) { o.runtime = r } }
+
+// DefaultMaxTimeout is the server's default max_sandbox_timeout_seconds.
+const DefaultMaxTimeout = 86400 * time.Second
+
+// WithMaxTimeout sets the largest timeout a create may ask for (the
+// server's max_sandbox_timeout_seconds, whole seconds), DefaultMaxTimeout
+// unless set; a larger one is answered 400 SANDBOX::INVALID_PARAMETER.
+func WithMaxTimeout(d time.Duration) Option { return func(o *options) { o.maxTimeout = d } }
+
+// DefaultCrashLoopBackOff is how long after its entrypoint's first exit a
+// Kubernetes sandbox turns Failed: 12 to 17 s observed
+// (docs/OPENSANDBOX-KUBERNETES.md).
+const DefaultCrashLoopBackOff = 15 * time.Second
+
+// WithCrashLoopBackOff sets how long a Kubernetes sandbox stays Pending
+// after Exit before it is Failed (CrashLoopBackOff); DefaultCrashLoopBackOff
+// unless set. Zero or less makes it Failed at once.
+func WithCrashLoopBackOff(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			d = time.Nanosecond
+		}
+		o.crashLoop = d
+	}
+}
 
 // New starts a fake on 127.0.0.1 and stops it when t ends.
 func New(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	var o options
+	o := options{maxTimeout: DefaultMaxTimeout, crashLoop: DefaultCrashLoopBackOff}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	s := &Server{t: t, rules: newLabelRules(), sandboxes: map[string]*sandbox{}, calls: map[string]int{}}
+	s := &Server{t: t, opts: o, rules: newLabelRules(), sandboxes: map[string]*sandbox{}, calls: map[string]int{}}
 	s.srv = httptest.NewUnstartedServer(s)
 	s.URL = "http://" + s.srv.Listener.Addr().String()
 	c, err := newContract(s.URL, o.apiKey)
@@ -102,9 +177,12 @@ func New(t testing.TB, opts ...Option) *Server {
 // Sandbox is what the fake holds about one sandbox, including what the
 // real server would not show (its environment and creation request).
 type Sandbox struct {
-	ID             string
-	State          string
+	ID    string
+	State string
+	// Reason and Message detail State as the server words them; Message
+	// is empty after SetState and Transition.
 	Reason         string
+	Message        string
 	PoolRef        string
 	Image          string
 	Entrypoint     []string
@@ -118,8 +196,19 @@ type Sandbox struct {
 
 type sandbox struct {
 	Sandbox
-	seq       int
-	expiresAt time.Time
+	seq          int
+	expiresAt    time.Time
+	transitionAt time.Time
+	// crashLoopAt, when set, is when a Kubernetes sandbox whose entrypoint
+	// exited turns Failed (CrashLoopBackOff).
+	crashLoopAt time.Time
+}
+
+// setStatus moves sb to a state, ending a pending crash loop.
+func (sb *sandbox) setStatus(state, reason, message string) {
+	sb.State, sb.Reason, sb.Message = state, reason, message
+	sb.transitionAt = time.Now().UTC()
+	sb.crashLoopAt = time.Time{}
 }
 
 func (sb *sandbox) snapshot() Sandbox {
@@ -181,9 +270,9 @@ func (s *Server) Created() []Sandbox {
 func (s *Server) Transition(id, state string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb, ok := s.sandboxes[id]
+	sb, ok := s.live(id)
 	if ok {
-		sb.State, sb.Reason = state, "test_transition"
+		sb.setStatus(state, "test_transition", "")
 	}
 	return ok
 }
@@ -223,11 +312,77 @@ func (s *Server) SetState(id, state string) {
 	s.t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb, ok := s.sandboxes[id]
+	sb, ok := s.live(id)
 	if !ok {
 		s.t.Fatalf("sandboxapitest: SetState: no sandbox %q", id)
 	}
-	sb.State, sb.Reason = state, "test_transition"
+	sb.setStatus(state, "test_transition", "")
+}
+
+// Exit makes the entrypoint of sandbox id exit with code, as the real
+// server then reports it. Docker: Terminated, reason CONTAINER_EXITED,
+// message "Sandbox container exited successfully." for 0; Failed,
+// CONTAINER_EXITED_ERROR, "Sandbox container exited with code N." otherwise.
+// Either stays (GET, List) until its expiry. Kubernetes, whatever the code
+// (the kubelet restarts the container): Pending, CREATING, then, after the
+// crash-loop back-off (WithCrashLoopBackOff), Failed, FAILED, "1/1 observed
+// pods failed; primary reason=CrashLoopBackOff; sample pod=<id>-0"; never
+// Terminated. A sandbox that does not exist fails the test.
+func (s *Server) Exit(id string, code int) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.live(id)
+	if !ok {
+		s.t.Fatalf("sandboxapitest: Exit: no sandbox %q", id)
+	}
+	switch {
+	case s.opts.runtime == Kubernetes:
+		if sb.State == "Failed" && sb.Reason == "FAILED" {
+			return // Failed is sticky once the crash loop showed
+		}
+		crash := sb.crashLoopAt
+		sb.setStatus("Pending", "CREATING", "Sandbox is being created")
+		if crash.IsZero() {
+			crash = sb.transitionAt.Add(s.opts.crashLoop)
+		}
+		sb.crashLoopAt = crash
+	case code == 0:
+		sb.setStatus("Terminated", "CONTAINER_EXITED", "Sandbox container exited successfully.")
+	default:
+		sb.setStatus("Failed", "CONTAINER_EXITED_ERROR", fmt.Sprintf("Sandbox container exited with code %d.", code))
+	}
+}
+
+// Expire makes sandbox id expire now, as when its timeout passes: the
+// server removes it (GET and DELETE then answer 404, List leaves it out);
+// it is never Terminated for an expiry. A sandbox that does not exist fails
+// the test.
+func (s *Server) Expire(id string) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.live(id); !ok {
+		s.t.Fatalf("sandboxapitest: Expire: no sandbox %q", id)
+	}
+	delete(s.sandboxes, id)
+}
+
+// InjectPodReadyTimeout makes the next create (Kubernetes runtime only)
+// answer 504 KUBERNETES::POD_READY_TIMEOUT, as the server does when the Pod
+// is not Running within sandbox_create_timeout_seconds. The sandbox was
+// created: with keep it stays, Pending (CREATING), as when the server's
+// cleanup failed or a proxy before it timed out first (the caller must find
+// it, not create another); without keep it is removed, as the server's
+// cleanup (delete_workload) does. Created and Creates count it either way.
+func (s *Server) InjectPodReadyTimeout(keep bool) {
+	s.t.Helper()
+	if s.opts.runtime != Kubernetes {
+		s.t.Fatalf("sandboxapitest: InjectPodReadyTimeout: the %s runtime never answers it", s.opts.runtime)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.podReadyTimeouts = append(s.podReadyTimeouts, keep)
 }
 
 // SetMetadata writes one metadata key of sandbox id directly, bypassing
@@ -236,7 +391,7 @@ func (s *Server) SetMetadata(id, key string, value *string) {
 	s.t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb, ok := s.sandboxes[id]
+	sb, ok := s.live(id)
 	if !ok {
 		s.t.Fatalf("sandboxapitest: SetMetadata: no sandbox %q", id)
 	}
@@ -255,7 +410,7 @@ func (s *Server) SetMetadata(id, key string, value *string) {
 func (s *Server) Seed(body []byte) string {
 	s.t.Helper()
 	s.mu.Lock()
-	resp := s.create(body)
+	resp := s.create(body, false)
 	s.mu.Unlock()
 	if resp.status != http.StatusAccepted {
 		s.t.Fatalf("sandboxapitest: Seed: the server would answer %d: %s", resp.status, resp.body)
@@ -273,11 +428,10 @@ func (s *Server) Seed(body []byte) string {
 func (s *Server) Sandbox(id string) (Sandbox, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb, ok := s.sandboxes[id]
+	sb, ok := s.live(id)
 	if !ok {
 		return Sandbox{}, false
 	}
-	s.expire(sb)
 	return sb.snapshot(), true
 }
 
@@ -287,7 +441,6 @@ func (s *Server) Sandboxes() []Sandbox {
 	defer s.mu.Unlock()
 	out := make([]Sandbox, 0, len(s.sandboxes))
 	for _, sb := range s.ordered() {
-		s.expire(sb)
 		out = append(out, sb.snapshot())
 	}
 	return out
@@ -355,15 +508,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	in, verr := s.contract.validateRequest(r.Context(), r)
 	if in == nil {
-		// No operation: FastAPI's own answer, outside the specification.
-		status, detail := http.StatusNotFound, "Not Found"
+		// No operation: FastAPI's own answer, outside the specification,
+		// unless the server's authentication middleware, which runs before
+		// routing, refuses the request first.
+		status := http.StatusNotFound
+		body, _ := json.Marshal(map[string]string{"detail": "Not Found"})
 		if errors.Is(verr, routers.ErrMethodNotAllowed) {
-			status, detail = http.StatusMethodNotAllowed, "Method Not Allowed"
+			status = http.StatusMethodNotAllowed
+			body, _ = json.Marshal(map[string]string{"detail": "Method Not Allowed"})
+		}
+		if resp, refused := s.unauthorized(r); refused {
+			status, body = resp.status, resp.body
 		}
 		s.reject(Rejection{Method: r.Method, Path: r.URL.Path, Status: status, Reason: verr.Error()})
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
-		_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
+		_, _ = w.Write(body)
 		return
 	}
 	op := r.Method + " " + in.Route.Path
@@ -387,8 +547,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp = faultResponse(*fault)
 	case verr != nil:
 		var sec *openapi3filter.SecurityRequirementsError
-		if errors.As(verr, &sec) {
-			resp = errorResponse(http.StatusUnauthorized, "UNAUTHORIZED", "missing or invalid API key")
+		if unauth, refused := s.unauthorized(r); refused && errors.As(verr, &sec) {
+			resp = unauth
 		} else {
 			resp = validationError("spec_violation", []any{"request"}, verr.Error(), nil)
 		}
@@ -422,6 +582,27 @@ func drop(w http.ResponseWriter) {
 		}
 	}
 	panic(http.ErrAbortHandler) // the server closes the connection
+}
+
+// apiKeyHeader is the header the server reads its API key from.
+const apiKeyHeader = "OPEN-SANDBOX-API-KEY"
+
+// unauthorized returns the server's 401 for r and true if the fake requires
+// an API key and r lacks it or carries another.
+func (s *Server) unauthorized(r *http.Request) (response, bool) {
+	if s.opts.apiKey == "" {
+		return response{}, false
+	}
+	switch r.Header.Get(apiKeyHeader) {
+	case s.opts.apiKey:
+		return response{}, false
+	case "":
+		return errorResponse(http.StatusUnauthorized, "MISSING_API_KEY",
+			"Authentication credentials are missing. Provide API key via "+apiKeyHeader+" header."), true
+	default:
+		return errorResponse(http.StatusUnauthorized, "INVALID_API_KEY",
+			"Authentication credentials are invalid. Check your API key and try again."), true
+	}
 }
 
 func (s *Server) reject(rej Rejection) {
@@ -481,17 +662,16 @@ func (s *Server) handle(op string, r *http.Request, in *openapi3filter.RequestVa
 	case "GET /sandboxes":
 		return s.list(r.URL.Query())
 	case "POST /sandboxes":
-		return s.create(body)
+		return s.create(body, true)
 	case "GET /sandboxes/{sandboxId}":
-		sb, ok := s.sandboxes[id]
+		sb, ok := s.live(id)
 		if !ok {
-			return notFound(id)
+			return s.notFound(id)
 		}
-		s.expire(sb)
 		return jsonResponse(http.StatusOK, sandboxJSON(sb, true))
 	case "DELETE /sandboxes/{sandboxId}":
-		if _, ok := s.sandboxes[id]; !ok {
-			return notFound(id)
+		if _, ok := s.live(id); !ok {
+			return s.notFound(id)
 		}
 		delete(s.sandboxes, id)
 		return response{status: http.StatusNoContent}
@@ -501,7 +681,9 @@ func (s *Server) handle(op string, r *http.Request, in *openapi3filter.RequestVa
 	return errorResponse(http.StatusInternalServerError, "FAKE::NOT_IMPLEMENTED", op+" is not implemented by the fake")
 }
 
-func (s *Server) create(body []byte) response {
+// create creates a sandbox as POST /sandboxes does; request marks a real
+// request, which an injected pod-ready timeout applies to. s.mu is held.
+func (s *Server) create(body []byte, request bool) response {
 	var req struct {
 		Image *struct {
 			URI string `json:"uri"`
@@ -535,12 +717,14 @@ func (s *Server) create(body []byte) response {
 	if err := s.rules.check(req.Metadata, nil); err != nil {
 		return errorResponse(http.StatusBadRequest, "SANDBOX::INVALID_METADATA_LABEL", err.Error())
 	}
+	if maxSec := int(s.opts.maxTimeout / time.Second); req.Timeout != nil && *req.Timeout > maxSec {
+		return errorResponse(http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER",
+			fmt.Sprintf("Sandbox timeout %ds exceeds configured maximum of %ds.", *req.Timeout, maxSec))
+	}
 	s.seq++
 	s.creates++
 	sb := &sandbox{seq: s.seq, Sandbox: Sandbox{
 		ID:             newSandboxID(),
-		State:          "Pending",
-		Reason:         "SANDBOX_SCHEDULED",
 		PoolRef:        poolRef,
 		Entrypoint:     slices.Clone(req.Entrypoint),
 		ResourceLimits: maps.Clone(req.ResourceLimits),
@@ -563,9 +747,34 @@ func (s *Server) create(body []byte) response {
 		sb.Timeout = *req.Timeout
 		sb.expiresAt = sb.CreatedAt.Add(time.Duration(*req.Timeout) * time.Second)
 	}
+	// Create blocks until the sandbox runs: the answer is Running.
+	answered := ""
+	if s.opts.runtime == Kubernetes {
+		sb.setStatus("Running", "RUNNING", "Sandbox is running")
+	} else {
+		sb.setStatus("Running", "CONTAINER_RUNNING", "Sandbox container is running.")
+		answered = "Sandbox container started successfully."
+	}
+	timedOut, keep := false, false
+	if request && len(s.podReadyTimeouts) > 0 {
+		timedOut, keep = true, s.podReadyTimeouts[0]
+		s.podReadyTimeouts = s.podReadyTimeouts[1:]
+		sb.setStatus("Pending", "CREATING", "Sandbox is being created")
+	}
 	s.sandboxes[sb.ID] = sb
 	s.created = append(s.created, sb.snapshot())
-	resp := jsonResponse(http.StatusAccepted, sandboxJSON(sb, false))
+	if timedOut {
+		if !keep {
+			delete(s.sandboxes, sb.ID)
+		}
+		return errorResponse(http.StatusGatewayTimeout, "KUBERNETES::POD_READY_TIMEOUT",
+			fmt.Sprintf("Timeout waiting for sandbox %s to be Running with IP. Elapsed: 60.0s, Last state: Pending", sb.ID))
+	}
+	v := sandboxJSON(sb, false)
+	if answered != "" {
+		v["status"].(map[string]any)["message"] = answered
+	}
+	resp := jsonResponse(http.StatusAccepted, v)
 	resp.header = http.Header{"Location": {s.URL + "/v1/sandboxes/" + url.PathEscape(sb.ID)}}
 	return resp
 }
@@ -591,7 +800,6 @@ func (s *Server) list(q url.Values) response {
 	states := q["state"]
 	var matched []*sandbox
 	for _, sb := range s.ordered() {
-		s.expire(sb)
 		if len(states) > 0 && !slices.ContainsFunc(states, func(st string) bool { return strings.EqualFold(st, sb.State) }) {
 			continue
 		}
@@ -633,9 +841,9 @@ func matches(md map[string]string, filter url.Values) bool {
 }
 
 func (s *Server) patch(id string, body []byte) response {
-	sb, ok := s.sandboxes[id]
+	sb, ok := s.live(id)
 	if !ok {
-		return notFound(id)
+		return s.notFound(id)
 	}
 	var p map[string]*string
 	if err := json.Unmarshal(body, &p); err != nil {
@@ -657,30 +865,48 @@ func (s *Server) patch(id string, body []byte) response {
 		delete(sb.Metadata, k)
 	}
 	maps.Copy(sb.Metadata, set)
-	s.expire(sb)
 	return jsonResponse(http.StatusOK, sandboxJSON(sb, true))
 }
 
-// ordered returns the sandboxes oldest first. s.mu is held.
+// ordered returns the live sandboxes (see live) oldest first. s.mu is held.
 func (s *Server) ordered() []*sandbox {
-	out := slices.Collect(maps.Values(s.sandboxes))
+	out := make([]*sandbox, 0, len(s.sandboxes))
+	for _, id := range slices.Collect(maps.Keys(s.sandboxes)) {
+		if sb, ok := s.live(id); ok {
+			out = append(out, sb)
+		}
+	}
 	slices.SortFunc(out, func(a, b *sandbox) int { return a.seq - b.seq })
 	return out
 }
 
-// expire terminates a sandbox whose timeout passed, as the server does.
-// s.mu is held.
-func (s *Server) expire(sb *sandbox) {
-	if !sb.expiresAt.IsZero() && time.Now().After(sb.expiresAt) && sb.State != "Terminated" && sb.State != "Failed" {
-		sb.State, sb.Reason = "Terminated", "ttl_expiry"
+// live returns sandbox id after what time did to it, false if it does not
+// exist: at its expiresAt the server removes it (never Terminated); once
+// the crash-loop back-off after an exit passed, a Kubernetes sandbox is
+// Failed. s.mu is held.
+func (s *Server) live(id string) (*sandbox, bool) {
+	sb, ok := s.sandboxes[id]
+	if !ok {
+		return nil, false
 	}
+	now := time.Now()
+	if !sb.expiresAt.IsZero() && !now.Before(sb.expiresAt) {
+		delete(s.sandboxes, id)
+		return nil, false
+	}
+	if at := sb.crashLoopAt; !at.IsZero() && !now.Before(at) {
+		sb.setStatus("Failed", "FAILED", fmt.Sprintf(
+			"1/1 observed pods failed; primary reason=CrashLoopBackOff; sample pod=%s-0", sb.ID))
+		sb.transitionAt = at.UTC()
+	}
+	return sb, true
 }
 
 // sandboxJSON renders sb as a Sandbox (full) or a CreateSandboxResponse.
 func sandboxJSON(sb *sandbox, full bool) map[string]any {
 	v := map[string]any{
 		"id":         sb.ID,
-		"status":     map[string]any{"state": sb.State, "reason": sb.Reason},
+		"status":     statusJSON(sb),
 		"metadata":   sb.Metadata,
 		"entrypoint": sb.Entrypoint,
 		"createdAt":  sb.CreatedAt.Format(time.RFC3339Nano),
@@ -692,6 +918,18 @@ func sandboxJSON(sb *sandbox, full bool) map[string]any {
 		v["image"] = map[string]any{"uri": sb.Image}
 	}
 	return v
+}
+
+// statusJSON renders sb's SandboxStatus.
+func statusJSON(sb *sandbox) map[string]any {
+	st := map[string]any{"state": sb.State, "reason": sb.Reason}
+	if sb.Message != "" {
+		st["message"] = sb.Message
+	}
+	if !sb.transitionAt.IsZero() {
+		st["lastTransitionAt"] = sb.transitionAt.Format(time.RFC3339Nano)
+	}
+	return st
 }
 
 func jsonResponse(status int, v any) response {
@@ -706,8 +944,13 @@ func errorResponse(status int, code, message string) response {
 	return jsonResponse(status, map[string]string{"code": code, "message": message})
 }
 
-func notFound(id string) response {
-	resp := errorResponse(http.StatusNotFound, "SANDBOX::NOT_FOUND", fmt.Sprintf("sandbox %s not found", id))
+// notFound is the runtime's 404 for a sandbox that does not exist (or
+// not any more).
+func (s *Server) notFound(id string) response {
+	resp := errorResponse(http.StatusNotFound, "DOCKER::SANDBOX_NOT_FOUND", fmt.Sprintf("Sandbox %s not found.", id))
+	if s.opts.runtime == Kubernetes {
+		resp = errorResponse(http.StatusNotFound, "KUBERNETES::SANDBOX_NOT_FOUND", fmt.Sprintf("Sandbox '%s' not found", id))
+	}
 	resp.missing = true
 	return resp
 }

@@ -91,8 +91,11 @@ func TestRefusesWhatTheServerRefuses(t *testing.T) {
 		{"env value not a string (spec)", "POST", "/v1/sandboxes", `{` + image + `,"env":{"A":1}}`, auth, 422, ""},
 		{"image without uri (spec)", "POST", "/v1/sandboxes", `{"image":{},"entrypoint":["x"],"resourceLimits":{"cpu":"1"}}`, auth, 422, ""},
 		{"not JSON (spec)", "POST", "/v1/sandboxes", `{`, auth, 422, ""},
-		{"no API key", "GET", "/v1/sandboxes", "", nil, 401, "UNAUTHORIZED"},
-		{"wrong API key", "GET", "/v1/sandboxes", "", []string{"OPEN-SANDBOX-API-KEY", "other"}, 401, "UNAUTHORIZED"},
+		{"no API key", "GET", "/v1/sandboxes", "", nil, 401, "MISSING_API_KEY"},
+		{"wrong API key", "GET", "/v1/sandboxes", "", []string{"OPEN-SANDBOX-API-KEY", "other"}, 401, "INVALID_API_KEY"},
+		{"no API key, invalid body", "POST", "/v1/sandboxes", `{`, nil, 401, "MISSING_API_KEY"},
+		{"no API key, unknown route", "GET", "/v1/things", "", nil, 401, "MISSING_API_KEY"},
+		{"timeout above the maximum", "POST", "/v1/sandboxes", `{` + image + `,"timeout":86401}`, auth, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"pageSize 201", "GET", "/v1/sandboxes?pageSize=201", "", auth, 422, ""},
 		{"pageSize 0 (spec)", "GET", "/v1/sandboxes?pageSize=0", "", auth, 422, ""},
 		{"page 0 (spec)", "GET", "/v1/sandboxes?page=0", "", auth, 422, ""},
@@ -153,7 +156,7 @@ func TestLifecycle(t *testing.T) {
 		Status   struct{ State string }
 		Metadata map[string]string
 	}
-	if err := json.Unmarshal([]byte(body), &created); err != nil || created.Status.State != "Pending" || created.Metadata["ci.example.org/a"] != "1" {
+	if err := json.Unmarshal([]byte(body), &created); err != nil || created.Status.State != "Running" || created.Metadata["ci.example.org/a"] != "1" {
 		t.Fatalf("created %s: %v", body, err)
 	}
 	id := created.ID
@@ -184,7 +187,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("delete: %d %s", status, body)
 	}
 	for _, m := range []string{"GET", "DELETE"} {
-		if status, body = do(t, fake, m, "/v1/sandboxes/"+id, ""); status != http.StatusNotFound || !strings.Contains(body, "SANDBOX::NOT_FOUND") {
+		if status, body = do(t, fake, m, "/v1/sandboxes/"+id, ""); status != http.StatusNotFound || body != `{"code":"DOCKER::SANDBOX_NOT_FOUND","message":"Sandbox `+id+` not found."}` {
 			t.Fatalf("%s after delete: %d %s", m, status, body)
 		}
 	}
@@ -205,7 +208,7 @@ func TestListFilters(t *testing.T) {
 	for i := range 7 {
 		ids = append(ids, create(t, fake, fmt.Sprintf(`%s,"metadata":{"ci.example.org/n":"%d","ci.example.org/even":"%v"}`, image, i, i%2 == 0)))
 	}
-	fake.SetState(ids[1], "Running")
+	fake.SetState(ids[1], "Failed") // the others are Running
 	fake.SetState(ids[2], "Paused")
 	type page struct {
 		Items []struct {
@@ -232,8 +235,8 @@ func TestListFilters(t *testing.T) {
 		{"two pairs", filter("ci.example.org/even=true&ci.example.org/n=4"), []string{ids[4]}, 1, false},
 		{"pairs must all match", filter("ci.example.org/even=false&ci.example.org/n=4"), nil, 0, false},
 		{"missing key", filter("ci.example.org/other=x"), nil, 0, false},
-		{"states are ORed, any case", "state=running&state=PAUSED", ids[1:3], 2, false},
-		{"state and metadata", "state=Pending&" + filter("ci.example.org/even=true"), []string{ids[0], ids[4], ids[6]}, 3, false},
+		{"states are ORed, any case", "state=failed&state=PAUSED", ids[1:3], 2, false},
+		{"state and metadata", "state=Running&" + filter("ci.example.org/even=true"), []string{ids[0], ids[4], ids[6]}, 3, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
