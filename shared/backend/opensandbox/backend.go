@@ -114,9 +114,10 @@ const (
 	// failed; the next recovery tries again).
 	EventSkippedTerminal EventName = "sandbox_skipped_terminal"
 	// EventCreateAdopted: a create failed in a way that may have taken
-	// effect (Err: a 504 K8S_POD_READY_TIMEOUT from a Kubernetes runtime
-	// whose Pod was not ready within the server's wait, a lost answer), and
-	// the assignment's sandbox exists: it is adopted, never created twice.
+	// effect (Err: a lost answer; a 504 KUBERNETES::POD_READY_TIMEOUT from a
+	// Kubernetes runtime whose Pod was not ready within the server's wait,
+	// when its cleanup left the sandbox), and the assignment's sandbox
+	// exists: it is adopted, never created twice.
 	EventCreateAdopted EventName = "sandbox_create_adopted"
 )
 

@@ -72,7 +72,15 @@ type harness struct {
 
 func newHarness(t *testing.T, edit ...func(*opensandbox.Config)) *harness {
 	t.Helper()
-	h := &harness{fake: sandboxapitest.New(t, sandboxapitest.WithAPIKey("api-key")), keys: testKeys(t), corrupt: map[string]error{}}
+	return newHarnessOn(t, nil, edit...)
+}
+
+// newHarnessOn is newHarness on a fake made with opts (a runtime, a
+// maximum timeout) besides the API key.
+func newHarnessOn(t *testing.T, opts []sandboxapitest.Option, edit ...func(*opensandbox.Config)) *harness {
+	t.Helper()
+	fake := sandboxapitest.New(t, append([]sandboxapitest.Option{sandboxapitest.WithAPIKey("api-key")}, opts...)...)
+	h := &harness{fake: fake, keys: testKeys(t), corrupt: map[string]error{}}
 	var err error
 	h.client, err = sandboxapi.New(sandboxapi.Options{BaseURL: h.fake.URL, APIKey: "api-key", Retry: fastRetry})
 	if err != nil {

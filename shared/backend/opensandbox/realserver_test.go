@@ -20,56 +20,127 @@ import (
 // The tests of this file follow what the real server does where the
 // specification is silent (docs/OPENSANDBOX.md, docs/OPENSANDBOX-KUBERNETES.md).
 
+// A sandbox whose entrypoint exited is finished at once, as each runtime
+// shows it: on Docker Terminated (exit 0) or Failed (exit != 0, a container
+// killed mid-job: 137); on Kubernetes, whose Pod restarts the container,
+// Pending and then Failed once it is in CrashLoopBackOff, never Terminated.
 // A Failed sandbox's executor carries the server's account of why, which
 // recover puts into the job's log; other states carry none.
-func TestFailedSandboxReason(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	a := assignment(t, "linux", 1)
-	created := h.create(t, a)
-	if e, err := h.backend.Find(ctx, a.ID); err != nil || e == nil || e.Reason != "" {
-		t.Fatalf("Find of a running sandbox = %+v, %v: want no reason", e, err)
-	}
-	h.fake.SetState(created.Name, "Failed")
-	e, err := h.backend.Find(ctx, a.ID)
-	if err != nil || e == nil {
-		t.Fatalf("Find = %+v, %v", e, err)
-	}
-	if e.Phase != executor.PhaseFailed || !strings.Contains(e.Reason, created.Name) || !strings.Contains(e.Reason, "test_transition") {
-		t.Fatalf("Find = %+v: want failed, with the sandbox and the server's reason in Reason", e)
+func TestFinishedSandboxPhaseAndReason(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		opts       []sandboxapitest.Option
+		code       int
+		want       executor.Phase
+		wantReason []string
+	}{
+		{"docker exit 0", nil, 0, executor.PhaseSucceeded, nil},
+		{"docker killed", nil, 137, executor.PhaseFailed, []string{"CONTAINER_EXITED_ERROR", "exited with code 137"}},
+		{"kubernetes exit 0", []sandboxapitest.Option{sandboxapitest.WithRuntime(sandboxapitest.Kubernetes), sandboxapitest.WithCrashLoopBackOff(50 * time.Millisecond)},
+			0, executor.PhaseFailed, []string{"CrashLoopBackOff"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessOn(t, tc.opts)
+			ctx := context.Background()
+			a := assignment(t, "linux", 1)
+			created := h.create(t, a)
+			if e, err := h.backend.Find(ctx, a.ID); err != nil || e == nil || e.Phase != executor.PhaseRunning || e.Reason != "" {
+				t.Fatalf("Find of a running sandbox = %+v, %v: want running, no reason", e, err)
+			}
+			h.fake.Exit(created.Name, tc.code)
+			var e *executor.Executor
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				var err error
+				if e, err = h.backend.Find(ctx, a.ID); err != nil || e == nil {
+					t.Fatalf("Find = %+v, %v", e, err)
+				}
+				if e.Phase.Terminal() || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if e.Phase != tc.want {
+				t.Fatalf("Find = %+v, want phase %s", e, tc.want)
+			}
+			if tc.wantReason == nil && e.Reason != "" {
+				t.Errorf("reason %q, want none", e.Reason)
+			}
+			for _, w := range tc.wantReason {
+				if !strings.Contains(e.Reason, w) || !strings.Contains(e.Reason, created.Name) {
+					t.Errorf("reason %q lacks %q or the sandbox %s", e.Reason, w, created.Name)
+				}
+			}
+		})
 	}
 }
 
-// A create answered 504 (the Kubernetes runtime's K8S_POD_READY_TIMEOUT:
-// the server made the sandbox and gave up waiting for its Pod) is retried
-// by looking first: the sandbox that exists is adopted, with an event that
-// names the answer, and no second one is created.
-func TestCreateAdoptsTheSandboxOfATimedOutCreate(t *testing.T) {
+// An expired sandbox is removed by the server (404, never Terminated): Find
+// and recovery no longer see it, and recover treats its task as one whose
+// executor vanished (shared/recoverer).
+func TestExpiredSandboxIsGone(t *testing.T) {
 	h := newHarness(t)
+	ctx := context.Background()
 	a := assignment(t, "linux", 1)
-	h.fake.Inject(sandboxapitest.Fault{Method: http.MethodPost, Status: http.StatusGatewayTimeout, AfterEffect: true})
-	e, err := h.backend.Create(context.Background(), a, h.launch(t, a))
-	if err != nil {
-		t.Fatal(err)
+	e := h.create(t, a)
+	h.fake.Expire(e.Name)
+	if _, err := h.client.Get(ctx, e.Name); !sandboxapi.IsNotFound(err) { // the fault happened
+		t.Fatalf("Get of the expired sandbox = %v, want 404", err)
 	}
-	// The fault happened: the one create took effect, its answer was 504.
-	if n := h.fake.Creates(); n != 1 {
-		t.Fatalf("%d creates, want exactly 1", n)
+	if found, err := h.backend.Find(ctx, a.ID); found != nil || err != nil {
+		t.Fatalf("Find = %+v, %v: want nothing", found, err)
 	}
-	if e.Name != h.fake.Created()[0].ID {
-		t.Fatalf("Create returned %s, not the sandbox the timed-out create made (%s)", e.Name, h.fake.Created()[0].ID)
+	if as, err := h.backend.RecoverAssignments(ctx); len(as) != 0 || err != nil {
+		t.Fatalf("RecoverAssignments = %v, %v: want none", as, err)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var adopted *opensandbox.Event
-	for i := range h.events {
-		if h.events[i].Name == opensandbox.EventCreateAdopted {
-			adopted = &h.events[i]
-		}
+	if err := h.backend.Delete(ctx, e); err != nil {
+		t.Fatalf("Delete of the expired sandbox = %v, want success", err)
 	}
-	var apiErr *sandboxapi.APIError
-	if adopted == nil || adopted.SandboxID != e.Name || adopted.AssignmentID != a.ID || !errors.As(adopted.Err, &apiErr) || apiErr.Status != http.StatusGatewayTimeout {
-		t.Fatalf("events = %+v: want %s for %s naming the 504", h.events, opensandbox.EventCreateAdopted, e.Name)
+}
+
+// A create answered 504 by the Kubernetes runtime
+// (KUBERNETES::POD_READY_TIMEOUT: its Pod was not ready within the server's
+// wait) is retried by looking first. Where the sandbox stays (a proxy timed
+// out first, the server's cleanup failed) it is adopted, with an event
+// naming the answer; where the server removed it, as it means to, one is
+// created again. Either way one sandbox is left.
+func TestCreateAfterAPodReadyTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		keep        bool
+		wantCreates int
+		wantEvent   opensandbox.EventName
+	}{
+		{"sandbox kept: adopted", true, 1, opensandbox.EventCreateAdopted},
+		{"sandbox removed: created again", false, 2, opensandbox.EventCreateRetried},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessOn(t, []sandboxapitest.Option{sandboxapitest.WithRuntime(sandboxapitest.Kubernetes)})
+			a := assignment(t, "linux", 1)
+			h.fake.InjectPodReadyTimeout(tc.keep)
+			e, err := h.backend.Create(context.Background(), a, h.launch(t, a))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := h.fake.Creates(); n != tc.wantCreates {
+				t.Fatalf("%d creates, want %d", n, tc.wantCreates)
+			}
+			if live := h.fake.Sandboxes(); len(live) != 1 || live[0].ID != e.Name {
+				t.Fatalf("sandboxes left %+v, want exactly %s", live, e.Name)
+			}
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			var got *opensandbox.Event
+			for i := range h.events {
+				if h.events[i].Name == tc.wantEvent {
+					got = &h.events[i]
+				}
+			}
+			var apiErr *sandboxapi.APIError
+			if got == nil || got.AssignmentID != a.ID || !errors.As(got.Err, &apiErr) || apiErr.Status != http.StatusGatewayTimeout {
+				t.Fatalf("events = %+v: want %s for %s naming the 504", h.events, tc.wantEvent, a.ID)
+			}
+		})
 	}
 }
 
