@@ -155,6 +155,9 @@ func (s *Server) loadImages(ctx context.Context, opts Options) error {
 		}
 		_ = os.Remove(tarPath)
 	}
+	if opts.JobImage != "" {
+		return s.loadJobImage(ctx, opts.JobImage)
+	}
 	return nil
 }
 
