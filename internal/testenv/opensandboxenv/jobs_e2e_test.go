@@ -111,6 +111,9 @@ type jobsWorld struct {
 
 	mu      sync.Mutex
 	claimed map[string]taskassignment.Assignment // by job name (unique across cases)
+	// most is the most sandboxes of this installation the server listed
+	// at once (sampled every 500 ms).
+	most int
 }
 
 func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
@@ -267,6 +270,14 @@ func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
 		if err != nil {
 			time.Sleep(time.Second)
 		}
+		return err
+	})
+	// The pool's capacity, watched on the server.
+	every("watch", 500*time.Millisecond, func(ctx context.Context) error {
+		sbs, err := w.api.List(ctx, sandboxapi.ListFilter{Metadata: w.keys.RunnerSelector()})
+		w.mu.Lock()
+		w.most = max(w.most, len(sbs))
+		w.mu.Unlock()
 		return err
 	})
 	// recover's passes, as its CronJob would (every 2 s here).
@@ -575,11 +586,18 @@ func (w *jobsWorld) nothingLeft(ctx context.Context, t *testing.T) {
 			left = append(left, "payload "+id)
 		}
 		if len(left) == 0 {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("left after every job ended: %s", strings.Join(left, ", "))
 		}
 		time.Sleep(time.Second)
 	}
+	w.mu.Lock()
+	most := w.most
+	w.mu.Unlock()
+	if most > jobsCapacity {
+		t.Errorf("the server held %d sandboxes of this installation at once, the pool's capacity is %d", most, jobsCapacity)
+	}
+	t.Logf("at most %d sandboxes at once (capacity %d)", most, jobsCapacity)
 }
