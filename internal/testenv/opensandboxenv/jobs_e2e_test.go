@@ -199,7 +199,9 @@ func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
 	gw := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{jobsPool: w.steps},
 		Payloads: w.queue.Payloads, Capabilities: boot, Log: log}
 	srv := &http.Server{Handler: gw.Handler()}
-	go func() { _ = srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(gwSVID, gwBundle, gw.Authorizer()))) }()
+	go func() {
+		_ = srv.Serve(tls.NewListener(ln, tlsconfig.MTLSServerConfig(gwSVID, gwBundle, gw.Authorizer())))
+	}()
 	t.Cleanup(func() { _ = srv.Close() })
 
 	// handle's and recover's backends, each built as its command builds it.

@@ -30,9 +30,13 @@
 //     forwarder of the harness: it listens on a free port of the machine's
 //     127.0.0.1 (URL) and connects each connection to the server's
 //     127.0.0.1:8080 inside the namespace with a socket made on an OS thread
-//     moved there with setns. Nothing listens beyond 127.0.0.1 on the
-//     machine. (Running without a network namespace would have put every
-//     sandbox's execd on the machine's port 44772.)
+//     moved there with setns (package netns). The other way, Expose makes a
+//     server of the machine's 127.0.0.1:<port> (Gitea, a gateway) reachable
+//     at the same address inside the namespace, hence from every sandbox,
+//     so the URLs a test hands out work unchanged there. Nothing listens
+//     beyond 127.0.0.1 on the machine. (Running without a network
+//     namespace would have put every sandbox's execd on the machine's port
+//     44772.)
 //   - The lifecycle server runs with chroot in a read-only bind of the
 //     peer's root: tests never write into the peer. Its /tmp and /root are
 //     tmpfs (its SQLite store is /tmp/opensandbox.db), /run is the folder
@@ -44,7 +48,8 @@
 //   - No registry is reachable and nothing is pulled: the execd image
 //     (ExecdImage) and the sandbox image (SandboxImage: busybox and the
 //     project's runner) are built as root filesystem tars here and loaded
-//     with `docker import`.
+//     with `docker import`; with Options.JobImage, an OCI layout (`make
+//     images`' runner-host) too, as JobImageName.
 //   - The server's API key is random per Start; max_sandbox_timeout_seconds
 //     is 86400.
 //   - Stop (also registered with t.Cleanup) kills the namespace's init, and
