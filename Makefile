@@ -73,7 +73,7 @@ e2e-opensandbox-k8s:
 	./scripts/peers/kube-node.sh build
 	./scripts/peers/opensandbox-k8s.sh build
 	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetes' ./internal/testenv/batchsandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
 
 ## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
 ##        e2e too; needs root)
