@@ -38,4 +38,3 @@ func TestE2EBusyboxLayerHasAShell(t *testing.T) {
 		t.Errorf("tmp: %+v, want mode 1777", h)
 	}
 }
-
