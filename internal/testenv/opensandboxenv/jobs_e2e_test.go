@@ -476,13 +476,30 @@ func (w *jobsWorld) failure(ctx context.Context, t *testing.T) {
 	w.waitGone(ctx, t, sb.ID, 30*time.Second)
 }
 
-func (w *jobsWorld) cancelled(ctx context.Context, t *testing.T) {
-	repo := w.gitea.CreateRepo(t, "cancel")
+// sleepingJob pushes a workflow whose one job, name, sleeps for ten
+// minutes, and returns its repository, assignment and sandbox once the
+// runner has fetched the task and reported its step started.
+func (w *jobsWorld) sleepingJob(ctx context.Context, t *testing.T, name string) (string, taskassignment.Assignment, sandboxapi.Sandbox) {
+	t.Helper()
+	repo := w.gitea.CreateRepo(t, name)
 	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml",
-		"name: ci\non: [push]\njobs:\n  cancel:\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
-	a := w.assignment(t, "cancel", 60*time.Second)
+		"name: ci\non: [push]\njobs:\n  "+name+":\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
+	a := w.assignment(t, name, 60*time.Second)
 	sb := w.sandbox(ctx, t, a, 60*time.Second)
 	w.waitStepRunning(t, a, 90*time.Second)
+	return repo, a, sb
+}
+
+// whileRecoverWaits runs fault with recover's passes held, so that a test
+// sees its fault happen before recover may act on it.
+func (w *jobsWorld) whileRecoverWaits(fault func()) {
+	w.pauseRecover.Lock()
+	defer w.pauseRecover.Unlock()
+	fault()
+}
+
+func (w *jobsWorld) cancelled(ctx context.Context, t *testing.T) {
+	repo, _, sb := w.sleepingJob(ctx, t, "cancel")
 	if got, err := w.api.Get(ctx, sb.ID); err != nil || got.State != sandboxapi.StateRunning {
 		t.Fatalf("sandbox %s before the cancel: %+v, %v; want Running", sb.ID, got, err)
 	}
@@ -499,48 +516,36 @@ func (w *jobsWorld) cancelled(ctx context.Context, t *testing.T) {
 }
 
 func (w *jobsWorld) killed(ctx context.Context, t *testing.T) {
-	repo := w.gitea.CreateRepo(t, "killed")
-	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml",
-		"name: ci\non: [push]\njobs:\n  killed:\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
-	a := w.assignment(t, "killed", 60*time.Second)
-	sb := w.sandbox(ctx, t, a, 60*time.Second)
-	w.waitStepRunning(t, a, 90*time.Second)
+	repo, _, sb := w.sleepingJob(ctx, t, "killed")
 
 	// The fault, seen before recover may act on it.
-	w.pauseRecover.Lock()
-	paused := true
-	defer func() {
-		if paused {
-			w.pauseRecover.Unlock()
+	w.whileRecoverWaits(func() {
+		container := "sandbox-" + sb.ID
+		if out, err := w.s.Docker(ctx, "ps", "-q", "--filter", "name=^/"+container+"$", "--filter", "status=running"); err != nil || len(bytes.TrimSpace(out)) == 0 {
+			t.Fatalf("no running container %s: %v %s", container, err, out)
 		}
-	}()
-	container := "sandbox-" + sb.ID
-	if out, err := w.s.Docker(ctx, "ps", "-q", "--filter", "name=^/"+container+"$", "--filter", "status=running"); err != nil || len(bytes.TrimSpace(out)) == 0 {
-		t.Fatalf("no running container %s: %v %s", container, err, out)
-	}
-	if _, err := w.s.Docker(ctx, "kill", container); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got, err := w.api.Get(ctx, sb.ID)
-		if err != nil {
-			t.Fatalf("sandbox %s after the kill: %v", sb.ID, err)
+		if _, err := w.s.Docker(ctx, "kill", container); err != nil {
+			t.Fatal(err)
 		}
-		if got.State == sandboxapi.StateFailed {
-			if got.Reason != "CONTAINER_EXITED_ERROR" || !strings.Contains(got.Message, "137") {
-				t.Fatalf("sandbox %s after the kill: %s %s %q, want CONTAINER_EXITED_ERROR, code 137", sb.ID, got.State, got.Reason, got.Message)
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			got, err := w.api.Get(ctx, sb.ID)
+			if err != nil {
+				t.Fatalf("sandbox %s after the kill: %v", sb.ID, err)
 			}
-			t.Logf("observed: killed sandbox: %s %s %q", got.State, got.Reason, got.Message)
-			break
+			if got.State == sandboxapi.StateFailed {
+				if got.Reason != "CONTAINER_EXITED_ERROR" || !strings.Contains(got.Message, "137") {
+					t.Fatalf("sandbox %s after the kill: %s %s %q, want CONTAINER_EXITED_ERROR, code 137", sb.ID, got.State, got.Reason, got.Message)
+				}
+				t.Logf("observed: killed sandbox: %s %s %q", got.State, got.Reason, got.Message)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox %s still %s %s 20 s after the kill", sb.ID, got.State, got.Reason)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s still %s %s 20 s after the kill", sb.ID, got.State, got.Reason)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	w.pauseRecover.Unlock()
-	paused = false
+	})
 	released := time.Now()
 
 	j := w.waitJob(t, repo, "killed", completed, 60*time.Second)
@@ -569,29 +574,17 @@ func (w *jobsWorld) killed(ctx context.Context, t *testing.T) {
 // reason saying its executor vanished, and no second sandbox is made: the
 // task is not sent to handle again, which would run the job once more.
 func (w *jobsWorld) vanished(ctx context.Context, t *testing.T) {
-	repo := w.gitea.CreateRepo(t, "vanished")
-	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml",
-		"name: ci\non: [push]\njobs:\n  vanished:\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
-	a := w.assignment(t, "vanished", 60*time.Second)
-	sb := w.sandbox(ctx, t, a, 60*time.Second)
-	w.waitStepRunning(t, a, 90*time.Second) // the runner has fetched its task
+	repo, a, sb := w.sleepingJob(ctx, t, "vanished")
 
 	// The fault, seen before recover may act on it.
-	w.pauseRecover.Lock()
-	paused := true
-	defer func() {
-		if paused {
-			w.pauseRecover.Unlock()
+	w.whileRecoverWaits(func() {
+		if err := w.api.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
 		}
-	}()
-	if err := w.api.Delete(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.api.Get(ctx, sb.ID); !sandboxapi.IsNotFound(err) {
-		t.Fatalf("sandbox %s after its removal: %v, want 404", sb.ID, err)
-	}
-	w.pauseRecover.Unlock()
-	paused = false
+		if _, err := w.api.Get(ctx, sb.ID); !sandboxapi.IsNotFound(err) {
+			t.Fatalf("sandbox %s after its removal: %v, want 404", sb.ID, err)
+		}
+	})
 
 	j := w.waitJob(t, repo, "vanished", completed, 60*time.Second)
 	if j.Conclusion != "failure" {
