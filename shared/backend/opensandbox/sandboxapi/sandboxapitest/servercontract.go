@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,9 @@ type contractAnswer struct {
 	// State, Reason and Message are the sandbox's status, or that of the
 	// only item of a list.
 	State, Reason, Message string
+	// Entrypoint is the sandbox's entrypoint (of the only item of a list)
+	// as JSON.
+	Entrypoint string
 	// Items is the number of items of a list answer.
 	Items int
 	// Code and Error are an ErrorResponse's code and message; Error is the
@@ -151,6 +155,9 @@ type contractAnswers struct {
 	// exited is GET of a sandbox whose entrypoint exited with code 0 or 1,
 	// once the server shows it.
 	exited [2]contractAnswer
+	// wrap is what GET and List put before the entrypoint the create asked
+	// for (the create's answer shows it as asked).
+	wrap []string
 }
 
 // answers returns runtime rt's answers.
@@ -165,6 +172,9 @@ func answers(rt Runtime) contractAnswers {
 			running:  contractAnswer{Status: http.StatusOK, State: "Running", Reason: "RUNNING", Message: "Sandbox is running"},
 			notFound: contractAnswer{Status: http.StatusNotFound, Code: "KUBERNETES::SANDBOX_NOT_FOUND", Error: "Sandbox '{id}' not found"},
 			exited:   [2]contractAnswer{crashLoop, crashLoop},
+			// The container's command is bootstrap.sh wrapping the
+			// entrypoint; GET and List show the container's command.
+			wrap: []string{"/opt/opensandbox/bootstrap.sh"},
 		}
 	}
 	return contractAnswers{
@@ -249,7 +259,7 @@ func (r *contractRun) run() {
 	due := time.Now()
 	if tc.setup != nil {
 		a, id, expires := r.create(ctx, contractCreate(r.target.Runtime, tc.setup.command(), tc.setup.timeout))
-		if want := contractCreated(r.target.Runtime); a != want {
+		if want := r.withEntrypoint(contractCreated(r.target.Runtime), true); a != want {
 			t.Fatalf("create of the case's sandbox: %+v, want %+v", a, want)
 		}
 		switch tc.event {
@@ -295,7 +305,7 @@ func (r *contractRun) run() {
 		}
 		time.Sleep(poll)
 	}
-	want := tc.want
+	want := r.withEntrypoint(tc.want, tc.method == "POST")
 	want.Message = strings.ReplaceAll(want.Message, "{id}", r.id)
 	want.Error = strings.ReplaceAll(want.Error, "{id}", r.id)
 	if got != want {
@@ -322,6 +332,29 @@ func (r *contractRun) pending(a contractAnswer) bool {
 			Message: "Sandbox container exited with code 137."}
 	}
 	return false
+}
+
+// withEntrypoint returns want, if it is a sandbox's answer, with the
+// entrypoint the server shows for the case's sandbox: as the create asked
+// for it in a create's answer, else with the runtime's wrap before it.
+func (r *contractRun) withEntrypoint(want contractAnswer, created bool) contractAnswer {
+	if want.State == "" {
+		return want
+	}
+	cmd := "sleep 3600" // the case that creates
+	if r.tc.setup != nil {
+		cmd = r.tc.setup.command()
+	}
+	ep := []string{"/bin/sh", "-c", cmd}
+	if !created {
+		ep = append(slices.Clone(answers(r.target.Runtime).wrap), ep...)
+	}
+	b, err := json.Marshal(ep)
+	if err != nil {
+		panic(err) // strings
+	}
+	want.Entrypoint = string(b)
+	return want
 }
 
 // earliestExpiry is how long before its expiresAt a real server may
@@ -440,8 +473,9 @@ func parseContractAnswer(status int, body []byte) (contractAnswer, []string) {
 		return a, nil
 	}
 	type item struct {
-		ID     string `json:"id"`
-		Status *struct {
+		ID         string          `json:"id"`
+		Entrypoint json.RawMessage `json:"entrypoint"`
+		Status     *struct {
 			State   string `json:"state"`
 			Reason  string `json:"reason"`
 			Message string `json:"message"`
@@ -479,6 +513,13 @@ func parseContractAnswer(status int, body []byte) (contractAnswer, []string) {
 	}
 	if one.Status != nil {
 		a.State, a.Reason, a.Message = one.Status.State, one.Status.Reason, one.Status.Message
+		var ep []string
+		if err := json.Unmarshal(one.Entrypoint, &ep); err == nil {
+			b, _ := json.Marshal(ep) // compact, as withEntrypoint writes it
+			a.Entrypoint = string(b)
+		} else {
+			a.Entrypoint = string(one.Entrypoint)
+		}
 	}
 	return a, ids
 }
