@@ -911,8 +911,8 @@ const bootstrapPath = "/opt/opensandbox/bootstrap.sh"
 // entrypoint is the container's command (bootstrapPath before the one
 // asked for), createdAt the object's creationTimestamp (whole seconds);
 // its create answer shows the entrypoint as asked and createdAt to the
-// microsecond; its lastTransitionAt is always in whole seconds
-// (docs/OPENSANDBOX-KUBERNETES.md).
+// microsecond; its lastTransitionAt is always the creationTimestamp,
+// whatever the state did since (docs/OPENSANDBOX-KUBERNETES.md).
 func (s *Server) sandboxJSON(sb *sandbox, full bool) map[string]any {
 	k8s := s.opts.runtime == Kubernetes
 	entrypoint, created := sb.Entrypoint, sb.CreatedAt
@@ -921,8 +921,8 @@ func (s *Server) sandboxJSON(sb *sandbox, full bool) map[string]any {
 		created = created.Truncate(time.Second)
 	}
 	status := statusJSON(sb)
-	if at := sb.transitionAt; k8s && !at.IsZero() {
-		status["lastTransitionAt"] = at.Truncate(time.Second).Format(time.RFC3339Nano)
+	if k8s {
+		status["lastTransitionAt"] = sb.CreatedAt.Truncate(time.Second).Format(time.RFC3339Nano)
 	}
 	v := map[string]any{
 		"id":         sb.ID,
