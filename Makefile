@@ -65,15 +65,18 @@ e2e: peers images
 
 ## e2e-opensandbox-k8s: OpenSandbox's Kubernetes runtime on the test cluster: its peer (the
 ##        BatchSandbox controller manager, CRDs and execd at 4db3a993, from ../shared/peers; 955 s
-##        cold) and TestE2EOpenSandboxKubernetesBatchSandbox (build tags e2e and opensandboxk8s).
+##        cold), TestE2EOpenSandboxKubernetesBatchSandbox, and the lifecycle server (the Docker
+##        runtime's peer root) with its Kubernetes runtime: TestE2EOpenSandboxKubernetesServer and
+##        TestE2EOpenSandboxContractKubernetes (build tags e2e and opensandboxk8s).
 ##        Not yet part of peers and e2e: CI's cold-run budget (docs/OPENSANDBOX-KUBERNETES.md)
 .PHONY: e2e-opensandbox-k8s
 e2e-opensandbox-k8s:
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
+	./scripts/peers/opensandbox.sh build
 	./scripts/peers/opensandbox-k8s.sh build
 	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetes' ./internal/testenv/batchsandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandbox(Kubernetes|ContractKubernetes)' ./internal/testenv/batchsandboxenv/
 
 ## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
 ##        e2e too; needs root)
