@@ -324,6 +324,7 @@ func (r *contractRun) pending(a contractAnswer) bool {
 		return false
 	}
 	k8s := r.target.Runtime == Kubernetes
+	a.Entrypoint = "" // compared with the final answer, not here
 	switch r.tc.event {
 	case eventExit:
 		return a.State == "Running" || k8s && a.State == "Pending" && a.Reason == "CREATING"
