@@ -67,7 +67,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -85,6 +84,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/imagebuild"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/netns"
 )
 
 // Version is the Kubernetes release of every component.
@@ -624,37 +624,6 @@ func waitFile(ctx context.Context, p *testenv.Process, path string) error {
 	})
 }
 
-// listenInNetns listens on addr inside the network namespace at nsPath. The
-// socket is made on a thread moved into that namespace; the thread is never
-// unlocked, so Go discards it when the goroutine ends.
-func listenInNetns(nsPath, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread leaves with its namespace
-		f, err := os.Open(nsPath)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", nsPath, err)}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		return nil, fmt.Errorf("listen on %s in %s: %w", addr, nsPath, r.err)
-	}
-	return r.l, nil
-}
-
 // Forward makes a server of the machine's, listening at hostAddr
 // (127.0.0.1:<port>), reachable from the node and its Pods at the returned
 // address: the node's address and the same port, in the node's network
@@ -681,37 +650,15 @@ func (c *Cluster) NodeIP() string { return c.nodeIP }
 // forward listens on addr in the node's network namespace and forwards
 // every connection to target on the machine.
 func (c *Cluster) forward(addr, target string) error {
-	l, err := listenInNetns(fmt.Sprintf("/proc/%d/ns/net", c.nodePID), addr)
+	l, err := netns.Listen(netns.Path(c.nodePID), addr)
 	if err != nil {
 		return err
 	}
 	c.proxyMu.Lock()
 	c.proxies = append(c.proxies, l)
 	c.proxyMu.Unlock()
-	go proxy(l, target)
+	go netns.Proxy(l, func() (net.Conn, error) { return net.DialTimeout("tcp", target, 10*time.Second) })
 	return nil
-}
-
-// proxy forwards every connection accepted on l to target, until l closes.
-func proxy(l net.Listener, target string) {
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer in.Close()
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-			<-done
-		}()
-	}
 }
 
 // writeKubeconfig writes a kubeconfig for cfg (a cluster admin), with its

@@ -155,6 +155,13 @@ func (s *Server) loadImages(ctx context.Context, opts Options) error {
 		}
 		_ = os.Remove(tarPath)
 	}
+	if opts.JobImage != "" {
+		start := time.Now()
+		if err := s.loadJobImage(ctx, opts.JobImage); err != nil {
+			return err
+		}
+		s.log("opensandboxenv: %s imported from %s in %v", JobImageName, opts.JobImage, time.Since(start).Round(100*time.Millisecond))
+	}
 	return nil
 }
 

@@ -30,9 +30,13 @@
 //     forwarder of the harness: it listens on a free port of the machine's
 //     127.0.0.1 (URL) and connects each connection to the server's
 //     127.0.0.1:8080 inside the namespace with a socket made on an OS thread
-//     moved there with setns. Nothing listens beyond 127.0.0.1 on the
-//     machine. (Running without a network namespace would have put every
-//     sandbox's execd on the machine's port 44772.)
+//     moved there with setns (package netns). The other way, Expose makes a
+//     server of the machine's 127.0.0.1:<port> (Gitea, a gateway) reachable
+//     at the same address inside the namespace, hence from every sandbox,
+//     so the URLs a test hands out work unchanged there. Nothing listens
+//     beyond 127.0.0.1 on the machine. (Running without a network
+//     namespace would have put every sandbox's execd on the machine's port
+//     44772.)
 //   - The lifecycle server runs with chroot in a read-only bind of the
 //     peer's root: tests never write into the peer. Its /tmp and /root are
 //     tmpfs (its SQLite store is /tmp/opensandbox.db), /run is the folder
@@ -44,7 +48,8 @@
 //   - No registry is reachable and nothing is pulled: the execd image
 //     (ExecdImage) and the sandbox image (SandboxImage: busybox and the
 //     project's runner) are built as root filesystem tars here and loaded
-//     with `docker import`.
+//     with `docker import`; with Options.JobImage, an OCI layout (`make
+//     images`' runner-host) too, as JobImageName.
 //   - The server's API key is random per Start; max_sandbox_timeout_seconds
 //     is 86400.
 //   - Stop (also registered with t.Cleanup) kills the namespace's init, and
@@ -70,7 +75,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,9 +82,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/netns"
 )
 
 // Version is the OpenSandbox commit the peer is built from.
@@ -120,6 +123,11 @@ type Options struct {
 	// NoRunner leaves the runner out of SandboxImage (it then holds busybox
 	// only), which saves building functions/runner.
 	NoRunner bool
+	// JobImage, if set, is the folder of an OCI image layout (`make
+	// images` writes bin/images/runner-host) imported as JobImageName:
+	// its image for this machine's architecture, flattened, with its user,
+	// environment and working directory. It must hold /bin/sh.
+	JobImage string
 }
 
 // Server is a running lifecycle server with its Docker engine.
@@ -139,7 +147,10 @@ type Server struct {
 	node     *testenv.Process
 	initPID  int
 	listener net.Listener
-	dialer   *nsDialer
+	dialer   *netns.Dialer
+	proxyMu  sync.Mutex
+	exposed  []net.Listener // Expose's listeners inside the namespace
+	stopped  bool
 	watchdog *watchdog
 	log      func(format string, args ...any)
 
@@ -226,14 +237,15 @@ func start(ctx context.Context, t testing.TB, peer string, opts Options) (*Serve
 	if err := s.loadImages(ctx, opts); err != nil {
 		return s, err
 	}
-	s.dialer, err = newNSDialer(fmt.Sprintf("/proc/%d/ns/net", s.initPID))
+	s.dialer, err = netns.NewDialer(netns.Path(s.initPID))
 	if err != nil {
 		return s, err
 	}
 	if s.listener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		return s, fmt.Errorf("listen for the forwarder: %w", err)
 	}
-	go s.forward(s.listener, net.JoinHostPort("127.0.0.1", strconv.Itoa(serverPort)))
+	target := net.JoinHostPort("127.0.0.1", strconv.Itoa(serverPort))
+	go netns.Proxy(s.listener, func() (net.Conn, error) { return s.dialer.Dial(target) })
 	s.URL = "http://" + s.listener.Addr().String()
 	if err := os.WriteFile(filepath.Join(dir, "server-go"), nil, 0o644); err != nil {
 		return s, err
@@ -361,100 +373,36 @@ func (s *Server) waitHealthy(ctx context.Context) error {
 	return nil
 }
 
-// forward connects every connection accepted on l to target inside the
-// namespace, until l closes.
-func (s *Server) forward(l net.Listener, target string) {
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer in.Close()
-			out, err := s.dialer.dial(target)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(out, in); closeWrite(out); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(in, out); closeWrite(in); done <- struct{}{} }()
-			<-done
-			<-done
-		}()
+// Expose makes a server of the machine's, listening at hostAddr
+// (127.0.0.1:<port>), reachable inside the server's network namespace at
+// the same address: the namespace has a loopback of its own, on which the
+// harness listens on that port and forwards every connection to hostAddr on
+// the machine, until Stop. Sandboxes use the namespace's network, so a URL
+// the test hands out (Gitea's ROOT_URL, a gateway's https://127.0.0.1:<port>)
+// works unchanged inside them. It fails if the port is taken in the
+// namespace (the server's 8080, execd's 44772).
+func (s *Server) Expose(hostAddr string) error {
+	host, port, err := net.SplitHostPort(hostAddr)
+	if err != nil {
+		return fmt.Errorf("opensandboxenv: expose %s: %w", hostAddr, err)
 	}
-}
-
-func closeWrite(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("opensandboxenv: expose %s: want a loopback address of the machine", hostAddr)
 	}
-}
-
-// nsDialer makes TCP connections inside a network namespace: every socket
-// is made on one OS thread that was moved into the namespace with setns and
-// is never unlocked (Go discards the thread when its goroutine ends).
-type nsDialer struct {
-	reqs chan dialReq
-	stop chan struct{}
-	once sync.Once
-}
-
-type dialReq struct {
-	addr string
-	out  chan dialResult
-}
-
-type dialResult struct {
-	c   net.Conn
-	err error
-}
-
-func newNSDialer(nsPath string) (*nsDialer, error) {
-	d := &nsDialer{reqs: make(chan dialReq), stop: make(chan struct{})}
-	ready := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread leaves with its namespace
-		f, err := os.Open(nsPath)
-		if err != nil {
-			ready <- err
-			return
-		}
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
-		if err != nil {
-			ready <- fmt.Errorf("setns %s: %w", nsPath, err)
-			return
-		}
-		ready <- nil
-		for {
-			select {
-			case <-d.stop:
-				return
-			case r := <-d.reqs:
-				c, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
-				r.out <- dialResult{c, err}
-			}
-		}
-	}()
-	if err := <-ready; err != nil {
-		return nil, err
+	l, err := netns.Listen(netns.Path(s.initPID), net.JoinHostPort(host, port))
+	if err != nil {
+		return fmt.Errorf("opensandboxenv: expose %s: %w", hostAddr, err)
 	}
-	return d, nil
-}
-
-func (d *nsDialer) dial(addr string) (net.Conn, error) {
-	r := dialReq{addr: addr, out: make(chan dialResult, 1)}
-	select {
-	case d.reqs <- r:
-	case <-d.stop:
-		return nil, errors.New("forwarder stopped")
+	s.proxyMu.Lock()
+	defer s.proxyMu.Unlock()
+	if s.stopped {
+		_ = l.Close()
+		return fmt.Errorf("opensandboxenv: expose %s: the server is stopped", hostAddr)
 	}
-	res := <-r.out
-	return res.c, res.err
+	s.exposed = append(s.exposed, l)
+	go netns.Proxy(l, func() (net.Conn, error) { return net.DialTimeout("tcp", hostAddr, 5*time.Second) })
+	return nil
 }
-
-func (d *nsDialer) close() { d.once.Do(func() { close(d.stop) }) }
 
 // cgroupDirs returns, for every cgroup hierarchy the test process is in
 // (v1, and the v2 "unified" one of a hybrid layout) and that is mounted under
@@ -540,8 +488,14 @@ func (s *Server) Stop() error {
 			_ = s.listener.Close()
 		}
 		if s.dialer != nil {
-			s.dialer.close()
+			s.dialer.Close()
 		}
+		s.proxyMu.Lock()
+		s.stopped = true
+		for _, l := range s.exposed {
+			_ = l.Close()
+		}
+		s.proxyMu.Unlock()
 		if s.node != nil {
 			s.node.Stop(10 * time.Second) // unshare, then its init: the PID namespace ends
 			if s.initPID > 0 {
