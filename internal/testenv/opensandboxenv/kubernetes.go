@@ -50,7 +50,9 @@ type KubernetesOptions struct {
 //     private mount and PID namespaces, but on the machine's network: it
 //     listens on a free port of the machine's 127.0.0.1 (URL, no
 //     forwarder) and reaches the API server wherever the kubeconfig says.
-//     No Docker daemon runs.
+//     No Docker daemon runs; Docker and Expose are for Start's servers only
+//     (sandboxes are Pods: they reach the machine's servers through the
+//     cluster, clusterenv's Cluster.Forward).
 //   - Config: namespace opts.Namespace, kubeconfig_path /run/kubeconfig,
 //     workload_provider "batchsandbox", image_pull_policy "IfNotPresent",
 //     informer_enabled false (every read goes to the API server, so a
