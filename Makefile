@@ -77,7 +77,7 @@ e2e-opensandbox-k8s: images
 	./scripts/peers/opensandbox.sh build
 	./scripts/peers/opensandbox-k8s.sh build
 	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/ ./internal/testenv/opensandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandbox(Kubernetes|ContractKubernetes)' ./internal/testenv/batchsandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|OpenSandboxContractKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
 	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./internal/testenv/opensandboxenv/
 
 ## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of

@@ -111,3 +111,28 @@ debs_unpack() {
     dpkg-deb -x "$d" "$tmp/x"
   done
 }
+
+# opensandbox_execd SRC COMMIT OUT: OpenSandbox's execd from the pinned copy SRC (the folder
+# holding components/), built into OUT/execd with its bootstrap.sh beside it (OUT/bootstrap.sh),
+# the commit stamped as the upstream Dockerfile does. The one recipe both OpenSandbox peers use
+# (opensandbox.sh: the Docker runtime's execd_image; opensandbox-k8s.sh: the provider's
+# execd-installer). components/execd and components/internal (its `replace ../internal`) are
+# copied into OUT/src, never written in SRC, and removed afterwards; modules come from the Go
+# module proxy as execd's go.sum pins them; the machine's build cache is used, so the standard
+# library and common modules are compiled once for every Go peer.
+opensandbox_execd() {
+  local src=$1 commit=$2 out=$3 s v=github.com/alibaba/opensandbox/internal/version
+  mkdir -p "$out/src"
+  cp -R "$src/components/execd" "$src/components/internal" "$out/src/"
+  chmod -R u+w "$out/src"
+  s=$(date +%s)
+  say "compiling execd at $commit"
+  (cd "$out/src/execd" && GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOOS= GOARCH= \
+    go build -trimpath -ldflags "-s -w -X $v.Version=$commit -X $v.GitCommit=$commit -X $v.BuildTime=unknown" \
+      -o "$out/execd" .)
+  say "execd built in $(($(date +%s) - s))s"
+  install -m 755 "$src/components/execd/bootstrap.sh" "$out/bootstrap.sh"
+  rm -rf "$out/src"
+  grep -qE "^[[:space:]]path[[:space:]]+github.com/alibaba/opensandbox/execd([[:space:]]|$)" <<<"$(go version -m "$out/execd")" ||
+    die "built execd is not github.com/alibaba/opensandbox/execd"
+}

@@ -22,8 +22,8 @@
 # modules are copied into a temporary folder and built there (the pinned copy is never written),
 # their dependencies fetched from the Go module proxy as their go.sum files pin them (execd's
 # `replace ... => ../internal` is kept by copying components/internal beside it). CGO_ENABLED=0,
-# -trimpath, the commit stamped as the upstream Dockerfiles do, a private build cache that is
-# deleted afterwards. busybox-static comes from a private apt state (lib.sh debs_unpack: the
+# -trimpath, the commit stamped as the upstream Dockerfiles do, the machine's build cache (execd:
+# lib.sh's opensandbox_execd, the recipe opensandbox.sh uses too). busybox-static comes from a private apt state (lib.sh debs_unpack: the
 # machine's apt is untouched, nothing installed). Not built: the task executor and the image
 # committer (pool mode and snapshots; a BatchSandbox made from a Pod template needs neither).
 # Cold timings: docs/OPENSANDBOX-KUBERNETES.md.
@@ -53,32 +53,25 @@ build() {
   module=$(awk '$1 == "module" {print $2; exit}' "$SRC/kubernetes/go.mod")
   [ -n "$module" ] || die "$SRC/kubernetes/go.mod names no module"
 
-  export GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
-  unset GOOS GOARCH || true
-  mkdir -p "$tmp/src/components"
+  # The machine's build cache: the standard library and modules shared with the other Go peers
+  # are compiled once.
+  mkdir -p "$tmp/src"
   cp -R "$SRC/kubernetes" "$tmp/src/kubernetes"
-  cp -R "$SRC/components/execd" "$SRC/components/internal" "$tmp/src/components/"
   chmod -R u+w "$tmp/src"
   (
     local s
     s=$(date +%s)
     cd "$tmp/src/kubernetes"
     say "compiling $module/cmd/controller at $OPENSANDBOX_COMMIT"
-    go build -trimpath -ldflags "-s -w -X main.commitID=$OPENSANDBOX_COMMIT" -o "$tmp/manager" ./cmd/controller
+    GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOOS= GOARCH= \
+      go build -trimpath -ldflags "-s -w -X main.commitID=$OPENSANDBOX_COMMIT" -o "$tmp/manager" ./cmd/controller
     say "manager built in $(($(date +%s) - s))s"
-    s=$(date +%s)
-    cd "$tmp/src/components/execd"
-    say "compiling execd at $OPENSANDBOX_COMMIT"
-    local v=github.com/alibaba/opensandbox/internal/version
-    go build -trimpath -ldflags "-s -w -X $v.Version=$OPENSANDBOX_COMMIT -X $v.GitCommit=$OPENSANDBOX_COMMIT -X $v.BuildTime=unknown" \
-      -o "$tmp/execd" .
-    say "execd built in $(($(date +%s) - s))s"
   )
-  install -m 755 "$SRC/components/execd/bootstrap.sh" "$tmp/bootstrap.sh"
+  opensandbox_execd "$SRC" "$OPENSANDBOX_COMMIT" "$tmp"
   mkdir "$tmp/crds"
   cp "$SRC"/kubernetes/config/crd/bases/*.yaml "$tmp/crds/"
   chmod 644 "$tmp"/crds/*.yaml
-  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/src"
+  rm -rf "$tmp/src"
 
   mkdir "$tmp/debs"
   debs_unpack "$tmp/debs" busybox-static
@@ -88,8 +81,6 @@ build() {
 
   grep -qE "^[[:space:]]path[[:space:]]+$module/cmd/controller([[:space:]]|$)" <<<"$(go version -m "$tmp/manager")" ||
     die "built manager is not $module/cmd/controller"
-  grep -qE "^[[:space:]]path[[:space:]]+github.com/alibaba/opensandbox/execd([[:space:]]|$)" <<<"$(go version -m "$tmp/execd")" ||
-    die "built execd is not github.com/alibaba/opensandbox/execd"
   "$tmp/busybox" sh -c 'exit 0' || die "busybox does not run"
   {
     echo "opensandbox=$OPENSANDBOX_COMMIT"

@@ -115,22 +115,6 @@ docker_engine() {
   rm -rf "$tmp/dk/apt"
 }
 
-# execd TMP: the copy's execd (components/execd with its ../internal), built in a private copy.
-execd() {
-  local tmp=$1 s
-  mkdir -p "$tmp/src"
-  cp -r "$SRC/components/execd" "$SRC/components/internal" "$tmp/src/"
-  cp "$SRC/components/execd/bootstrap.sh" "$tmp/bootstrap.sh"
-  s=$(date +%s)
-  say "compiling execd"
-  # The machine's build cache: execd shares the standard library and common modules with the
-  # other Go peers, compiled once.
-  (cd "$tmp/src/execd" && GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 \
-    go build -trimpath -ldflags "-s -w" -o "$tmp/execd" .)
-  say "execd built in $(($(date +%s) - s))s"
-  chmod -R u+w "$tmp/src" && rm -rf "$tmp/src"
-}
-
 build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
@@ -146,7 +130,7 @@ build() {
   s=$(date +%s)
   docker_engine "$tmp"
   say "docker downloaded in $(($(date +%s) - s))s"
-  execd "$tmp"
+  opensandbox_execd "$SRC" "$OS_COMMIT" "$tmp"
 
   pyv=$(chroot "$tmp/root" /usr/bin/python3 -c 'import sys, fastapi, pydantic, uvicorn, docker; print(sys.version.split()[0], fastapi.__version__, pydantic.VERSION, uvicorn.__version__, docker.__version__)') ||
     die "the server root's python3 cannot import the server's dependencies"

@@ -430,7 +430,8 @@ func completed(j giteaenv.Job) bool { return j.Status == "completed" }
 // actions) at the machine's addresses, and recover's passes finish and
 // delete every sandbox. Cases: a successful job (checkout, step outputs, a
 // masked secret), a failing one, one cancelled in Gitea, one whose sandbox
-// is killed; then nothing is left.
+// is killed, one whose sandbox vanishes (removed, as at its expiry); then
+// nothing is left.
 func TestE2EOpenSandboxDockerJobs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -456,6 +457,10 @@ func TestE2EOpenSandboxDockerJobs(t *testing.T) {
 		t.Run("Killed", func(t *testing.T) {
 			t.Parallel()
 			w.killed(ctx, t)
+		})
+		t.Run("Vanished", func(t *testing.T) {
+			t.Parallel()
+			w.vanished(ctx, t)
 		})
 	})
 	t.Run("NothingLeft", func(t *testing.T) {
@@ -598,16 +603,62 @@ func (w *jobsWorld) killed(ctx context.Context, t *testing.T) {
 	logs := w.gitea.JobLogs(t, repo, j.ID)
 	lines := strings.Split(strings.TrimSpace(logs), "\n")
 	last := lines[len(lines)-1]
-	// Today the backend gives no reason (the executor "ended (Failed)
-	// without reporting a result"); with the sandbox's status reason it
-	// says why the executor "could not run the job".
-	if !strings.Contains(last, "gitea-dynamic-runner: the executor") ||
-		!strings.Contains(last, "without reporting a result") && !strings.Contains(last, "could not run the job") {
-		t.Fatalf("the log's last line does not say why the job failed: %q\n%s", last, logs)
+	// The backend hands the sandbox's status on as the reason: the
+	// executor "could not run the job" and why, in the server's words.
+	for _, want := range []string{"gitea-dynamic-runner: the executor could not run the job", "its sandbox " + sb.ID + " failed",
+		"CONTAINER_EXITED_ERROR", "exited with code 137"} {
+		if !strings.Contains(last, want) {
+			t.Fatalf("the log's last line does not say why the job failed (%q): %q\n%s", want, last, logs)
+		}
 	}
 	t.Logf("the log's last line: %s", last)
 	took := w.waitGone(ctx, t, sb.ID, 30*time.Second)
 	t.Logf("job failed to sandbox gone: %v", took.Round(100*time.Millisecond))
+}
+
+// vanished: the sandbox of a running job is removed (DELETE, as the server
+// removes one at its expiry) while recover waits. The job is failed with a
+// reason saying its executor vanished, and no second sandbox is made: the
+// task is not sent to handle again, which would run the job once more.
+func (w *jobsWorld) vanished(ctx context.Context, t *testing.T) {
+	repo := w.gitea.CreateRepo(t, "vanished")
+	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml",
+		"name: ci\non: [push]\njobs:\n  vanished:\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
+	a := w.assignment(t, "vanished", 60*time.Second)
+	sb := w.sandbox(ctx, t, a, 60*time.Second)
+	w.waitStepRunning(t, a, 90*time.Second) // the runner has fetched its task
+
+	// The fault, seen before recover may act on it.
+	w.pauseRecover.Lock()
+	paused := true
+	defer func() {
+		if paused {
+			w.pauseRecover.Unlock()
+		}
+	}()
+	if err := w.api.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.api.Get(ctx, sb.ID); !sandboxapi.IsNotFound(err) {
+		t.Fatalf("sandbox %s after its removal: %v, want 404", sb.ID, err)
+	}
+	w.pauseRecover.Unlock()
+	paused = false
+
+	j := w.waitJob(t, repo, "vanished", completed, 60*time.Second)
+	if j.Conclusion != "failure" {
+		t.Fatalf("job = %+v", j)
+	}
+	logs := w.gitea.JobLogs(t, repo, j.ID)
+	lines := strings.Split(strings.TrimSpace(logs), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, "gitea-dynamic-runner: the executor could not run the job: its executor vanished") {
+		t.Fatalf("the log's last line does not say the executor vanished: %q\n%s", last, logs)
+	}
+	// Several recover passes later, still no sandbox of the assignment.
+	time.Sleep(6 * time.Second)
+	if got, err := w.api.List(ctx, sandboxapi.ListFilter{Metadata: map[string]string{w.keys.AssignmentID: a.ID}}); err != nil || len(got) != 0 {
+		t.Fatalf("sandboxes of assignment %s after it vanished: %+v, %v: want none (the job must not run again)", a.ID, got, err)
+	}
 }
 
 // nothingLeft: no sandbox of this installation on the server, nothing of
