@@ -22,6 +22,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi"
 )
 
 const (
@@ -158,8 +159,9 @@ func copyFile(src, dst string) error {
 // the runner-host image), in the world of TestE2EOpenSandboxDockerJobs:
 // a successful job (checkout, step outputs, a masked secret) ends
 // `success` and its sandbox is deleted; a job cancelled in Gitea has its
-// sandbox gone within 30 s; then nothing is left (no sandbox, BatchSandbox,
-// Pod or payload).
+// sandbox gone within 30 s; a job whose sandbox is removed (as at its
+// expiry) ends and gets no second sandbox; then nothing is left (no
+// sandbox, BatchSandbox, Pod or payload).
 func TestE2EOpenSandboxKubernetesJobs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -175,9 +177,49 @@ func TestE2EOpenSandboxKubernetesJobs(t *testing.T) {
 			t.Parallel()
 			w.cancelled(ctx, t)
 		})
+		t.Run("Removed", func(t *testing.T) {
+			t.Parallel()
+			w.removedKubernetes(ctx, t)
+		})
 	})
 	t.Run("NothingLeft", func(t *testing.T) {
 		w.nothingLeft(ctx, t)
 	})
 	t.Logf("all cases in %v", time.Since(begin).Round(time.Second))
+}
+
+// removedKubernetes: the sandbox of a running job is removed (DELETE, as
+// the server removes one at its expiry). Unlike Docker's (vanished), the
+// Pod is not killed at once: the garbage collector deletes it with the
+// default grace period, so the runner gets SIGTERM and may report the job
+// itself before recover sees the executor gone. Either way the job ends
+// within a minute, failed or cancelled (logged as observed), and no second
+// sandbox is made: the job never runs again.
+func (w *jobsWorld) removedKubernetes(ctx context.Context, t *testing.T) {
+	repo := w.gitea.CreateRepo(t, "removed")
+	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml",
+		"name: ci\non: [push]\njobs:\n  removed:\n    runs-on: "+jobsLabel+"\n    steps:\n      - run: sleep 600\n")
+	a := w.assignment(t, "removed", 60*time.Second)
+	sb := w.sandbox(ctx, t, a, 60*time.Second)
+	w.waitStepRunning(t, a, 90*time.Second)
+	if err := w.api.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.api.Get(ctx, sb.ID); !sandboxapi.IsNotFound(err) {
+		t.Fatalf("sandbox %s after its removal: %v, want 404", sb.ID, err)
+	}
+	removed := time.Now()
+	j := w.waitJob(t, repo, "removed", completed, 60*time.Second)
+	logs := w.gitea.JobLogs(t, repo, j.ID)
+	lines := strings.Split(strings.TrimSpace(logs), "\n")
+	t.Logf("observed: removed sandbox: job %s %v after the removal; the log's last line: %s", j.Conclusion,
+		time.Since(removed).Round(100*time.Millisecond), lines[len(lines)-1])
+	if j.Conclusion != "failure" && j.Conclusion != "cancelled" {
+		t.Fatalf("job = %+v, want failure or cancelled", j)
+	}
+	// Several recover passes later, still no sandbox of the assignment.
+	time.Sleep(6 * time.Second)
+	if got, err := w.api.List(ctx, sandboxapi.ListFilter{Metadata: map[string]string{w.keys.AssignmentID: a.ID}}); err != nil || len(got) != 0 {
+		t.Fatalf("sandboxes of assignment %s after its removal: %+v, %v: want none (the job must not run again)", a.ID, got, err)
+	}
 }
