@@ -65,15 +65,20 @@ e2e: peers images
 
 ## e2e-opensandbox-k8s: OpenSandbox's Kubernetes runtime on the test cluster: its peer (the
 ##        BatchSandbox controller manager, CRDs and execd at 4db3a993, from ../shared/peers; 955 s
-##        cold) and TestE2EOpenSandboxKubernetesBatchSandbox (build tags e2e and opensandboxk8s).
+##        cold), TestE2EOpenSandboxKubernetesBatchSandbox, and the lifecycle server (the Docker
+##        runtime's peer root) with its Kubernetes runtime: TestE2EOpenSandboxKubernetesServer,
+##        TestE2EOpenSandboxContractKubernetes and, with the images, real Gitea jobs in
+##        BatchSandboxes: TestE2EOpenSandboxKubernetesJobs (build tags e2e and opensandboxk8s).
 ##        Not yet part of peers and e2e: CI's cold-run budget (docs/OPENSANDBOX-KUBERNETES.md)
 .PHONY: e2e-opensandbox-k8s
-e2e-opensandbox-k8s:
+e2e-opensandbox-k8s: images
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
+	./scripts/peers/opensandbox.sh build
 	./scripts/peers/opensandbox-k8s.sh build
-	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
+	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/ ./internal/testenv/opensandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|OpenSandboxContractKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./internal/testenv/opensandboxenv/
 
 ## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
 ##        e2e too; needs root)

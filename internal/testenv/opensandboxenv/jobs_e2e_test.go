@@ -95,10 +95,69 @@ func (s *stepWatch) running(taskID int64) bool {
 	return s.started[taskID]
 }
 
-// jobsWorld is a real Gitea, NATS, SPIRE and OpenSandbox server (Docker
-// runtime), with dispatch's, handle's and recover's cores and the gateway
-// running in the test process as their commands wire them.
+// jobsRuntime is what the jobs world needs of a lifecycle server and the
+// runtime behind it.
+type jobsRuntime struct {
+	s *opensandboxenv.Server
+	// image and limits are the pool profile's: the job image (runner-host)
+	// as the runtime holds it, and each sandbox's resources.
+	image  string
+	limits map[string]string
+	// gitea starts Gitea where the sandboxes reach it (its ROOT_URL, which
+	// the test process reaches too).
+	gitea func(t *testing.T) *giteaenv.Server
+	// reach makes a server listening at addr (127.0.0.1:<port> of the
+	// machine) reachable from the sandboxes, and returns the address they
+	// reach it at.
+	reach func(addr string) (string, error)
+	// leftovers names what of the sandboxes is left in the runtime
+	// (containers, Pods).
+	leftovers func(ctx context.Context) ([]string, error)
+}
+
+// dockerJobsRuntime starts the server of the Docker runtime with the job
+// image; sandboxes reach the machine's 127.0.0.1 through Expose.
+func dockerJobsRuntime(ctx context.Context, t *testing.T) jobsRuntime {
+	t.Helper()
+	images := imagesDir(t)
+	s := opensandboxenv.Start(ctx, t, opensandboxenv.Options{NoRunner: true, JobImage: filepath.Join(images, "runner-host")})
+	return jobsRuntime{
+		s: s, image: opensandboxenv.JobImageName,
+		limits: map[string]string{"cpu": "1", "memory": "1Gi"},
+		gitea: func(t *testing.T) *giteaenv.Server {
+			g := giteaenv.Start(t, giteaenv.Options{ChannelQueue: true})
+			gu, err := url.Parse(g.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Expose(gu.Host); err != nil {
+				t.Fatal(err)
+			}
+			return g
+		},
+		reach: func(addr string) (string, error) { return addr, s.Expose(addr) },
+		leftovers: func(ctx context.Context) ([]string, error) {
+			out, err := s.Docker(ctx, "ps", "-a", "--filter", "label=opensandbox.io/id", "--format", "{{.Names}} {{.Status}}")
+			if err != nil {
+				return nil, err
+			}
+			var left []string
+			for _, c := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if c != "" {
+					left = append(left, "container "+c)
+				}
+			}
+			return left, nil
+		},
+	}
+}
+
+// jobsWorld is a real Gitea, NATS, SPIRE and OpenSandbox server (of the
+// runtime jobsRuntime starts), with dispatch's, handle's and recover's
+// cores and the gateway running in the test process as their commands wire
+// them.
 type jobsWorld struct {
+	rt    jobsRuntime
 	s     *opensandboxenv.Server
 	api   *sandboxapi.Client
 	gitea *giteaenv.Server
@@ -116,30 +175,22 @@ type jobsWorld struct {
 	most int
 }
 
-func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
+func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld {
 	t.Helper()
-	images := imagesDir(t)
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
-	s := opensandboxenv.Start(ctx, t, opensandboxenv.Options{NoRunner: true, JobImage: filepath.Join(images, "runner-host")})
+	s := rt.s
 	spire := spireenv.Start(t)
 	if spire.TrustDomain != td {
 		t.Fatalf("spireenv serves %s, the test expects %s", spire.TrustDomain, td)
 	}
-	g := giteaenv.Start(t, giteaenv.Options{ChannelQueue: true})
-	gu, err := url.Parse(g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Expose(gu.Host); err != nil {
-		t.Fatal(err)
-	}
+	g := rt.gitea(t)
 	g.HostAction(t, giteaenv.VendoredAction("checkout-v4"), "actions", "checkout", "v4")
 
 	api, err := sandboxapi.New(sandboxapi.Options{BaseURL: s.URL, APIKey: s.APIKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &jobsWorld{s: s, api: api, gitea: g, claimed: map[string]taskassignment.Assignment{}}
+	w := &jobsWorld{rt: rt, s: s, api: api, gitea: g, claimed: map[string]taskassignment.Assignment{}}
 	creds, err := gitea.Register(ctx, g.URL, nil, gitea.Registration{Token: g.RegistrationToken(t), Name: "e2e-opensandbox", Labels: []string{jobsLabel}})
 	if err != nil {
 		t.Fatal(err)
@@ -155,9 +206,9 @@ func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
 		t.Fatal(err)
 	}
 	profile, err := json.Marshal(opensandbox.Profile{
-		Image:          opensandboxenv.JobImageName,
+		Image:          rt.image,
 		Entrypoint:     []string{"/usr/local/bin/runner"},
-		ResourceLimits: map[string]string{"cpu": "1", "memory": "1Gi"},
+		ResourceLimits: rt.limits,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -183,11 +234,12 @@ func newJobsWorld(ctx context.Context, t *testing.T) *jobsWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Expose(ln.Addr().String()); err != nil {
+	gwAddr, err := rt.reach(ln.Addr().String())
+	if err != nil {
 		t.Fatal(err)
 	}
 	gatewayID := spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath)
-	boot, err := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://"+ln.Addr().String(), gatewayID)
+	boot, err := bootstrap.New(bytes.Repeat([]byte{9}, 32), "https://"+gwAddr, gatewayID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +436,7 @@ func TestE2EOpenSandboxDockerJobs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	begin := time.Now()
-	w := newJobsWorld(ctx, t)
+	w := newJobsWorld(ctx, t, dockerJobsRuntime(ctx, t))
 	t.Logf("world up in %v", time.Since(begin).Round(time.Second))
 
 	t.Run("Finish", func(t *testing.T) {
@@ -602,8 +654,8 @@ func (w *jobsWorld) vanished(ctx context.Context, t *testing.T) {
 	}
 }
 
-// nothingLeft: no sandbox of this installation on the server, no sandbox
-// container in its Docker engine, no payload in the bucket.
+// nothingLeft: no sandbox of this installation on the server, nothing of
+// a sandbox in the runtime (a container, a Pod), no payload in the bucket.
 func (w *jobsWorld) nothingLeft(ctx context.Context, t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -615,15 +667,11 @@ func (w *jobsWorld) nothingLeft(ctx context.Context, t *testing.T) {
 		for _, sb := range sbs {
 			left = append(left, fmt.Sprintf("sandbox %s (%s)", sb.ID, sb.State))
 		}
-		out, err := w.s.Docker(ctx, "ps", "-a", "--filter", "label=opensandbox.io/id", "--format", "{{.Names}} {{.Status}}")
+		inRuntime, err := w.rt.leftovers(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if c != "" {
-				left = append(left, "container "+c)
-			}
-		}
+		left = append(left, inRuntime...)
 		ids, err := w.queue.Payloads.IDs(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -259,29 +259,9 @@ func start(ctx context.Context, t testing.TB, peer string, opts Options) (*Serve
 // writeConfig writes the server's config (with the API key, so 0600) and the
 // namespace's init script.
 func (s *Server) writeConfig() error {
-	conf := fmt.Sprintf(`[server]
-host = "127.0.0.1"
-port = %d
-api_key = %q
-max_sandbox_timeout_seconds = %d
-
-[log]
-level = "INFO"
-
-[runtime]
-type = "docker"
-execd_image = %q
-
-[store]
-type = "sqlite"
-path = "/tmp/opensandbox.db"
-
-[docker]
+	conf := serverConfig(serverPort, s.APIKey, MaxSandboxTimeout, "docker", ExecdImage, `[docker]
 network_mode = "host"
-
-[ingress]
-mode = "direct"
-`, serverPort, s.APIKey, int(MaxSandboxTimeout/time.Second), ExecdImage)
+`)
 	if err := os.WriteFile(filepath.Join(s.Dir, "srv", "sandbox.toml"), []byte(conf), 0o600); err != nil {
 		return err
 	}
@@ -303,18 +283,8 @@ dockerd --data-root "$D/data" --exec-root "$D/exec" -H "unix://$D/srv/docker.soc
   --iptables=false --ip6tables=false --bridge=none --ip-forward=false --ip-masq=false --userland-proxy=false \
   --cgroup-parent "$CG" --storage-driver overlay2 >"$D/dockerd.log" 2>&1 &
 while [ ! -e "$D/server-go" ]; do sleep 0.1; done
-mount --bind "$P/root" "$R"
-mount -o remount,bind,ro "$R"
-mount -t proc proc "$R/proc"
-mount --rbind /dev "$R/dev"
-mount -t tmpfs -o mode=1777 gdr-osd-tmp "$R/tmp"
-mount -t tmpfs -o mode=0700 gdr-osd-home "$R/root"
-mount --bind "$D/srv" "$R/run"
-chroot "$R" /usr/bin/env -i HOME=/root PATH=/usr/bin:/bin LANG=C.UTF-8 PYTHONPATH=/opt/server \
-  PYTHONDONTWRITEBYTECODE=1 DOCKER_HOST=unix:///run/docker.sock \
-  python3 -m opensandbox_server.cli --config /run/sandbox.toml >"$D/server.log" 2>&1 &
-wait
-`, s.Dir, s.peer, s.cgroup)
+%swait
+`, s.Dir, s.peer, s.cgroup, serverScript("DOCKER_HOST=unix:///run/docker.sock"))
 	return os.WriteFile(filepath.Join(s.Dir, "node.sh"), []byte(script), 0o644)
 }
 

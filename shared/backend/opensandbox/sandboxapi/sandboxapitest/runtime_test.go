@@ -238,3 +238,45 @@ func TestPodReadyTimeout(t *testing.T) {
 		}
 	})
 }
+
+// The Kubernetes runtime answers a sandbox from its BatchSandbox: GET and
+// List show the container's command (bootstrap.sh, then the entrypoint
+// asked for), createdAt in whole seconds, and lastTransitionAt always the
+// creation, also after an exit changed the state; the create's answer shows
+// the entrypoint as asked (docs/OPENSANDBOX-KUBERNETES.md).
+func TestKubernetesSandboxFields(t *testing.T) {
+	fake := sandboxapitest.New(t, sandboxapitest.WithRuntime(sandboxapitest.Kubernetes), sandboxapitest.WithCrashLoopBackOff(0))
+	type fields struct {
+		ID         string
+		Entrypoint []string
+		CreatedAt  string
+		Status     struct{ State, LastTransitionAt string }
+	}
+	code, body := do(t, fake, "POST", "/v1/sandboxes", `{"image":{"uri":"img:1"},"entrypoint":["/bin/sh","-c","sleep 9"],"resourceLimits":{"cpu":"100m"},"timeout":600,"metadata":{"k":"v"}}`)
+	var created fields
+	if err := json.Unmarshal([]byte(body), &created); code != http.StatusAccepted || err != nil {
+		t.Fatalf("create: %d %s: %v", code, body, err)
+	}
+	if fmt.Sprint(created.Entrypoint) != "[/bin/sh -c sleep 9]" {
+		t.Errorf("create's entrypoint %q, want as asked", created.Entrypoint)
+	}
+	fake.Exit(created.ID, 1)
+	_, body = do(t, fake, "GET", "/v1/sandboxes/"+created.ID, "")
+	var got fields
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.State != "Failed" {
+		t.Fatalf("after the exit: %s, want Failed", body)
+	}
+	if fmt.Sprint(got.Entrypoint) != "[/opt/opensandbox/bootstrap.sh /bin/sh -c sleep 9]" {
+		t.Errorf("GET's entrypoint %q, want bootstrap.sh before the one asked for", got.Entrypoint)
+	}
+	at, err := time.Parse(time.RFC3339Nano, got.CreatedAt)
+	if err != nil || !at.Equal(at.Truncate(time.Second)) {
+		t.Errorf("GET's createdAt %q (%v), want whole seconds", got.CreatedAt, err)
+	}
+	if got.Status.LastTransitionAt != got.CreatedAt {
+		t.Errorf("GET's lastTransitionAt %q after a change of state, want the creation %q", got.Status.LastTransitionAt, got.CreatedAt)
+	}
+}

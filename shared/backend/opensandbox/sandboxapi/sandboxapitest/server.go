@@ -668,7 +668,7 @@ func (s *Server) handle(op string, r *http.Request, in *openapi3filter.RequestVa
 		if !ok {
 			return s.notFound(id)
 		}
-		return jsonResponse(http.StatusOK, sandboxJSON(sb, true))
+		return jsonResponse(http.StatusOK, s.sandboxJSON(sb, true))
 	case "DELETE /sandboxes/{sandboxId}":
 		if _, ok := s.live(id); !ok {
 			return s.notFound(id)
@@ -770,7 +770,7 @@ func (s *Server) create(body []byte, request bool) response {
 		return errorResponse(http.StatusGatewayTimeout, "KUBERNETES::POD_READY_TIMEOUT",
 			fmt.Sprintf("Timeout waiting for sandbox %s to be Running with IP. Elapsed: 60.0s, Last state: Pending", sb.ID))
 	}
-	v := sandboxJSON(sb, false)
+	v := s.sandboxJSON(sb, false)
 	if answered != "" {
 		v["status"].(map[string]any)["message"] = answered
 	}
@@ -813,7 +813,7 @@ func (s *Server) list(q url.Values) response {
 	items := []any{}
 	if start := (page - 1) * pageSize; start < total {
 		for _, sb := range matched[start:min(total, start+pageSize)] {
-			items = append(items, sandboxJSON(sb, true))
+			items = append(items, s.sandboxJSON(sb, true))
 		}
 	}
 	return jsonResponse(http.StatusOK, map[string]any{
@@ -865,7 +865,7 @@ func (s *Server) patch(id string, body []byte) response {
 		delete(sb.Metadata, k)
 	}
 	maps.Copy(sb.Metadata, set)
-	return jsonResponse(http.StatusOK, sandboxJSON(sb, true))
+	return jsonResponse(http.StatusOK, s.sandboxJSON(sb, true))
 }
 
 // ordered returns the live sandboxes (see live) oldest first. s.mu is held.
@@ -902,14 +902,34 @@ func (s *Server) live(id string) (*sandbox, bool) {
 	return sb, true
 }
 
+// bootstrapPath is the wrapper the Kubernetes runtime runs a sandbox's
+// entrypoint with (the container's command is it and the entrypoint).
+const bootstrapPath = "/opt/opensandbox/bootstrap.sh"
+
 // sandboxJSON renders sb as a Sandbox (full) or a CreateSandboxResponse.
-func sandboxJSON(sb *sandbox, full bool) map[string]any {
+// The Kubernetes runtime answers a Sandbox from its BatchSandbox: the
+// entrypoint is the container's command (bootstrapPath before the one
+// asked for), createdAt the object's creationTimestamp (whole seconds);
+// its create answer shows the entrypoint as asked and createdAt to the
+// microsecond; its lastTransitionAt is always the creationTimestamp,
+// whatever the state did since (docs/OPENSANDBOX-KUBERNETES.md).
+func (s *Server) sandboxJSON(sb *sandbox, full bool) map[string]any {
+	k8s := s.opts.runtime == Kubernetes
+	entrypoint, created := sb.Entrypoint, sb.CreatedAt
+	if k8s && full {
+		entrypoint = append([]string{bootstrapPath}, sb.Entrypoint...)
+		created = created.Truncate(time.Second)
+	}
+	status := statusJSON(sb)
+	if k8s {
+		status["lastTransitionAt"] = sb.CreatedAt.Truncate(time.Second).Format(time.RFC3339Nano)
+	}
 	v := map[string]any{
 		"id":         sb.ID,
-		"status":     statusJSON(sb),
+		"status":     status,
 		"metadata":   sb.Metadata,
-		"entrypoint": sb.Entrypoint,
-		"createdAt":  sb.CreatedAt.Format(time.RFC3339Nano),
+		"entrypoint": entrypoint,
+		"createdAt":  created.Format(time.RFC3339Nano),
 	}
 	if !sb.expiresAt.IsZero() {
 		v["expiresAt"] = sb.expiresAt.Format(time.RFC3339Nano)

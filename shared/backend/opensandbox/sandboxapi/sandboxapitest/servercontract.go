@@ -9,21 +9,28 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
 // Target is a lifecycle server RunContract checks: this fake, or a real
-// OpenSandbox server of the Docker runtime with its default maximum timeout
-// (86400 s) and an API key.
+// OpenSandbox server of Runtime with its default maximum timeout (86400 s)
+// and an API key.
 type Target struct {
+	// Runtime is the server's runtime, which decides the answers the cases
+	// expect: Docker (the zero value) or Kubernetes (provider batchsandbox).
+	Runtime Runtime
 	// URL is the server's base URL (the API is under URL + "/v1").
 	URL string
 	// APIKey is the key the server requires; it must not be empty.
 	APIKey string
 	// Image is the image URI of the sandboxes the cases create. Their
-	// entrypoints are /bin/sh -c "sleep 3600" or "sleep 2; exit N".
+	// entrypoints are /bin/sh -c "sleep 3600" or "sleep 2; exit N". On
+	// Kubernetes the node must hold it (the server's pull policy is
+	// IfNotPresent in our harness) and have room for seven sandboxes of
+	// 100m CPU and 64Mi at once.
 	Image string
 	// Exit, if not nil, makes the entrypoint of sandbox id exit with code
 	// (the fake's Exit); nil for a real server, whose entrypoint exits by
@@ -38,11 +45,12 @@ type Target struct {
 	Wait time.Duration
 }
 
-// The contract: the answers of the real server of the Docker runtime, as
-// recorded in docs/OPENSANDBOX.md ("What the real server answered"). Every
-// case holds for the fake (New's defaults, WithAPIKey) and for the real
-// server alike; a case that fails against one of them is a drift of that
-// one from the other.
+// The contract: the answers of the real server of each runtime, as recorded
+// in docs/OPENSANDBOX.md ("What the real server answered", Docker) and
+// docs/OPENSANDBOX-KUBERNETES.md (Kubernetes). Every case holds for the
+// fake (New's defaults, WithAPIKey, and WithRuntime for Kubernetes) and for
+// the real server of the same runtime alike; a case that fails against one
+// of them is a drift of that one from the other.
 
 // contractCase is one request and the answer the server must give to it.
 type contractCase struct {
@@ -50,7 +58,7 @@ type contractCase struct {
 	// (gdr-contract-case), so a label value.
 	name string
 	// setup, if not nil, is a sandbox created before the request; its
-	// create must answer contractCreated.
+	// create must answer contractCreated of the runtime.
 	setup *contractSandbox
 	// event happens to the setup's sandbox before the request.
 	event contractEvent
@@ -103,6 +111,9 @@ type contractAnswer struct {
 	// State, Reason and Message are the sandbox's status, or that of the
 	// only item of a list.
 	State, Reason, Message string
+	// Entrypoint is the sandbox's entrypoint (of the only item of a list)
+	// as JSON.
+	Entrypoint string
 	// Items is the number of items of a list answer.
 	Items int
 	// Code and Error are an ErrorResponse's code and message; Error is the
@@ -111,43 +122,92 @@ type contractAnswer struct {
 	Code, Error string
 }
 
-// contractCreate is a create request body: {image} and {metadata} are
-// filled in by the run.
-func contractCreate(cmd string, timeout int) string {
+// contractCreate is a create request body of runtime rt: {image} and
+// {metadata} are filled in by the run. On Kubernetes the limits are also
+// the Pod's requests, so they are small: seven sandboxes at once on a
+// two-core test node.
+func contractCreate(rt Runtime, cmd string, timeout int) string {
+	limits := `{"cpu":"500m","memory":"256Mi"}`
+	if rt == Kubernetes {
+		limits = `{"cpu":"100m","memory":"64Mi"}`
+	}
 	return fmt.Sprintf(`{"image":{"uri":"{image}"},"entrypoint":["/bin/sh","-c",%q],`+
-		`"resourceLimits":{"cpu":"500m","memory":"256Mi"},"timeout":%d,"metadata":{metadata}}`, cmd, timeout)
+		`"resourceLimits":%s,"timeout":%d,"metadata":{metadata}}`, cmd, limits, timeout)
 }
 
-// contractCreated is the answer to a create of the Docker runtime: the
-// create blocks until the container runs.
-func contractCreated() contractAnswer {
+// contractCreated is the answer to a create of runtime rt: the create
+// blocks until the container runs (Docker) or the Pod is Ready
+// (Kubernetes).
+func contractCreated(rt Runtime) contractAnswer {
+	if rt == Kubernetes {
+		return contractAnswer{Status: http.StatusAccepted, State: "Running", Reason: "RUNNING", Message: "Sandbox is running"}
+	}
 	return contractAnswer{Status: http.StatusAccepted, State: "Running", Reason: "CONTAINER_RUNNING",
 		Message: "Sandbox container started successfully."}
 }
 
-func contractCases() []contractCase {
-	running := contractAnswer{Status: http.StatusOK, State: "Running", Reason: "CONTAINER_RUNNING", Message: "Sandbox container is running."}
-	notFound := contractAnswer{Status: http.StatusNotFound, Code: "DOCKER::SANDBOX_NOT_FOUND", Error: "Sandbox {id} not found."}
+// contractAnswers are the answers that differ between the runtimes.
+type contractAnswers struct {
+	// running is GET of a running sandbox.
+	running contractAnswer
+	// notFound is the 404 of a sandbox that does not exist ({id}).
+	notFound contractAnswer
+	// exited is GET of a sandbox whose entrypoint exited with code 0 or 1,
+	// once the server shows it.
+	exited [2]contractAnswer
+	// wrap is what GET and List put before the entrypoint the create asked
+	// for (the create's answer shows it as asked).
+	wrap []string
+}
+
+// answers returns runtime rt's answers.
+func answers(rt Runtime) contractAnswers {
+	if rt == Kubernetes {
+		// The kubelet restarts an exited entrypoint (the template's
+		// restartPolicy is Always); the controller turns the crash loop into
+		// phase Failed, whatever the code; never Terminated.
+		crashLoop := contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "FAILED",
+			Message: "1/1 observed pods failed; primary reason=CrashLoopBackOff; sample pod={id}-0"}
+		return contractAnswers{
+			running:  contractAnswer{Status: http.StatusOK, State: "Running", Reason: "RUNNING", Message: "Sandbox is running"},
+			notFound: contractAnswer{Status: http.StatusNotFound, Code: "KUBERNETES::SANDBOX_NOT_FOUND", Error: "Sandbox '{id}' not found"},
+			exited:   [2]contractAnswer{crashLoop, crashLoop},
+			// The container's command is bootstrap.sh wrapping the
+			// entrypoint; GET and List show the container's command.
+			wrap: []string{"/opt/opensandbox/bootstrap.sh"},
+		}
+	}
+	return contractAnswers{
+		running:  contractAnswer{Status: http.StatusOK, State: "Running", Reason: "CONTAINER_RUNNING", Message: "Sandbox container is running."},
+		notFound: contractAnswer{Status: http.StatusNotFound, Code: "DOCKER::SANDBOX_NOT_FOUND", Error: "Sandbox {id} not found."},
+		exited: [2]contractAnswer{
+			{Status: http.StatusOK, State: "Terminated", Reason: "CONTAINER_EXITED", Message: "Sandbox container exited successfully."},
+			{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR", Message: "Sandbox container exited with code 1."},
+		},
+	}
+}
+
+func contractCases(rt Runtime) []contractCase {
+	a := answers(rt)
+	running, notFound := a.running, a.notFound
+	unknown := notFound
+	unknown.Error = strings.ReplaceAll(unknown.Error, "{id}", "gdr-contract-no-such-sandbox")
 	forever := &contractSandbox{timeout: 600}
 	listed := running
 	listed.Items = 1
 	return []contractCase{
-		{name: "create-answers-running", method: "POST", path: "/v1/sandboxes", body: contractCreate("sleep 3600", 600),
-			want: contractCreated(), listed: 1},
+		{name: "create-answers-running", method: "POST", path: "/v1/sandboxes", body: contractCreate(rt, "sleep 3600", 600),
+			want: contractCreated(rt), listed: 1},
 		{name: "get-running", setup: forever, method: "GET", path: "/v1/sandboxes/{id}", want: running, listed: 1},
 		{name: "list-by-metadata", setup: forever, method: "GET", path: "/v1/sandboxes?metadata={filter}", want: listed, listed: 1},
-		{name: "exit-0-terminated", setup: &contractSandbox{exits: true, code: 0, timeout: 600}, event: eventExit,
-			method: "GET", path: "/v1/sandboxes/{id}", listed: 1,
-			want: contractAnswer{Status: http.StatusOK, State: "Terminated", Reason: "CONTAINER_EXITED", Message: "Sandbox container exited successfully."}},
-		{name: "exit-1-failed", setup: &contractSandbox{exits: true, code: 1, timeout: 600}, event: eventExit,
-			method: "GET", path: "/v1/sandboxes/{id}", listed: 1,
-			want: contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR", Message: "Sandbox container exited with code 1."}},
+		{name: "exit-0", setup: &contractSandbox{exits: true, code: 0, timeout: 600}, event: eventExit,
+			method: "GET", path: "/v1/sandboxes/{id}", listed: 1, want: a.exited[0]},
+		{name: "exit-1", setup: &contractSandbox{exits: true, code: 1, timeout: 600}, event: eventExit,
+			method: "GET", path: "/v1/sandboxes/{id}", listed: 1, want: a.exited[1]},
 		{name: "delete-then-get-404", setup: forever, event: eventDelete, method: "GET", path: "/v1/sandboxes/{id}", want: notFound},
-		{name: "delete-unknown-404", method: "DELETE", path: "/v1/sandboxes/gdr-contract-no-such-sandbox",
-			want: contractAnswer{Status: http.StatusNotFound, Code: "DOCKER::SANDBOX_NOT_FOUND", Error: "Sandbox gdr-contract-no-such-sandbox not found."}},
-		{name: "get-unknown-404", method: "GET", path: "/v1/sandboxes/gdr-contract-no-such-sandbox",
-			want: contractAnswer{Status: http.StatusNotFound, Code: "DOCKER::SANDBOX_NOT_FOUND", Error: "Sandbox gdr-contract-no-such-sandbox not found."}},
-		{name: "timeout-above-max-400", method: "POST", path: "/v1/sandboxes", body: contractCreate("sleep 3600", 86401),
+		{name: "delete-unknown-404", method: "DELETE", path: "/v1/sandboxes/gdr-contract-no-such-sandbox", want: unknown},
+		{name: "get-unknown-404", method: "GET", path: "/v1/sandboxes/gdr-contract-no-such-sandbox", want: unknown},
+		{name: "timeout-above-max-400", method: "POST", path: "/v1/sandboxes", body: contractCreate(rt, "sleep 3600", 86401),
 			want: contractAnswer{Status: http.StatusBadRequest, Code: "SANDBOX::INVALID_PARAMETER", Error: "Sandbox timeout 86401s exceeds configured maximum of 86400s."}},
 		{name: "no-api-key-401", method: "GET", path: "/v1/sandboxes", noKey: true,
 			want: contractAnswer{Status: http.StatusUnauthorized, Code: "MISSING_API_KEY", Error: "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."}},
@@ -160,8 +220,8 @@ func contractCases() []contractCase {
 // RunContract runs the contract's cases against target, in parallel
 // subtests of one subtest "contract", and returns when all have ended.
 // Each case compares the status, the sandbox's state, reason and message,
-// and the error code and message with what the real server of the Docker
-// runtime answered; a difference fails the case. Sandboxes a case created
+// and the error code and message with what the real server of
+// target.Runtime answered; a difference fails the case. Sandboxes a case created
 // are deleted when it ends.
 func RunContract(t *testing.T, target Target) {
 	t.Helper()
@@ -172,7 +232,7 @@ func RunContract(t *testing.T, target Target) {
 	_, _ = rand.Read(b)
 	run := "c" + hex.EncodeToString(b)
 	t.Run("contract", func(t *testing.T) {
-		for _, tc := range contractCases() {
+		for _, tc := range contractCases(target.Runtime) {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
 				r := &contractRun{t: t, target: target, tc: tc,
@@ -198,8 +258,8 @@ func (r *contractRun) run() {
 	defer cancel()
 	due := time.Now()
 	if tc.setup != nil {
-		a, id, expires := r.create(ctx, contractCreate(tc.setup.command(), tc.setup.timeout))
-		if want := contractCreated(); a != want {
+		a, id, expires := r.create(ctx, contractCreate(r.target.Runtime, tc.setup.command(), tc.setup.timeout))
+		if want := r.withEntrypoint(contractCreated(r.target.Runtime), true); a != want {
 			t.Fatalf("create of the case's sandbox: %+v, want %+v", a, want)
 		}
 		switch tc.event {
@@ -237,7 +297,7 @@ func (r *contractRun) run() {
 		if tc.method == "POST" && status == http.StatusAccepted && len(ids) == 1 {
 			r.adopt(ids[0])
 		}
-		if tc.event == eventExpire && r.target.Expire == nil && status == http.StatusNotFound && time.Now().Before(due.Add(-500*time.Millisecond)) {
+		if tc.event == eventExpire && r.target.Expire == nil && status == http.StatusNotFound && time.Now().Before(due.Add(-r.earliestExpiry())) {
 			t.Errorf("the sandbox was gone before it expired at %s", due.Format(time.RFC3339Nano))
 		}
 		if !r.pending(got) || time.Now().After(deadline) {
@@ -245,7 +305,7 @@ func (r *contractRun) run() {
 		}
 		time.Sleep(poll)
 	}
-	want := tc.want
+	want := r.withEntrypoint(tc.want, tc.method == "POST")
 	want.Message = strings.ReplaceAll(want.Message, "{id}", r.id)
 	want.Error = strings.ReplaceAll(want.Error, "{id}", r.id)
 	if got != want {
@@ -255,20 +315,59 @@ func (r *contractRun) run() {
 }
 
 // pending reports whether a answers before the case's event showed, so
-// the case polls on: the sandbox still runs after an exit or an expiry, or
-// flashes Failed with code 137 (killed at expiry, before its removal).
+// the case polls on: the sandbox still runs after an exit or an expiry; on
+// Docker it flashes Failed with code 137 (killed at expiry, before its
+// removal); on Kubernetes it is Pending (CREATING) between an exit and the
+// kubelet's restart, until the crash loop makes it Failed.
 func (r *contractRun) pending(a contractAnswer) bool {
 	if a.Status != http.StatusOK {
 		return false
 	}
+	k8s := r.target.Runtime == Kubernetes
+	a.Entrypoint = "" // compared with the final answer, not here
 	switch r.tc.event {
 	case eventExit:
-		return a.State == "Running"
+		return a.State == "Running" || k8s && a.State == "Pending" && a.Reason == "CREATING"
 	case eventExpire:
-		return a.State == "Running" || a == contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR",
+		return a.State == "Running" || !k8s && a == contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR",
 			Message: "Sandbox container exited with code 137."}
 	}
 	return false
+}
+
+// withEntrypoint returns want, if it is a sandbox's answer, with the
+// entrypoint the server shows for the case's sandbox: as the create asked
+// for it in a create's answer, else with the runtime's wrap before it.
+func (r *contractRun) withEntrypoint(want contractAnswer, created bool) contractAnswer {
+	if want.State == "" {
+		return want
+	}
+	cmd := "sleep 3600" // the case that creates
+	if r.tc.setup != nil {
+		cmd = r.tc.setup.command()
+	}
+	ep := []string{"/bin/sh", "-c", cmd}
+	if !created {
+		ep = append(slices.Clone(answers(r.target.Runtime).wrap), ep...)
+	}
+	b, err := json.Marshal(ep)
+	if err != nil {
+		panic(err) // strings
+	}
+	want.Entrypoint = string(b)
+	return want
+}
+
+// earliestExpiry is how long before its expiresAt a real server may
+// remove a sandbox without failing the case: Docker's timer, half a
+// second; on Kubernetes the BatchSandbox controller acts on spec.expireTime
+// (observed 50 to 280 ms after expiresAt, never before), allowed a second
+// as the controller's clock is another process's.
+func (r *contractRun) earliestExpiry() time.Duration {
+	if r.target.Runtime == Kubernetes {
+		return time.Second
+	}
+	return 500 * time.Millisecond
 }
 
 // checkListed lists the sandboxes of the case's metadata: tc.listed of
@@ -377,8 +476,9 @@ func parseContractAnswer(status int, body []byte) (contractAnswer, []string) {
 		return a, nil
 	}
 	type item struct {
-		ID     string `json:"id"`
-		Status *struct {
+		ID         string          `json:"id"`
+		Entrypoint json.RawMessage `json:"entrypoint"`
+		Status     *struct {
 			State   string `json:"state"`
 			Reason  string `json:"reason"`
 			Message string `json:"message"`
@@ -416,6 +516,13 @@ func parseContractAnswer(status int, body []byte) (contractAnswer, []string) {
 	}
 	if one.Status != nil {
 		a.State, a.Reason, a.Message = one.Status.State, one.Status.Reason, one.Status.Message
+		var ep []string
+		if err := json.Unmarshal(one.Entrypoint, &ep); err == nil {
+			b, _ := json.Marshal(ep) // compact, as withEntrypoint writes it
+			a.Entrypoint = string(b)
+		} else {
+			a.Entrypoint = string(one.Entrypoint)
+		}
 	}
 	return a, ids
 }

@@ -1,0 +1,38 @@
+//go:build e2e && opensandboxk8s
+
+package batchsandboxenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
+)
+
+// The real server of the Kubernetes runtime (provider batchsandbox, the
+// pinned peers, on a real cluster) answers every case of the contract as
+// the fake of that runtime does (TestContractFakeKubernetes runs the same
+// cases against sandboxapitest.New(..., WithRuntime(Kubernetes))): a
+// failure here is the real server drifting from what the fake, and the
+// backend tested against it, assume. The entrypoints exit by themselves
+// (sh -c "sleep 2; exit N") and turn Failed by the crash loop about 25 s
+// after creation; the expiry case waits for its 60 s timeout.
+func TestE2EOpenSandboxContractKubernetes(t *testing.T) {
+	if opensandboxenv.MaxSandboxTimeout != sandboxapitest.DefaultMaxTimeout {
+		t.Fatalf("the server's maximum timeout %s is not the contract's %s", opensandboxenv.MaxSandboxTimeout, sandboxapitest.DefaultMaxTimeout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	w := startServerWorld(ctx, t)
+	start := time.Now()
+	sandboxapitest.RunContract(t, sandboxapitest.Target{
+		Runtime: sandboxapitest.Kubernetes,
+		URL:     w.s.URL,
+		APIKey:  w.s.APIKey,
+		Image:   SandboxImage,
+		Wait:    time.Minute,
+	})
+	t.Logf("the contract's cases took %s against the real server", time.Since(start).Round(time.Second))
+}
