@@ -16,9 +16,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 

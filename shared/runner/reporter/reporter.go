@@ -105,6 +105,12 @@ const (
 	maxOutputValue = 1 << 20
 )
 
+// StoppedWords is the last row of a job cancelled because the runner itself
+// was stopped (its lifetime ended: SIGTERM when its Pod or sandbox is
+// deleted, evicted or reaches its timeout), not by a cancel in Gitea, so the
+// job's users see why it ended.
+const StoppedWords = "gitea-dynamic-runner: the runner was stopped before the job ended: its executor is being removed (deleted, evicted, or at its timeout)"
+
 // Reporter reports one Gitea task. Its methods are safe for concurrent use.
 type Reporter struct {
 	client Client
@@ -270,8 +276,10 @@ func (r *Reporter) Result() runnerv1.Result {
 //
 //  1. The result is Gitea's (a cancel), else act's jobResult, else
 //     CANCELLED if JobContext was cancelled, else FAILURE with lastWords
-//     defaulting to "Early termination". Steps without a result become
-//     CANCELLED; StoppedAt is now; lastWords (masked) is the last row.
+//     defaulting to "Early termination". A job CANCELLED because the
+//     lifetime ended, not by Gitea, gets StoppedWords as lastWords by
+//     default. Steps without a result become CANCELLED; StoppedAt is now;
+//     lastWords (masked) is the last row.
 //  2. The flush loop is stopped and waited for.
 //  3. The rest of the log goes with no_more (with an empty row if nothing is
 //     left), retried until all of it is acknowledged.
@@ -313,6 +321,11 @@ func (r *Reporter) close(lastWords string) error {
 				lastWords = "Early termination"
 			}
 		}
+	}
+	if res == runnerv1.Result_RESULT_CANCELLED && r.serverResult == runnerv1.Result_RESULT_UNSPECIFIED &&
+		r.ctx.Err() != nil && lastWords == "" {
+		// Not Gitea's cancel: the runner itself was stopped. Say so.
+		lastWords = StoppedWords
 	}
 	r.state.Result = res
 	r.state.StoppedAt = timestamppb.New(now)

@@ -315,6 +315,9 @@ func TestLifetimeCancelIgnoresActSuccess(t *testing.T) {
 	if r.Result() != C {
 		t.Fatalf("result %v, want CANCELLED", r.Result())
 	}
+	if rows := fake.contents(); len(rows) == 0 || rows[len(rows)-1] != StoppedWords {
+		t.Fatalf("last row %q, want the runner's stop said (%q)", rows, StoppedWords)
+	}
 }
 
 func TestCloseResult(t *testing.T) {
