@@ -64,7 +64,7 @@ e2e: peers images
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 40m -run 'E2E' ./...
 
 ## e2e-opensandbox-k8s: OpenSandbox's Kubernetes runtime on the test cluster: its peer (the
-##        BatchSandbox controller manager, CRDs and execd at 4db3a993, from ../shared/peers; 955 s
+##        BatchSandbox controller manager, CRDs and execd at 4db3a993, from ../shared/peers; 830 s
 ##        cold), TestE2EOpenSandboxKubernetesBatchSandbox, and the lifecycle server (the Docker
 ##        runtime's peer root) with its Kubernetes runtime: TestE2EOpenSandboxKubernetesServer,
 ##        TestE2EOpenSandboxContractKubernetes and, with the images, real Gitea jobs in
