@@ -87,23 +87,7 @@ func StartKubernetes(ctx context.Context, t testing.TB, opts KubernetesOptions) 
 	}
 	port := testenv.FreePort(t)
 	s, err := startKubernetes(ctx, t, peer, port, opts)
-	if s != nil {
-		t.Cleanup(func() {
-			if t.Failed() {
-				s.DumpLogs(t)
-			}
-			if err := s.Stop(); err != nil {
-				t.Errorf("opensandboxenv: %v", err)
-			}
-		})
-	}
-	if err != nil {
-		if s != nil {
-			s.DumpLogs(t)
-		}
-		t.Fatalf("opensandboxenv: kubernetes runtime: %v", err)
-	}
-	return s
+	return started(t, s, err, "opensandboxenv: kubernetes runtime")
 }
 
 func startKubernetes(ctx context.Context, t testing.TB, peer string, port int, opts KubernetesOptions) (*Server, error) {

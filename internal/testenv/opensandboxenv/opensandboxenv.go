@@ -173,6 +173,14 @@ func Start(ctx context.Context, t testing.TB, opts Options) *Server {
 		}
 	}
 	s, err := start(ctx, t, peer, opts)
+	return started(t, s, err, "opensandboxenv")
+}
+
+// started registers s's Stop (and its logs when the test failed) with
+// t.Cleanup, whatever err says, and fails the test with err, prefixed by
+// what, after dumping s's logs.
+func started(t testing.TB, s *Server, err error, what string) *Server {
+	t.Helper()
 	if s != nil {
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -187,7 +195,7 @@ func Start(ctx context.Context, t testing.TB, opts Options) *Server {
 		if s != nil {
 			s.DumpLogs(t)
 		}
-		t.Fatalf("opensandboxenv: %v", err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	return s
 }
