@@ -164,6 +164,7 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	gatewayID := spiffeid.RequireFromPath(td, "/gateway")
 	config := map[string]string{
 		"GDR_NATS_URL":          "nats://" + natsAddr,
+		"GDR_NATS_REPLICAS":     "1", // the test cluster's NATS is one server
 		"GDR_GITEA_URL":         "http://" + giteaAddr + "/",
 		"GDR_TRUST_DOMAIN":      td.Name(),
 		"GDR_CLUSTER_NAME":      clusterenv.SPIRECluster,

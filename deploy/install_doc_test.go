@@ -67,7 +67,7 @@ func TestInstallStepsSetEveryValue(t *testing.T) {
 	env := map[string]string{
 		"NS": "ci-runners", "REG": "registry.test/ci", "TAG": "v9",
 		"TD": "ci.test", "CLUSTER": "c-7", "GITEA": "https://git.test/",
-		"NATS": "nats://n.test:4222", "NATS_MONITOR": "n.test:8222",
+		"NATS": "nats://n.test:4222", "NATS_MONITOR": "n.test:8222", "NATS_REPLICAS": "5",
 	}
 	environ := os.Environ()
 	for k, v := range env {
@@ -100,7 +100,7 @@ func TestInstallStepsSetEveryValue(t *testing.T) {
 		if r.GetKind() == "ConfigMap" && r.GetName() == "gdr-config" {
 			data := r.GetDataMap()
 			for k, want := range map[string]string{
-				"GDR_NATS_URL": env["NATS"], "GDR_GITEA_URL": env["GITEA"], "GDR_TRUST_DOMAIN": env["TD"],
+				"GDR_NATS_URL": env["NATS"], "GDR_NATS_REPLICAS": env["NATS_REPLICAS"], "GDR_GITEA_URL": env["GITEA"], "GDR_TRUST_DOMAIN": env["TD"],
 				"GDR_CLUSTER_NAME": env["CLUSTER"], "GDR_GATEWAY_SPIFFE_ID": "spiffe://" + env["TD"] + "/gateway",
 			} {
 				if data[k] != want {

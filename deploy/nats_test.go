@@ -298,6 +298,9 @@ func publishPoison(ctx context.Context, t *testing.T, d *natsClient) {
 
 const bucket = assignmentqueue.DefaultPayloadBucket
 
+// endedBucket is the end-mark bucket beside it.
+var endedBucket = assignmentqueue.EndingsBucket(bucket)
+
 // TestNATSAuthorization runs, as each user of the shipped authorization block, the JetStream calls
 // its function makes (functions/<name>/main.go and the shared package it drives, in that order),
 // and the calls it must never be able to make.
@@ -361,7 +364,10 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatal(err)
 		}
 		var err error
-		if dp, err = assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
+		if dp, err = assignmentqueue.EnsurePayloads(ctx, dispatch.js, assignmentqueue.Bucket{Name: bucket, TTL: 4 * time.Hour}, payloadKey); err != nil {
+			t.Fatal(err)
+		}
+		if _, err = assignmentqueue.EnsureEndings(ctx, dispatch.js, assignmentqueue.Bucket{Name: endedBucket, TTL: 4 * time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		if ids, err := dp.IDs(ctx); err != nil || len(ids) != 0 {
@@ -416,12 +422,18 @@ func TestNATSAuthorization(t *testing.T) {
 		ctx := flowContext(t)
 		runHandleJob(ctx, t, handle, map[string]string{a1.ID: "ack", a3.ID: "nak", a6.ID: "reject", unauthenticatedMsg: "term", malformedMsg: "term"})
 		runHandleJob(ctx, t, handle, map[string]string{a3.ID: "ack"})
-		// Worker.Accept's end marks (functions/handle serve(): OpenEndings; Accept: Ended).
-		// recover writes them in production; dispatch's client writes this one.
-		if err := dp.Endings().MarkEnded(ctx, a1.ID); err != nil {
+		// Worker.Accept's end marks (functions/handle serve(): OpenEndings; Accept: Ended),
+		// which recover writes.
+		marker := srv.connect(t, "RECOVER")
+		re, err := assignmentqueue.OpenEndings(ctx, marker.js, endedBucket)
+		if err != nil {
 			t.Fatal(err)
 		}
-		endings, err := assignmentqueue.OpenEndings(ctx, handle.js, bucket)
+		if err := re.MarkEnded(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
+		marker.clean(t)
+		endings, err := assignmentqueue.OpenEndings(ctx, handle.js, endedBucket)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -501,7 +513,11 @@ func TestNATSAuthorization(t *testing.T) {
 		q := signedQueue(recoverC.js)
 		// Worker.Handle marks an assignment ended before it deletes its executor; Delete
 		// then removes the payload and leaves the mark, which IDs does not list.
-		if err := p.Endings().MarkEnded(ctx, a1.ID); err != nil {
+		e, err := assignmentqueue.OpenEndings(ctx, recoverC.js, endedBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.MarkEnded(ctx, a1.ID); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.Delete(ctx, a1.ID); err != nil {
@@ -783,9 +799,9 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 		_, err := q.Publish(ctx, f)
 		return err
 	})
-	// handle may open the bucket (for its end marks), never read a payload through it, even
+	// handle may open the end-mark bucket, never the payload bucket, nor read a payload, even
 	// with the payload key.
-	c.denied(t, "read a payload through the bucket", "$JS.API.DIRECT.GET.KV_CI_TASKS.$KV.CI_TASKS."+forged.ID, func(ctx context.Context) error {
+	c.denied(t, "open the payload bucket", "$JS.API.STREAM.INFO.KV_CI_TASKS", func(ctx context.Context) error {
 		p, err := assignmentqueue.OpenPayloads(ctx, c.js, bucket, payloadKey)
 		if err != nil {
 			return err
@@ -801,8 +817,8 @@ func handleForbidden(t *testing.T, c, d *natsClient, dp *assignmentqueue.Payload
 		_, err := c.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_CI_TASKS", []byte(`{"seq":1}`))
 		return err
 	})
-	c.denied(t, "mark a task ended", "$KV.CI_TASKS.ended."+forged.ID, func(ctx context.Context) error {
-		e, err := assignmentqueue.OpenEndings(ctx, c.js, bucket)
+	c.denied(t, "mark a task ended", "$KV.CI_TASKS_ENDED."+forged.ID, func(ctx context.Context) error {
+		e, err := assignmentqueue.OpenEndings(ctx, c.js, endedBucket)
 		if err != nil {
 			return err
 		}
@@ -920,7 +936,10 @@ func TestNATSAuthorizationDispatchFirst(t *testing.T) {
 	if err := dq.EnsureRejections(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, 4*time.Hour, payloadKey); err != nil {
+	if _, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, assignmentqueue.Bucket{Name: bucket, TTL: 4 * time.Hour}, payloadKey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := assignmentqueue.EnsureEndings(ctx, dispatch.js, assignmentqueue.Bucket{Name: endedBucket, TTL: 4 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	a := testAssignment(t, 1)
@@ -976,7 +995,7 @@ func TestNATSSubjectFormats(t *testing.T) {
 			}
 			handle.clean(t)
 
-			dp, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, bucket, time.Hour, payloadKey)
+			dp, err := assignmentqueue.EnsurePayloads(ctx, dispatch.js, assignmentqueue.Bucket{Name: bucket, TTL: time.Hour}, payloadKey)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,6 +26,7 @@ type Config struct {
 	gitea.InstanceSettings
 	runnerpool.PoolSettings
 	assignmentqueue.PayloadSettings
+	assignmentqueue.ReplicaSettings
 	assignmentsig.SigningSettings
 	assignmentevents.PublishSettings
 
@@ -55,5 +56,5 @@ func (c *Config) Check() error {
 	}
 	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.ReplicaSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
 }

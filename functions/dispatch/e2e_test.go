@@ -235,7 +235,7 @@ func TestE2EDispatchClaimsAPushedJob(t *testing.T) {
 		t.Fatalf("Gitea shows the job as %q, want claimed (in_progress)", got)
 	}
 	// The payload is the whole task, secrets included, sealed.
-	payloads, err := assignmentqueue.EnsurePayloads(context.Background(), e.js, "CI_TASKS", time.Hour, e.cfg.PayloadKey)
+	payloads, err := assignmentqueue.EnsurePayloads(context.Background(), e.js, assignmentqueue.Bucket{Name: "CI_TASKS", TTL: time.Hour}, e.cfg.PayloadKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +442,7 @@ func TestE2EKeepAliveOutlivesTheZombieTimeout(t *testing.T) {
 	e := setup(t, 5, giteaenv.Options{ZombieTaskTimeout: time.Minute, ZombieSchedule: "@every 5s"})
 	as := e.claim(t, "kept", "dropped")
 	ctx := context.Background()
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, e.js, "CI_TASKS", time.Hour, e.cfg.PayloadKey)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, e.js, assignmentqueue.Bucket{Name: "CI_TASKS", TTL: time.Hour}, e.cfg.PayloadKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -188,10 +188,10 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	// No message opens after its payload is gone.
 	signer = signer.WithTTL(cfg.pools.PayloadTTL())
 	// The finish notices' stream is the gateway's on both paths.
-	if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx); err != nil {
+	if err := assignmentqueue.NewFinished(js, cfg.Stream).Replicated(cfg.Replicas).Ensure(ctx); err != nil {
 		return nil, nil, err
 	}
-	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
+	q := assignmentqueue.New(js, cfg.Stream).Replicated(cfg.Replicas).SignedBy(signer)
 	var send dispatcher.Queue = q
 	if cfg.CloudEvents() {
 		// The Knative path: the channel keeps the messages in a stream of
@@ -204,8 +204,15 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	}
 	// The bucket is every pool's: its TTL comes from the whole pools file,
 	// also when this process serves one pool.
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, cfg.PayloadBucket, cfg.pools.PayloadTTL(), cfg.PayloadKey)
+	bucket := assignmentqueue.Bucket{Name: cfg.PayloadBucket, TTL: cfg.pools.PayloadTTL(), Replicas: cfg.Replicas}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, cfg.PayloadKey)
 	if err != nil {
+		return nil, nil, err
+	}
+	// The end marks live as long as the payloads; handle and recover open
+	// them.
+	bucket.Name = assignmentqueue.EndingsBucket(cfg.PayloadBucket)
+	if _, err := assignmentqueue.EnsureEndings(ctx, js, bucket); err != nil {
 		return nil, nil, err
 	}
 	reg := metrics.NewRegistry()

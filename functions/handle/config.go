@@ -31,6 +31,8 @@ type Config struct {
 	// The payload bucket's name, for the end marks a redelivered message is
 	// checked against (job mode); handle never holds the payload key.
 	assignmentqueue.PayloadBucketSettings
+	// Setup mode creates the streams with these replicas.
+	assignmentqueue.ReplicaSettings
 
 	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
@@ -65,7 +67,7 @@ func (c *Config) check(linked backend.Builders) error {
 	if backendErr != nil {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
-	errs = append(errs, c.NamingSettings.Check())
+	errs = append(errs, c.NamingSettings.Check(), c.ReplicaSettings.Check())
 	if c.Capacity < 1 {
 		errs = append(errs, fmt.Errorf("GDR_CAPACITY %d: want at least 1", c.Capacity))
 	}

@@ -66,12 +66,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			log.Warn("settlements may not have reached NATS: their messages come back after the ack wait", slog.Any("error", err))
 		}
 	}()
-	q := assignmentqueue.New(js, cfg.Stream)
+	q := assignmentqueue.New(js, cfg.Stream).Replicated(cfg.Replicas)
 	if cfg.Mode == modeSetup {
 		if err := q.EnsureStream(ctx); err != nil {
 			return err
 		}
-		if err := assignmentqueue.NewFinished(js, cfg.Stream).Ensure(ctx, backend); err != nil { // finish notices
+		if err := assignmentqueue.NewFinished(js, cfg.Stream).Replicated(cfg.Replicas).Ensure(ctx, backend); err != nil { // finish notices
 			return err
 		}
 		if err := q.EnsureRejections(ctx); err != nil {
@@ -90,7 +90,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%w (has handle run with GDR_MODE=setup?)", err)
 	}
-	endings, err := assignmentqueue.OpenEndings(ctx, js, cfg.PayloadBucket)
+	endings, err := assignmentqueue.OpenEndings(ctx, js, assignmentqueue.EndingsBucket(cfg.PayloadBucket))
 	if err != nil {
 		return err
 	}

@@ -150,6 +150,7 @@ type queue struct {
 	signer   *assignmentsig.Signer
 	consumer delivery.Puller
 	payloads *assignmentqueue.Payloads
+	endings  *assignmentqueue.Endings
 	js       jetstream.JetStream
 }
 
@@ -172,11 +173,17 @@ func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys key
 	if err != nil {
 		return queue{}, err
 	}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, runnerpool.Pools{p}.PayloadTTL(), secretkey.Key(keys.Payload))
+	bucket := assignmentqueue.Bucket{Name: assignmentqueue.DefaultPayloadBucket, TTL: runnerpool.Pools{p}.PayloadTTL()}
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, secretkey.Key(keys.Payload))
 	if err != nil {
 		return queue{}, err
 	}
-	return queue{Queue: q, signer: signer, consumer: consumer, payloads: payloads, js: js}, nil
+	bucket.Name = assignmentqueue.EndingsBucket(bucket.Name)
+	endings, err := assignmentqueue.EnsureEndings(ctx, js, bucket)
+	if err != nil {
+		return queue{}, err
+	}
+	return queue{Queue: q, signer: signer, consumer: consumer, payloads: payloads, endings: endings, js: js}, nil
 }
 
 // startExecutors brings up the executors' side: the local CA that mints
@@ -230,7 +237,7 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: q.payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
 	cadence := &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow}
 	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, cadence)
-	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: q.payloads.Endings(),
+	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: q.endings,
 		OnEvent: func(e executor.Event) {
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("phase", string(e.Phase)))
 			if e.Name == executor.EventExecutorCreated {
@@ -245,7 +252,7 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
 		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recoverer.Pool{poolName: {Pool: p, Tasks: tasks}},
-		Queue:    q, Sender: q, Rejections: q, Payloads: q.payloads, Endings: q.payloads.Endings(), Log: log,
+		Queue:    q, Sender: q, Rejections: q, Payloads: q.payloads, Endings: q.endings, Log: log,
 	}
 }
 

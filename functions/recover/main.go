@@ -190,7 +190,7 @@ func linkedBackends() backend.Builders {
 	}
 }
 
-func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recoverer, jetstream.JetStream, func(), error) {
+func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Recoverer, _ jetstream.JetStream, _ func(), err error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
 		return nil, nil, nil, err
@@ -215,6 +215,11 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 			_ = closers[i]()
 		}
 	}
+	defer func() { // on any error below, nothing stays open
+		if err != nil {
+			closeAll()
+		}
+	}()
 	rp := map[string]recoverer.Pool{}
 	bs := map[taskassignment.BackendKind]recoverer.Backend{}
 	for _, p := range cfg.pools {
@@ -224,7 +229,6 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 		}
 		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.BuildSettings, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
-			closeAll()
 			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
 		}
 		closers = append(closers, closeBackend)
@@ -232,19 +236,21 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "recover")
 	if err != nil {
-		closeAll()
 		return nil, nil, nil, err
 	}
 	closers = append(closers, func() error { return natsconn.Close(nc) })
 	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
 	if err != nil {
-		closeAll()
+		return nil, nil, nil, err
+	}
+	endings, err := assignmentqueue.OpenEndings(ctx, js, assignmentqueue.EndingsBucket(cfg.PayloadBucket))
+	if err != nil {
 		return nil, nil, nil, err
 	}
 	q := assignmentqueue.New(js, cfg.Stream).SignedBy(signer)
 	r := &recoverer.Recoverer{
 		TrustDomain: td, Keys: keys, Bootstrap: boot, Backends: bs, Pools: rp,
-		Queue: q, Sender: q, Rejections: q, Payloads: payloads, Endings: payloads.Endings(), Concurrency: cfg.Concurrency, Log: log,
+		Queue: q, Sender: q, Rejections: q, Payloads: payloads, Endings: endings, Concurrency: cfg.Concurrency, Log: log,
 	}
 	if cfg.CloudEvents() {
 		// The Knative path: the channel's stream cannot be asked per
@@ -253,7 +259,6 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (*recoverer.Recove
 		// handle's rejection replies arrive at POST /dead-letter.
 		sender, err := assignmentevents.NewSender(cfg.EventSink, "/gitea-dynamic-runner/recover", signer)
 		if err != nil {
-			closeAll()
 			return nil, nil, nil, err
 		}
 		r.Queue, r.Rejections, r.Sender = nil, nil, sender

@@ -11,9 +11,9 @@ import (
 )
 
 // An end mark outlives the payload's Delete (it is what a later redelivery
-// is checked against), is never listed as a payload (it would count against
-// a pool's capacity and look like an orphan), and reads the same through
-// OpenEndings, which holds no payload key.
+// is checked against), lives in a bucket of its own (so it is never listed as
+// a payload, and handle's grant reaches no payload), and reads the same
+// through OpenEndings.
 func TestEndings(t *testing.T) {
 	ctx, js, p, _ := newPayloads(t, testKey(1))
 	for _, id := range []string{"pool-a-1", "pool-a-2"} {
@@ -21,7 +21,11 @@ func TestEndings(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := p.Endings()
+	ended := assignmentqueue.EndingsBucket(testBucket)
+	e, err := assignmentqueue.EnsureEndings(ctx, js, assignmentqueue.Bucket{Name: ended, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := e.MarkEnded(ctx, "pool-a-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +39,7 @@ func TestEndings(t *testing.T) {
 	if err != nil || !slices.Equal(ids, []string{"pool-a-2"}) {
 		t.Fatalf("IDs = %v, %v; want only the payload left, no mark", ids, err)
 	}
-	opened, err := assignmentqueue.OpenEndings(ctx, js, testBucket)
+	opened, err := assignmentqueue.OpenEndings(ctx, js, ended)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +56,9 @@ func TestEndings(t *testing.T) {
 	if _, err := assignmentqueue.OpenEndings(ctx, js, "NO_SUCH_BUCKET"); err == nil {
 		t.Error("OpenEndings of a missing bucket succeeded")
 	}
+	if ended != testBucket+"_ENDED" {
+		t.Errorf("EndingsBucket(%s) = %s", testBucket, ended)
+	}
 }
 
 // A listing cut short (its connection closed under it) is an error, never a
@@ -61,7 +68,7 @@ func TestPayloadIDsCutShortIsAnError(t *testing.T) {
 	ctx := testContext(t)
 	_, url := jetstreamenv.Start(t)
 	_, js := jetstreamenv.Connect(t, url)
-	p, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, time.Hour, testKey(1))
+	p, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: time.Hour}, testKey(1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,8 +53,9 @@ func FinishedSubject(b taskassignment.BackendKind) string {
 // Finished is the stream of finish notices. It holds nothing but its
 // JetStream context and stream name, and is safe for concurrent use.
 type Finished struct {
-	js     jetstream.JetStream
-	stream string
+	js       jetstream.JetStream
+	stream   string
+	replicas int
 }
 
 // NewFinished returns the finish notices of the queue stream queueStream
@@ -65,6 +66,14 @@ func NewFinished(js jetstream.JetStream, queueStream string) *Finished {
 		queueStream = DefaultStream
 	}
 	return &Finished{js: js, stream: queueStream + FinishedSuffix}
+}
+
+// Replicated returns the notices that create their stream with n replicas and
+// converge an existing one to n, as Queue.Replicated does the queue's.
+func (f *Finished) Replicated(n int) *Finished {
+	c := *f
+	c.replicas = n
+	return &c
 }
 
 // Stream returns the name of the notices' stream.
@@ -95,8 +104,8 @@ func finishedConsumerConfig(b taskassignment.BackendKind) jetstream.ConsumerConf
 
 // Ensure creates the notices' stream, or brings an existing one back to its
 // configuration (subjects ci.finished.>, file storage, work-queue retention,
-// DuplicateWindow, FinishedMaxAge; the replica count of an existing stream is
-// left as the operator set it), then the durable consumer of each backend in
+// DuplicateWindow, FinishedMaxAge, the replica count of Replicated; unset, an
+// existing stream keeps its own), then the durable consumer of each backend in
 // consumers. It is idempotent and safe to run from several processes at once.
 // As with EnsureStream, a stream with another retention or storage is left
 // unchanged and reported.
@@ -115,6 +124,7 @@ func (f *Finished) Ensure(ctx context.Context, consumers ...taskassignment.Backe
 		}
 		want.Replicas = have.Replicas
 	}
+	want.Replicas = replicasFor(f.replicas, want.Replicas)
 	if _, err := f.js.CreateOrUpdateStream(ctx, want); err != nil {
 		return fmt.Errorf("finish notices: ensure stream %q: %w", f.stream, err)
 	}

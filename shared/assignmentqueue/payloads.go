@@ -48,60 +48,40 @@ type Payloads struct {
 	aead   cipher.AEAD
 }
 
-// EnsurePayloads creates bucket, or brings an existing one back to file
-// storage, one revision per key and a TTL of ttl (the longest a job may run,
-// after which its payload is useless), leaving the replica count of an
-// existing bucket as it is. It never shrinks an existing bucket's TTL: the
-// larger of the two is kept, so a process that knows fewer or shorter pools
-// (an older configuration, `dispatch run -pool`) cannot expire payloads of
-// running jobs early for everyone. It returns a store sealing values under
-// key, which must be exactly 32 bytes. ttl must be positive. Errors name the
-// bucket and never contain the key.
-func EnsurePayloads(ctx context.Context, js jetstream.JetStream, bucket string, ttl time.Duration, key secretkey.Key) (*Payloads, error) {
-	aead, err := newAEAD(bucket, key)
+// EnsurePayloads creates bucket b, or converges an existing one, to file
+// storage, one revision per key, b's replica count (0 keeps an existing
+// bucket's) and reads answered by its leader alone (see placement.go), and
+// returns a store sealing values under key, which must be exactly 32 bytes.
+// b.TTL is the longest a job may run, after which a payload is useless, and
+// must be positive. An existing bucket's TTL is never shrunk: the larger of
+// the two is kept, so a process that knows fewer or shorter pools (an older
+// configuration, `dispatch run -pool`) cannot expire payloads of running jobs
+// early for everyone. Errors name the bucket and never contain the key.
+func EnsurePayloads(ctx context.Context, js jetstream.JetStream, b Bucket, key secretkey.Key) (*Payloads, error) {
+	aead, err := newAEAD(b.Name, key)
 	if err != nil {
 		return nil, err
 	}
-	if ttl <= 0 {
-		return nil, fmt.Errorf("payload store %q: TTL %v is not positive", bucket, ttl)
-	}
-	cfg := jetstream.KeyValueConfig{
-		Bucket:  bucket,
-		TTL:     ttl,
-		Storage: jetstream.FileStorage,
-		History: 1,
-	}
-	existing, err := js.KeyValue(ctx, bucket)
-	switch {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-	case err != nil:
-		return nil, fmt.Errorf("payload store %q: %w", bucket, err)
-	default:
-		st, err := existing.Status(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("payload store %q: status: %w", bucket, err)
-		}
-		cfg.Replicas = st.Config().Replicas
-		cfg.TTL = max(cfg.TTL, st.TTL())
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	kv, err := ensureBucket(ctx, js, b, "payload store")
 	if err != nil {
-		return nil, fmt.Errorf("payload store %q: ensure bucket: %w", bucket, err)
+		return nil, err
 	}
-	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
+	return &Payloads{kv: kv, bucket: b.Name, aead: aead}, nil
 }
 
 // OpenPayloads returns the store of an existing bucket without changing its
 // configuration (the gateway and recover read what dispatch created). The
-// key requirements are those of EnsurePayloads.
+// key requirements are those of EnsurePayloads. A bucket that still answers
+// reads from any replica is refused (ErrDirectReads) until dispatch has
+// converged it.
 func OpenPayloads(ctx context.Context, js jetstream.JetStream, bucket string, key secretkey.Key) (*Payloads, error) {
 	aead, err := newAEAD(bucket, key)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.KeyValue(ctx, bucket)
+	kv, err := openBucket(ctx, js, bucket, "payload store")
 	if err != nil {
-		return nil, fmt.Errorf("payload store %q: %w", bucket, err)
+		return nil, err
 	}
 	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
 }
@@ -275,10 +255,11 @@ func later(a, b time.Time) time.Time {
 
 // IDs returns the assignment ID of every stored payload, sorted and without
 // duplicates; an empty store yields an empty slice. IDs of deleted or expired
-// payloads are not listed, nor are the started and ended marks.
+// payloads are not listed, nor are the started and sent marks. The listing
+// may be a moment stale (see placement.go).
 func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 	// Payload keys are one token (an assignment ID has no dot); the marks
-	// are two ("started.<id>", "ended.<id>"). Filtering on one token lists
+	// are two ("started.<id>", "sent.<id>"). Filtering on one token lists
 	// the payloads alone: a round's cost follows the tasks in flight, not
 	// the marks of every task the bucket's TTL still remembers.
 	//

@@ -59,7 +59,7 @@ func newPayloads(t testing.TB, key secretkey.Key) (context.Context, jetstream.Je
 	t.Helper()
 	ctx := testContext(t)
 	js := newJetStream(t)
-	p, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, time.Hour, key)
+	p, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: time.Hour}, key)
 	if err != nil {
 		t.Fatalf("EnsurePayloads: %v", err)
 	}
@@ -109,7 +109,7 @@ func TestEnsurePayloadsConfig(t *testing.T) {
 	}
 	check(time.Hour)
 	// Ensuring again with a longer TTL corrects the bucket in place.
-	if _, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, 3*time.Hour, testKey(1)); err != nil {
+	if _, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: 3 * time.Hour}, testKey(1)); err != nil {
 		t.Fatalf("second EnsurePayloads: %v", err)
 	}
 	check(3 * time.Hour)
@@ -128,7 +128,7 @@ func TestEnsurePayloadsNeverShrinksTheTTL(t *testing.T) {
 		{5 * time.Hour, 5 * time.Hour},
 		{time.Hour, 5 * time.Hour},
 	} {
-		if _, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, step.ensure, testKey(1)); err != nil {
+		if _, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: step.ensure}, testKey(1)); err != nil {
 			t.Fatalf("EnsurePayloads(%v): %v", step.ensure, err)
 		}
 		if got := bucketConfig(t, ctx, js).TTL; got != step.want {
@@ -153,7 +153,7 @@ func TestEnsurePayloadsRefuses(t *testing.T) {
 		{"negative TTL", testKey(1), -time.Second, "TTL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, tc.ttl, tc.key)
+			p, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: tc.ttl}, tc.key)
 			if err == nil || p != nil {
 				t.Fatalf("EnsurePayloads = %v, %v; want an error", p, err)
 			}
@@ -252,7 +252,7 @@ func TestPayloadSealed(t *testing.T) {
 		v[i] ^= 0x01
 		return v
 	}
-	otherKey, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, time.Hour, testKey(2))
+	otherKey, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: time.Hour}, testKey(2))
 	if err != nil {
 		t.Fatalf("EnsurePayloads with another key: %v", err)
 	}
@@ -364,7 +364,7 @@ func TestPayloadIDs(t *testing.T) {
 func TestPayloadExpires(t *testing.T) {
 	ctx := testContext(t)
 	js := newJetStream(t)
-	p, err := assignmentqueue.EnsurePayloads(ctx, js, testBucket, 300*time.Millisecond, testKey(1))
+	p, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: 300 * time.Millisecond}, testKey(1))
 	if err != nil {
 		t.Fatalf("EnsurePayloads: %v", err)
 	}

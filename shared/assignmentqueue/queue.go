@@ -58,9 +58,10 @@ type Signer interface {
 // Queue is the assignment queue in one stream. It holds no state besides its
 // JetStream context, stream name and signer, and is safe for concurrent use.
 type Queue struct {
-	js     jetstream.JetStream
-	stream string
-	signer Signer
+	js       jetstream.JetStream
+	stream   string
+	signer   Signer
+	replicas int
 }
 
 // New returns the queue in stream of js; an empty stream means DefaultStream.
@@ -82,6 +83,15 @@ func (q *Queue) SignedBy(s Signer) *Queue {
 	return &c
 }
 
+// Replicated returns the queue that creates its streams with n replicas and
+// converges existing ones to n (see placement.go); without it (or with 0) an
+// existing stream keeps the replica count it has.
+func (q *Queue) Replicated(n int) *Queue {
+	c := *q
+	c.replicas = n
+	return &c
+}
+
 // Stream returns the name of the queue's stream.
 func (q *Queue) Stream() string { return q.stream }
 
@@ -98,10 +108,10 @@ func (q *Queue) streamConfig() jetstream.StreamConfig {
 
 // EnsureStream creates the queue's stream, or brings an existing one back to
 // the queue's configuration: subjects ci.assignment.>, file storage,
-// work-queue retention and a DuplicateWindow deduplication window. Every other
-// setting is reset to its default, except the replica count of an existing
-// stream, which is left as the operator set it. It is idempotent and safe to
-// run from several processes at once.
+// work-queue retention, a DuplicateWindow deduplication window and the
+// queue's replica count (Replicated; unset: an existing stream keeps its
+// own). Every other setting is reset to its default. It is idempotent and safe
+// to run from several processes at once.
 //
 // Retention is WorkQueuePolicy: a message is removed from the stream as soon
 // as its consumer acknowledges or terminates it, so the stream holds exactly
@@ -140,6 +150,7 @@ func (q *Queue) EnsureStream(ctx context.Context) error {
 		}
 		want.Replicas = have.Replicas
 	}
+	want.Replicas = replicasFor(q.replicas, want.Replicas)
 	if _, err := q.js.CreateOrUpdateStream(ctx, want); err != nil {
 		return fmt.Errorf("assignment queue: ensure stream %q: %w", q.stream, err)
 	}

@@ -86,8 +86,8 @@ const RejectionMaxAge = 7 * 24 * time.Hour
 
 // EnsureRejections creates the queue's capture stream, or brings an existing
 // one back to its configuration (the advisory subjects of the queue's
-// stream, file storage, limits retention with RejectionMaxAge); the replica count
-// of an existing one is left as the operator set it. It is idempotent and
+// stream, file storage, limits retention with RejectionMaxAge, the queue's
+// replica count (Replicated; unset, an existing stream keeps its own). It is idempotent and
 // safe to run from several processes at once. A capture stream with another
 // storage type is an error: NATS cannot change it in place.
 func (q *Queue) EnsureRejections(ctx context.Context) error {
@@ -105,6 +105,7 @@ func (q *Queue) EnsureRejections(ctx context.Context) error {
 		}
 		want.Replicas = have.Replicas
 	}
+	want.Replicas = replicasFor(q.replicas, want.Replicas)
 	if _, err := q.js.CreateOrUpdateStream(ctx, want); err != nil {
 		return fmt.Errorf("assignment queue: ensure rejection stream %q: %w", want.Name, err)
 	}

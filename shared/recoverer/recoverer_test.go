@@ -56,6 +56,7 @@ type fixture struct {
 	gitea    *giteaView
 	queue    *assignmentqueue.Queue
 	payloads *assignmentqueue.Payloads
+	endings  *assignmentqueue.Endings
 	boot     *bootstrap.Bootstrap
 	js       jetstream.JetStream
 }
@@ -74,9 +75,9 @@ func setup(t *testing.T) fixture {
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
 		Backends: map[taskassignment.BackendKind]Backend{taskassignment.BackendProcess: mem},
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
-		Queue:    q, Sender: q, Payloads: payloads, Endings: payloads.Endings(),
+		Queue:    q, Sender: q, Payloads: payloads, Endings: env.Endings,
 	}
-	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, boot: boot, js: env.JetStream}
+	return fixture{r: r, backend: mem, gitea: g, queue: q, payloads: payloads, endings: env.Endings, boot: boot, js: env.JetStream}
 }
 
 func task(t *testing.T, id int64) *runnerv1.Task {
@@ -354,7 +355,7 @@ func TestRunMarksFinishedTasksEnded(t *testing.T) {
 	if sum, err := f.r.Run(ctx); err != nil || sum.Done != 1 {
 		t.Fatalf("Run = %+v, %v", sum, err)
 	}
-	w := executor.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.payloads.Endings()}
+	w := executor.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.endings}
 	if ok, err := w.Accept(ctx, a); !ok || err != nil {
 		t.Fatalf("redelivered Accept = %v, %v", ok, err)
 	}
@@ -412,7 +413,7 @@ func TestRunFailsATaskWhoseExecutorVanished(t *testing.T) {
 	if f.hasPayload(t, taken.ID) {
 		t.Fatal("the vanished executor's payload is still stored")
 	}
-	w := executor.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.payloads.Endings()}
+	w := executor.Worker{Backend: f.backend, Bootstrap: f.boot, Keys: f.r.Keys, Endings: f.endings}
 	if ok, err := w.Accept(ctx, taken); !ok || err != nil {
 		t.Fatalf("redelivered Accept = %v, %v", ok, err)
 	}

@@ -173,7 +173,7 @@ func TestRejectedTaskIsFailedWithItsReason(t *testing.T) {
 			if f.hasPayload(t, a.ID) {
 				t.Fatal("payload left: the pool's slot is not freed")
 			}
-			if ended, err := f.payloads.Endings().Ended(ctx, a.ID); err != nil || !ended {
+			if ended, err := f.endings.Ended(ctx, a.ID); err != nil || !ended {
 				t.Fatalf("task not marked ended (%v): a redelivery could create its executor again", err)
 			}
 			if left, err := f.queue.Rejections(ctx, 0); err != nil || len(left) != 0 {

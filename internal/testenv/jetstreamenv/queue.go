@@ -40,10 +40,12 @@ type Queue struct {
 	// Payloads is the payload bucket, and Key the key it encrypts with.
 	Payloads *assignmentqueue.Payloads
 	Key      secretkey.Key
+	// Endings is the end-mark bucket beside the payloads.
+	Endings *assignmentqueue.Endings
 }
 
 // NewQueue starts a server (Start), connects to it (Connect) and ensures the
-// queue's stream, its rejection stream and the payload bucket. It fails the test if any step fails.
+// queue's stream, its rejection stream, the payload bucket and its end marks. It fails the test if any step fails.
 func NewQueue(t testing.TB) *Queue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
@@ -60,9 +62,14 @@ func NewQueue(t testing.TB) *Queue {
 		t.Fatalf("jetstreamenv: ensure rejection stream %s: %v", q.Queue.RejectionStream(), err)
 	}
 	var err error
-	q.Payloads, err = assignmentqueue.EnsurePayloads(ctx, q.JetStream, assignmentqueue.DefaultPayloadBucket, PayloadTTL, q.Key)
+	bucket := assignmentqueue.Bucket{Name: assignmentqueue.DefaultPayloadBucket, TTL: PayloadTTL}
+	q.Payloads, err = assignmentqueue.EnsurePayloads(ctx, q.JetStream, bucket, q.Key)
 	if err != nil {
-		t.Fatalf("jetstreamenv: ensure payload bucket %s: %v", assignmentqueue.DefaultPayloadBucket, err)
+		t.Fatalf("jetstreamenv: ensure payload bucket %s: %v", bucket.Name, err)
+	}
+	bucket.Name = assignmentqueue.EndingsBucket(bucket.Name)
+	if q.Endings, err = assignmentqueue.EnsureEndings(ctx, q.JetStream, bucket); err != nil {
+		t.Fatalf("jetstreamenv: ensure end-mark bucket %s: %v", bucket.Name, err)
 	}
 	return q
 }

@@ -274,7 +274,7 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 	dpool := dispatcher.Pool{Pool: pool, Runner: client, Tasks: tasks}
 	job := handler.Job{
 		Handler: handler.Handler{
-			Worker: executor.Worker{Backend: handleBackend, Bootstrap: boot, Keys: w.keys, Endings: w.queue.Payloads.Endings(),
+			Worker: executor.Worker{Backend: handleBackend, Bootstrap: boot, Keys: w.keys, Endings: w.queue.Endings,
 				OnEvent: func(e executor.Event) {
 					log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 				}},
@@ -287,7 +287,7 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendOpenSandbox: recoverBackend},
 		Pools:    map[string]recoverer.Pool{jobsPool: {Pool: pool, Tasks: tasks}},
 		Queue:    w.queue.Queue, Sender: w.queue.Queue, Rejections: w.queue.Queue,
-		Payloads: w.queue.Payloads, Endings: w.queue.Payloads.Endings(), Log: log,
+		Payloads: w.queue.Payloads, Endings: w.queue.Endings, Log: log,
 	}
 
 	// The three loops, stopped before anything they use (cleanups run last
