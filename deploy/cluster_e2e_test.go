@@ -643,7 +643,30 @@ jobs:
 		}
 		killed = append(killed, p.Name)
 	}
+	killedAt := time.Now()
 	t.Logf("executor %s created; handle Pods killed: %v", executor, killed)
+	if len(killed) == 0 {
+		t.Fatal("no fault: no handle Pod was running to kill")
+	}
+	ep, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, executor, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assignment := ep.Labels["gitea-dynamic-runner.io/assignment-id"]
+	// Watched from now on: a finished handle Job's Pod is removed with the
+	// ScaledJob's history.
+	acceptedBy := make(chan string, 1)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		for watchCtx.Err() == nil {
+			if by := in.acceptedAfter(watchCtx, assignment, killedAt, killed); by != "" {
+				acceptedBy <- by
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
 	job := in.waitCompleted(ctx, t, repo, "crash", 5*time.Minute)
 	if job.Conclusion != "success" {
 		t.Fatalf("job %+v, want success after its handle was killed", job)
@@ -656,6 +679,39 @@ jobs:
 		t.Fatalf("a second executor Pod %s was created for the job", again)
 	default:
 	}
+	// The fault landed before the ack: the message came back after the kill
+	// (AckWait), and a handle started after it accepted the assignment.
+	select {
+	case by := <-acceptedBy:
+		t.Logf("assignment %s delivered again and accepted by %s", assignment, by)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no handle started after the kill accepted %s: the killed handle had settled it, the fault tested nothing", assignment)
+	}
+}
+
+// acceptedAfter returns the handle Pod, created after at and not among
+// killed, whose log shows that it accepted assignment; "" if none.
+func (in *installation) acceptedAfter(ctx context.Context, assignment string, at time.Time, killed []string) string {
+	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=handle"})
+	if err != nil {
+		return ""
+	}
+	for _, p := range pods.Items {
+		// Creation times have whole seconds.
+		if slices.Contains(killed, p.Name) || p.CreationTimestamp.Time.Before(at.Truncate(time.Second)) {
+			continue
+		}
+		log, err := in.cs.CoreV1().Pods(installNamespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			continue // not started, or already gone
+		}
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, "assignment accepted") && strings.Contains(line, assignment) {
+				return p.Name
+			}
+		}
+	}
+	return ""
 }
 
 // executorEvicted deletes a running job's executor Pod as `kubectl delete
@@ -693,6 +749,11 @@ jobs:
 		t.Fatalf("job %+v ran on after its executor was deleted", job)
 	}
 	in.waitPodGone(ctx, t, pod, time.Minute)
+	// The fault the manual Job must clean up: the payload of an ended task
+	// with no executor, still there when it runs (the CronJob suspended).
+	if ids := in.payloadIDs(ctx, t); !slices.Contains(ids, assignment) {
+		t.Fatalf("payload of %s already gone before the recover Job (payloads: %v): the Job would prove nothing", assignment, ids)
+	}
 	name := in.runManualRecover(ctx, t)
 	t.Logf("recover Job %s:\n%s", name, in.jobLogs(ctx, t, name))
 	if ids := in.payloadIDs(ctx, t); slices.Contains(ids, assignment) {
