@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -183,6 +182,7 @@ func TestChaos(t *testing.T) {
 	// stream and consumer (handle's setup mode) and the payload bucket
 	// (dispatch's first round, with nothing queued yet).
 	setup := NewFleet(env, logs, st.Seed)
+	gitea.AttributeConns(setup.Owner)
 	for _, step := range []struct {
 		name, bin string
 		extra     []string
@@ -231,6 +231,7 @@ func TestChaos(t *testing.T) {
 	}()
 	var wg sync.WaitGroup
 	fleet := NewFleet(env, logs, st.Seed)
+	gitea.AttributeConns(fleet.Owner) // which process made each call (the verdict's cut claims)
 	// A test that stops early leaves no process.
 	t.Cleanup(func() { fleet.Close(time.Second) })
 	// dispatch is a Deployment: restarted whenever it exits.
@@ -298,38 +299,48 @@ func TestChaos(t *testing.T) {
 	// One final recover pass, against a Gitea and a backend without faults.
 	gitea.SetFaults(false)
 	osb.SetFaults(nil)
-	if err := NewFleet(env, logs, st.Seed).Run("recover-final", bins.Recover, recoverEnv); err != nil {
+	final := NewFleet(env, logs, st.Seed)
+	gitea.AttributeConns(final.Owner)
+	if err := final.Run("recover-final", bins.Recover, recoverEnv); err != nil {
 		t.Errorf("final recover pass: %v\n%s", err, testenv.LogTail(filepath.Join(logs, "recover-final.log"), 20))
 	}
 	cancel()
 
-	// The verdict, from what Gitea and the backend recorded.
-	dispatches := fleet.Lives("dispatch")
+	// The verdict, from what Gitea, the backend, the executors and the
+	// fleet recorded (verdict.go).
 	kvStream, err := js.Stream(context.Background(), "KV_"+assignmentqueue.DefaultPayloadBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, cut, lines := lostTasks(gitea.Records(), st.Tasks, func(r TaskRecord) bool {
-		return cutClaim(r, dispatches, func(id string) bool {
-			_, err := kvStream.GetLastMsgForSubject(context.Background(), "$KV."+assignmentqueue.DefaultPayloadBucket+"."+id)
-			return !errors.Is(err, jetstream.ErrMsgNotFound)
-		})
-	})
+	calls := gitea.CallLog()
+	evidence := ClaimEvidence{Dispatches: fleet.Lives("dispatch"), Calls: calls, Written: func(id string) bool {
+		_, err := kvStream.GetLastMsgForSubject(context.Background(), "$KV."+assignmentqueue.DefaultPayloadBucket+"."+id)
+		return !errors.Is(err, jetstream.ErrMsgNotFound)
+	}}
+	records := gitea.Records()
+	tally := judge(records, st.Tasks, execs.Records(), func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) })
+	lost, cut, wrong, lines := tally.Lost, tally.Cut, tally.WronglyFailed, tally.Lines
 	dups, dupLines := duplicated(osb.Created(), keys)
 	leaked, leakLines := leaks(context.Background(), osb, js)
 	kills, byKind := fleet.Kills()
-	calls, faulted := gitea.Calls()
+	ncalls, faulted := gitea.Calls()
 	es, er, eu := execs.Counts()
+	attributed := 0
+	for _, c := range calls {
+		if c.PID != 0 {
+			attributed++
+		}
+	}
 	t.Logf("processes started: %v; killed: %v; NATS restarts: %d", fleet.Starts(), byKind, st.NATSRestarts)
-	t.Logf("gitea: %d calls, %d faulted; opensandbox: %d sandboxes created, %d create calls", calls, faulted,
-		len(osb.Created()), osb.Calls("POST", "/sandboxes"))
+	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded attributed to their process; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
+		ncalls, faulted, attributed, len(calls), claimants(records, evidence.Dispatches), len(osb.Created()), osb.Calls("POST", "/sandboxes"))
 	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records()))
 	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
 	t.Logf("wall time %s", time.Since(started).Round(time.Second))
 	for _, l := range slices.Concat(lines, dupLines, leakLines) {
 		t.Log(l)
 	}
-	if lost+dups+leaked > 0 {
+	if lost+dups+leaked+wrong > 0 {
 		for _, kind := range []string{"dispatch", "handle", "recover", "recover-final"} {
 			t.Logf("last lines of %s.log:\n%s", kind, testenv.LogTail(filepath.Join(logs, kind+".log"), 15))
 		}
@@ -339,13 +350,13 @@ func TestChaos(t *testing.T) {
 	// hand a claimed task out again, so no runner recovers these (act_runner
 	// neither); Gitea fails them as zombies.
 	t.Logf("claims cut by a SIGKILL before dispatch's first write (Gitea fails them as zombies; not counted as lost): %d", cut)
-	verdict := fmt.Sprintf("chaos: %d tasks, %d kills, %d lost, %d duplicated, %d leaked", st.Tasks, kills, lost, dups, leaked)
+	verdict := fmt.Sprintf("chaos: %d tasks, %d kills, %d lost, %d duplicated, %d leaked, %d wrongly-failed", st.Tasks, kills, lost, dups, leaked, wrong)
 	if testing.Verbose() {
 		fmt.Println(verdict) // streamed: verbatim, the last line before the test's result
 	} else {
 		t.Log(verdict) // buffered: the last line of the test's report
 	}
-	if lost+dups+leaked > 0 || kills < st.Kills {
+	if lost+dups+leaked+wrong > 0 || kills < st.Kills {
 		t.Fail()
 	}
 }
@@ -520,97 +531,6 @@ func queueLeft(ctx context.Context, js jetstream.JetStream) ([]string, uint64, e
 		return keys, 0, err
 	}
 	return keys, s.CachedInfo().State.Msgs, nil
-}
-
-// lostTasks counts the tasks that do not have exactly one final result of
-// ours: never claimed or never ended, reaped as zombies, claimed twice, or
-// sent two different final results. A task whose only fault is that it never
-// ended (or was reaped), and of which cut says its claim was cut, is counted
-// as cut instead (and still listed).
-func lostTasks(records []TaskRecord, n int, cut func(TaskRecord) bool) (lost, cuts int, lines []string) {
-	if len(records) != n {
-		lines = append(lines, fmt.Sprintf("LOST: Gitea holds %d tasks, %d were queued", len(records), n))
-	}
-	for _, r := range records {
-		var why []string
-		if r.Claims != 1 {
-			why = append(why, fmt.Sprintf("claimed %d times", r.Claims))
-		}
-		if r.Result == runnerv1.Result_RESULT_UNSPECIFIED {
-			why = append(why, "no final result")
-		}
-		if r.Reaped {
-			why = append(why, "reaped as a zombie")
-		}
-		for _, f := range r.Finals {
-			if f.Result != r.Result && f.By != "reaper" {
-				why = append(why, fmt.Sprintf("another final result %s by %s", f.Result, f.By))
-			}
-		}
-		switch {
-		case len(why) == 0:
-		case r.Claims == 1 && !differing(r) && cut(r):
-			cuts++
-			lines = append(lines, fmt.Sprintf("CUT: task %d: %s: claimed at %s by a dispatch SIGKILLed before it wrote anything of it",
-				r.ID, strings.Join(why, ", "), r.ClaimedAt.Format("15:04:05.000")))
-		default:
-			lost++
-			lines = append(lines, fmt.Sprintf("LOST: task %d: %s (finals %+v)", r.ID, strings.Join(why, ", "), r.Finals))
-		}
-	}
-	return lost, cuts, lines
-}
-
-// differing reports whether r was sent a final result other than its own
-// (the reaper's aside).
-func differing(r TaskRecord) bool {
-	return slices.ContainsFunc(r.Finals, func(f Final) bool { return f.Result != r.Result && f.By != "reaper" })
-}
-
-// cutClaim reports whether the claim of r was cut: the request Gitea
-// answered with the task came from a dispatch process that then ended by
-// SIGKILL, and no payload of the task was ever written (written is asked for
-// each assignment ID the task could have; a deleted or purged payload leaves
-// a marker, so only a key never written answers false). In that window the
-// claimed task exists only in the killed process's memory, or in an answer
-// on its way to a process already gone, and Gitea's runner protocol has no
-// call to list or fetch a task already claimed: no runner can win it back.
-//
-// The sender is the last dispatch process started before the handler of the
-// request started (one runs at a time; a request can outlive its sender, as
-// real Gitea finishes a claim whose client has hung up). Misattributing a
-// request to the next process, which the harness never kills first, only
-// counts a cut claim as lost: the error goes the safe way.
-func cutClaim(r TaskRecord, dispatches []Life, written func(assignmentID string) bool) bool {
-	if r.RequestedAt.IsZero() {
-		return false
-	}
-	for _, pool := range poolsOf(r.Labels) {
-		if written(fmt.Sprintf("%s-%d", pool, r.ID)) {
-			return false
-		}
-	}
-	var sender *Life
-	for i, l := range dispatches {
-		if !l.Started.After(r.RequestedAt) && (sender == nil || l.Started.After(sender.Started)) {
-			sender = &dispatches[i]
-		}
-	}
-	return sender != nil && sender.Killed
-}
-
-// poolsOf names the pools (poolsYAML) that take a job with labels.
-func poolsOf(labels []string) []string {
-	var out []string
-	for _, l := range labels {
-		switch l {
-		case "ubuntu-latest":
-			out = append(out, "linux")
-		case "ubuntu-latest-arm":
-			out = append(out, "arm")
-		}
-	}
-	return out
 }
 
 // duplicated counts the assignments whose executor was created more than

@@ -3,19 +3,42 @@
 // with its file store kept; dispatch, handle and recover as real processes
 // (the project's own binaries), killed with SIGKILL at random points; a
 // scripted Gitea (Gitea) that speaks the runner protocol honestly and
-// records every claim, final result and zombie reaping; and the OpenSandbox
-// backend against its contract-checked fake, which records every sandbox
-// ever created. Executors are simulated: once a sandbox exists, it reports
-// its result as the runner would (through the gateway), or ends without
-// reporting.
+// records every claim, final result, zombie reaping and call, with the
+// process that made it; and the OpenSandbox backend against its
+// contract-checked fake, which records every sandbox ever created and when
+// each was removed. Executors are simulated: once a sandbox exists, it
+// reports its result as the runner would (through the gateway), or ends
+// without reporting; each records what it did (ExecRecord).
 //
-// The run is judged from those records, never from logs: every task has
-// exactly one final result in Gitea and was not reaped as a zombie (else it
-// is lost); no assignment's executor was created twice (else duplicated);
-// and after one final recover pass no sandbox, no payload and no queued
-// message is left (else leaked). TestChaos prints
+// The run is judged from those records, never from logs (verdict.go; each
+// rule is a pure function with its own table of cases in verdict_test.go).
+// Every task Gitea holds is judged once:
 //
-//	chaos: <N> tasks, <K> kills, <L> lost, <D> duplicated, <X> leaked
+//   - lost: claimed other than once; or it has no final result, or was
+//     reaped as a zombie, and its claim was not cut; or its final result is
+//     neither its executor's own report nor a FAILURE with a reason (a log
+//     row) for a task no executor reported on (a failure with no reason is
+//     lost: the job's outcome is unaccounted for); or anyone but the reaper
+//     sent it a final result differing from the one Gitea kept;
+//   - wrongly-failed: its final result is ours (recover's report,
+//     dispatch's Finalize), not its executor's, and an executor of it was
+//     healthy: it reported (its result lost to ours), or was stopped (its
+//     sandbox removed) before the task had any final result, or was alive
+//     when our final result came (nobody cancels a task in this run);
+//   - cut (printed apart, no failure): Gitea's FetchTask answer carrying the
+//     task went to a dispatch process (which process opened the answering
+//     connection is read from /proc as Gitea accepts it: /proc/net/tcp and
+//     the socket links under /proc/<pid>/fd of the fleet's processes) that
+//     was SIGKILLed at most CutWindow (2 x dispatcher.ClaimTimeout) after
+//     the answer, made no later call for the task's pool, and no payload of
+//     the task was ever written: the one window Gitea's runner protocol
+//     leaves (see cutClaim).
 //
-// last, and fails unless L, D and X are 0.
+// Beside the tasks: no assignment's executor was created twice (else
+// duplicated); and after one final recover pass no sandbox, no payload and
+// no queued message is left (else leaked). TestChaos prints
+//
+//	chaos: <N> tasks, <K> kills, <L> lost, <D> duplicated, <X> leaked, <W> wrongly-failed
+//
+// last, and fails unless L, D, X and W are 0.
 package chaos

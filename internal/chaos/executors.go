@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	mathrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,7 +27,8 @@ type Gateway interface {
 // reports its final result to Gitea and ends (Terminated), or (a share
 // Unreported) ends Failed without reporting, which recover must report. An
 // executor whose sandbox is deleted stops where it is, as a killed sandbox
-// would.
+// would. Each one records what it did (Records), whatever carries its
+// calls to Gitea.
 type Executors struct {
 	Sandboxes *sandboxapitest.Server
 	Gitea     *Gitea
@@ -40,15 +42,61 @@ type Executors struct {
 	rngMu sync.Mutex
 	rng   *mathrand.Rand
 
-	mu         sync.Mutex
-	started    int
-	unreported int
-	reported   int
+	mu      sync.Mutex
+	records []*ExecRecord
 }
 
-// Run starts an executor for every sandbox created, until ctx ends.
+// ExecEnd says how a simulated executor ended.
+type ExecEnd string
+
+const (
+	// ExecRunning: it has not ended.
+	ExecRunning ExecEnd = ""
+	// ExecNoTask: it ended without its task (the payload gone, the gateway
+	// unreachable for too long, an assignment ID it cannot read), so it
+	// reported nothing.
+	ExecNoTask ExecEnd = "no-task"
+	// ExecReported: it sent its final result (Result) and ended.
+	ExecReported ExecEnd = "reported"
+	// ExecUnreported: it ended without reporting (a crashed runner).
+	ExecUnreported ExecEnd = "unreported"
+	// ExecStopped: its sandbox was deleted (or expired) while it ran; EndedAt
+	// is when the backend removed it.
+	ExecStopped ExecEnd = "stopped"
+	// ExecCancelled: Gitea answered its heartbeat with a final result it had
+	// not sent, and it stopped, as the runner stops a cancelled job.
+	ExecCancelled ExecEnd = "cancelled"
+	// ExecAbandoned: the run ended while it ran (the harness stopped it).
+	ExecAbandoned ExecEnd = "abandoned"
+)
+
+// ExecRecord is what one simulated executor (one sandbox) did, told from its
+// own side: what it sent and what it was answered, not how either
+// travelled.
+type ExecRecord struct {
+	Sandbox, Assignment string
+	Task                int64
+	// Created is when its sandbox was created, Started when it had fetched
+	// its task (zero if it never did).
+	Created, Started time.Time
+	End              ExecEnd
+	// EndedAt is when it ended: for ExecReported when Gitea's answer to its
+	// report came back, for ExecStopped when its sandbox was removed.
+	EndedAt time.Time
+	// Result is the final result it reported, SentAt when it sent it, and
+	// Answer the result Gitea answered (its own when accepted); ReportErr
+	// says why the report got no answer, "" if it did.
+	Result, Answer runnerv1.Result
+	SentAt         time.Time
+	ReportErr      string
+}
+
+// Run starts an executor for every sandbox created, until ctx ends; it
+// returns once every executor it started has ended.
 func (x *Executors) Run(ctx context.Context, seed uint64) {
 	x.rng = mathrand.New(mathrand.NewPCG(seed, 0x657865))
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	seen := 0
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -60,7 +108,7 @@ func (x *Executors) Run(ctx context.Context, seed uint64) {
 		}
 		created := x.Sandboxes.Created()
 		for _, sb := range created[seen:] {
-			go x.run(ctx, sb)
+			wg.Go(func() { x.run(ctx, sb) })
 		}
 		seen = len(created)
 	}
@@ -81,60 +129,115 @@ func (x *Executors) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// update is the executor's UpdateTask for a task: a heartbeat with result
+// unspecified, else its final result; it returns Gitea's view of the task.
+// Today the scripted Gitea is called directly (the gateway forwards it and
+// retries until Gitea answers); the records around it do not depend on
+// that.
+func (x *Executors) update(_ context.Context, taskID int64, result runnerv1.Result) (runnerv1.Result, error) {
+	return x.Gitea.RunnerUpdate(taskID, result), nil
+}
+
+// end records how rec ended, at at (now if zero).
+func (x *Executors) end(rec *ExecRecord, how ExecEnd, at time.Time) {
+	if at.IsZero() {
+		at = time.Now()
+	}
+	x.mu.Lock()
+	rec.End, rec.EndedAt = how, at
+	x.mu.Unlock()
+}
+
+// stopped records that rec's sandbox was removed under it.
+func (x *Executors) stopped(rec *ExecRecord) {
+	at, _ := x.Sandboxes.DeletedAt(rec.Sandbox)
+	x.end(rec, ExecStopped, at)
+}
+
 // run is one sandbox's executor.
 func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	id := sb.ID
 	aid := sb.Metadata[x.Keys.AssignmentID]
+	rec := &ExecRecord{Sandbox: id, Assignment: aid, Created: sb.CreatedAt}
+	x.mu.Lock()
+	x.records = append(x.records, rec)
+	x.mu.Unlock()
 	_, taskID, err := taskassignment.ParseID(aid)
 	if err != nil {
+		x.end(rec, ExecNoTask, time.Time{})
 		x.Sandboxes.Transition(id, "Failed")
 		return
 	}
-	if !x.sleep(ctx, time.Duration(50+x.rand()*250)*time.Millisecond) || !x.Sandboxes.Transition(id, "Running") {
+	x.mu.Lock()
+	rec.Task = taskID
+	x.mu.Unlock()
+	if !x.sleep(ctx, time.Duration(50+x.rand()*250)*time.Millisecond) {
+		x.end(rec, ExecAbandoned, time.Time{})
 		return
 	}
-	x.mu.Lock()
-	x.started++
-	x.mu.Unlock()
+	if !x.Sandboxes.Transition(id, "Running") {
+		x.stopped(rec)
+		return
+	}
 	// The runner fetches its task through the gateway, which reads the
 	// payload and marks it started; the runner retries while the gateway
 	// cannot (NATS restarting), and gives up on a payload that is gone.
 	if !x.fetch(ctx, aid) {
-		x.Sandboxes.Transition(id, "Failed")
+		switch _, ok := x.Sandboxes.Sandbox(id); {
+		case ctx.Err() != nil:
+			x.end(rec, ExecAbandoned, time.Time{})
+		case !ok:
+			x.stopped(rec)
+		default:
+			x.end(rec, ExecNoTask, time.Time{})
+			x.Sandboxes.Transition(id, "Failed")
+		}
 		return
 	}
+	x.mu.Lock()
+	rec.Started = time.Now()
+	x.mu.Unlock()
 	run := x.MinRun + time.Duration(x.rand()*float64(x.MaxRun-x.MinRun))
 	deadline := time.Now().Add(run)
 	for time.Now().Before(deadline) {
 		if _, ok := x.Sandboxes.Sandbox(id); !ok {
-			return // deleted under the executor
+			x.stopped(rec) // deleted under the executor
+			return
 		}
-		if x.Gitea.RunnerUpdate(taskID, runnerv1.Result_RESULT_UNSPECIFIED) != runnerv1.Result_RESULT_UNSPECIFIED {
-			x.Sandboxes.Transition(id, "Terminated") // cancelled or reaped: the runner stops
+		if r, err := x.update(ctx, taskID, runnerv1.Result_RESULT_UNSPECIFIED); err == nil && r != runnerv1.Result_RESULT_UNSPECIFIED {
+			x.end(rec, ExecCancelled, time.Time{}) // cancelled or reaped: the runner stops
+			x.Sandboxes.Transition(id, "Terminated")
 			return
 		}
 		if !x.sleep(ctx, min(time.Second, time.Until(deadline))) {
+			x.end(rec, ExecAbandoned, time.Time{})
 			return
 		}
 	}
 	if x.rand() < x.Unreported {
-		x.mu.Lock()
-		x.unreported++
-		x.mu.Unlock()
+		x.end(rec, ExecUnreported, time.Time{})
 		x.Sandboxes.Transition(id, "Failed")
 		return
 	}
 	if _, ok := x.Sandboxes.Sandbox(id); !ok {
+		x.stopped(rec)
 		return
 	}
 	result := runnerv1.Result_RESULT_SUCCESS
 	if x.rand() < 0.2 {
 		result = runnerv1.Result_RESULT_FAILURE
 	}
-	x.Gitea.RunnerUpdate(taskID, result)
 	x.mu.Lock()
-	x.reported++
+	rec.Result, rec.SentAt = result, time.Now()
 	x.mu.Unlock()
+	answer, err := x.update(ctx, taskID, result)
+	x.mu.Lock()
+	rec.Answer = answer
+	if err != nil {
+		rec.ReportErr = err.Error()
+	}
+	x.mu.Unlock()
+	x.end(rec, ExecReported, time.Time{})
 	x.Sandboxes.Transition(id, "Terminated")
 }
 
@@ -165,12 +268,34 @@ func (x *Executors) fetch(ctx context.Context, aid string) bool {
 	return false
 }
 
-// Counts returns how many executors started, reported, and ended without
-// reporting.
-func (x *Executors) Counts() (started, reported, unreported int) {
+// Records returns what every executor did so far, by the creation of its
+// sandbox.
+func (x *Executors) Records() []ExecRecord {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.started, x.reported, x.unreported
+	out := make([]ExecRecord, len(x.records))
+	for i, r := range x.records {
+		out[i] = *r
+	}
+	slices.SortStableFunc(out, func(a, b ExecRecord) int { return a.Created.Compare(b.Created) })
+	return out
+}
+
+// Counts returns how many executors started (fetched their task), reported,
+// and ended without reporting.
+func (x *Executors) Counts() (started, reported, unreported int) {
+	for _, r := range x.Records() {
+		if !r.Started.IsZero() {
+			started++
+		}
+		switch r.End {
+		case ExecReported:
+			reported++
+		case ExecUnreported:
+			unreported++
+		}
+	}
+	return started, reported, unreported
 }
 
 func isNotFound(err error) bool { return errors.Is(err, taskassignment.ErrPayloadNotFound) }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,10 @@ import (
 //     ZombieTimeout is failed by the reaper, and recorded as reaped.
 //   - With faults on, a share of all calls (FaultRate) answers 500, 502,
 //     503 or 429 before taking effect, from a seeded source.
+//   - Every call that reaches it is recorded (CallLog): when its handler
+//     started and ended, which registration made it, and which process of
+//     the fleet opened its connection (AttributeConns); a claim keeps the
+//     call that carried it.
 //
 // Its methods are safe for concurrent use.
 type Gitea struct {
@@ -53,12 +58,18 @@ type Gitea struct {
 	rngMu sync.Mutex
 	rng   *mathrand.Rand
 
+	// owner finds the process that opened a connection (AttributeConns).
+	owner   atomic.Pointer[func(client, server net.Addr) int]
+	connSeq atomic.Int64
+	callSeq atomic.Int64
+
 	mu      sync.Mutex
 	runners map[string]*runner // by UUID
 	tasks   map[int64]*task
 	waiting []*task
 	version int64
 	nextID  int64
+	callLog []*Call
 
 	srv *http.Server
 }
@@ -70,21 +81,21 @@ type runner struct {
 }
 
 type task struct {
-	id        int64
-	labels    []string
-	payload   *runnerv1.Task
-	runner    int64 // 0 while the job waits
-	claims    int
-	claimed   time.Time // the first claim's answer
-	requested time.Time // when the handler of that claim's request started
-	queuedAt  time.Time
-	updated   time.Time
-	result    runnerv1.Result
-	finals    []Final
-	reaped    bool
-	logRows   int64
-	lastLog   string // the last log row written over the protocol
-	archived  bool
+	id       int64
+	labels   []string
+	payload  *runnerv1.Task
+	runner   int64 // 0 while the job waits
+	claims   int
+	claimed  time.Time // the first claim's answer
+	claim    *Call     // the call of the first claim (its Answered is set once it is written)
+	queuedAt time.Time
+	updated  time.Time
+	result   runnerv1.Result
+	finals   []Final
+	reaped   bool
+	logRows  int64
+	lastLog  string // the last log row written over the protocol
+	archived bool
 }
 
 // Final is one final result sent for a task.
@@ -100,6 +111,33 @@ type Final struct {
 	// Log is the last log row written before it over the protocol (the
 	// reason a report or finalize gives), "" if none.
 	Log string
+	// At is when Gitea received it.
+	At time.Time
+	// PID is the process of the fleet that sent it over the protocol (see
+	// Call), 0 if unknown or not sent over the protocol.
+	PID int
+}
+
+// Call is one call that reached the scripted Gitea (faulted ones included).
+type Call struct {
+	// Seq orders the calls by the start of their handlers.
+	Seq int64
+	// Method is the RPC's name (FetchTask, UpdateTask, ...).
+	Method string
+	// Runner is the ID of the registration whose credentials it carried, 0
+	// if none.
+	Runner int64
+	// Conn numbers its connection; ConnAt is when that connection was
+	// accepted, and PID the process of the fleet that opened it (0 if
+	// unknown: no owner set, or the process was gone by then).
+	Conn   int64
+	ConnAt time.Time
+	PID    int
+	// Started is when its handler started, Answered when its answer was
+	// written (the handler returned).
+	Started, Answered time.Time
+	// Task is the task a FetchTask handed out, 0 if none.
+	Task int64
 }
 
 // TaskRecord is what the scripted Gitea knows of one task.
@@ -107,12 +145,13 @@ type TaskRecord struct {
 	ID     int64
 	Labels []string
 	Claims int
-	// ClaimedAt is when Gitea answered the first claim (zero if none), and
-	// RequestedAt when the handler of that claim's request started.
-	ClaimedAt, RequestedAt time.Time
-	Result                 runnerv1.Result
-	Finals                 []Final
-	Reaped                 bool
+	// ClaimedAt is when Gitea claimed it for a runner the first time (zero
+	// if never), and Claim the FetchTask call whose answer carried it.
+	ClaimedAt time.Time
+	Claim     Call
+	Result    runnerv1.Result
+	Finals    []Final
+	Reaped    bool
 }
 
 // GiteaOptions configure StartGitea.
@@ -144,10 +183,69 @@ func StartGitea(ctx context.Context, o GiteaOptions) (*Gitea, error) {
 		return nil, fmt.Errorf("scripted gitea: listen: %w", err)
 	}
 	g.URL = "http://" + l.Addr().String() + "/"
-	g.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	g.srv = &http.Server{Handler: g.record(mux), ReadHeaderTimeout: 10 * time.Second, ConnContext: g.connContext}
 	go func() { _ = g.srv.Serve(l) }()
 	go g.reap(ctx)
 	return g, nil
+}
+
+// AttributeConns has every connection accepted from now on attributed to
+// the process owner names (see Fleet.Owner): owner is given the client's and
+// the server's end of the connection, and is called once per connection, as
+// it is accepted, while its client still holds it.
+func (g *Gitea) AttributeConns(owner func(client, server net.Addr) int) { g.owner.Store(&owner) }
+
+// conn is what the server knows of one connection.
+type conn struct {
+	id  int64
+	at  time.Time
+	pid int
+}
+
+type connKey struct{}
+
+type callKey struct{}
+
+func (g *Gitea) connContext(ctx context.Context, c net.Conn) context.Context {
+	info := &conn{id: g.connSeq.Add(1), at: time.Now()}
+	if owner := g.owner.Load(); owner != nil {
+		info.pid = (*owner)(c.RemoteAddr(), c.LocalAddr())
+	}
+	return context.WithValue(ctx, connKey{}, info)
+}
+
+// record records every call, with the connection it came on and the
+// registration it names.
+func (g *Gitea) record(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := &Call{Seq: g.callSeq.Add(1), Method: r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:], Started: time.Now()}
+		if info, ok := r.Context().Value(connKey{}).(*conn); ok {
+			c.Conn, c.ConnAt, c.PID = info.id, info.at, info.pid
+		}
+		g.mu.Lock()
+		if rn := g.runners[r.Header.Get("x-runner-uuid")]; rn != nil {
+			c.Runner = rn.id
+		}
+		g.mu.Unlock()
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+		g.mu.Lock()
+		c.Answered = time.Now()
+		g.callLog = append(g.callLog, c)
+		g.mu.Unlock()
+	})
+}
+
+// CallLog returns every call answered so far, in the order their handlers
+// started.
+func (g *Gitea) CallLog() []Call {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]Call, len(g.callLog))
+	for i, c := range g.callLog {
+		out[i] = *c
+	}
+	slices.SortFunc(out, func(a, b Call) int { return int(a.Seq - b.Seq) })
+	return out
 }
 
 // Stop closes the server.
@@ -201,8 +299,12 @@ func (g *Gitea) Records() []TaskRecord {
 	defer g.mu.Unlock()
 	out := make([]TaskRecord, 0, len(g.tasks))
 	for _, t := range g.tasks {
-		out = append(out, TaskRecord{ID: t.id, Labels: slices.Clone(t.labels), Claims: t.claims, ClaimedAt: t.claimed, RequestedAt: t.requested,
-			Result: t.result, Finals: slices.Clone(t.finals), Reaped: t.reaped})
+		r := TaskRecord{ID: t.id, Labels: slices.Clone(t.labels), Claims: t.claims, ClaimedAt: t.claimed,
+			Result: t.result, Finals: slices.Clone(t.finals), Reaped: t.reaped}
+		if t.claim != nil {
+			r.Claim = *t.claim
+		}
+		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b TaskRecord) int { return int(a.ID - b.ID) })
 	return out
@@ -236,16 +338,17 @@ func (g *Gitea) RunnerUpdate(taskID int64, result runnerv1.Result) runnerv1.Resu
 
 // update applies an UpdateTask to t as Gitea does. g.mu is held.
 func (g *Gitea) update(t *task, result runnerv1.Result, by string) runnerv1.Result {
+	now := time.Now()
 	if t.result != runnerv1.Result_RESULT_UNSPECIFIED {
 		if result != runnerv1.Result_RESULT_UNSPECIFIED {
-			t.finals = append(t.finals, Final{Result: result, By: by})
+			t.finals = append(t.finals, Final{Result: result, By: by, At: now})
 		}
 		return t.result
 	}
-	t.updated = time.Now()
+	t.updated = now
 	if result != runnerv1.Result_RESULT_UNSPECIFIED {
 		t.result = result
-		t.finals = append(t.finals, Final{Result: result, Accepted: true, By: by})
+		t.finals = append(t.finals, Final{Result: result, Accepted: true, By: by, At: now})
 	}
 	return t.result
 }
@@ -265,7 +368,7 @@ func (g *Gitea) reap(ctx context.Context) {
 		for _, t := range g.tasks {
 			if t.runner != 0 && t.result == runnerv1.Result_RESULT_UNSPECIFIED && time.Since(t.updated) > g.zombieTimeout {
 				t.result, t.reaped = runnerv1.Result_RESULT_FAILURE, true
-				t.finals = append(t.finals, Final{Result: t.result, Accepted: true, By: "reaper"})
+				t.finals = append(t.finals, Final{Result: t.result, Accepted: true, By: "reaper", At: time.Now()})
 			}
 		}
 		g.mu.Unlock()
@@ -312,8 +415,8 @@ func (g *Gitea) Declare(_ context.Context, req *connect.Request[runnerv1.Declare
 }
 
 // FetchTask implements runnerv1connect.RunnerServiceHandler.
-func (g *Gitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
-	received := time.Now() // before the lock: as close to the request's arrival as the handler gets
+func (g *Gitea) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	call, _ := ctx.Value(callKey{}).(*Call)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, err := g.auth(req.Header())
@@ -331,7 +434,10 @@ func (g *Gitea) FetchTask(_ context.Context, req *connect.Request[runnerv1.Fetch
 		g.waiting = slices.Delete(g.waiting, i, i+1)
 		t.runner, t.claims, t.updated = r.id, t.claims+1, time.Now()
 		if t.claimed.IsZero() {
-			t.claimed, t.requested = t.updated, received
+			t.claimed, t.claim = t.updated, call
+		}
+		if call != nil {
+			call.Task = t.id
 		}
 		res.Task = t.payload
 		break
@@ -353,7 +459,8 @@ func (g *Gitea) task(r *runner, id int64) (*task, error) {
 }
 
 // UpdateTask implements runnerv1connect.RunnerServiceHandler.
-func (g *Gitea) UpdateTask(_ context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
+func (g *Gitea) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
+	call, _ := ctx.Value(callKey{}).(*Call)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, err := g.auth(req.Header())
@@ -369,6 +476,9 @@ func (g *Gitea) UpdateTask(_ context.Context, req *connect.Request[runnerv1.Upda
 	result := g.update(t, st.GetResult(), "protocol")
 	if len(t.finals) > n {
 		t.finals[n].Log = t.lastLog
+		if call != nil {
+			t.finals[n].PID = call.PID
+		}
 	}
 	return connect.NewResponse(&runnerv1.UpdateTaskResponse{State: &runnerv1.TaskState{Id: t.id, Result: result}}), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,6 +151,7 @@ type member struct {
 // Life is one process of the fleet, from its start to its end.
 type Life struct {
 	Kind           string
+	PID            int
 	Started, Ended time.Time
 	// Killed: it ended by the fleet's SIGKILL.
 	Killed bool
@@ -208,7 +210,7 @@ func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
 	<-p.Exited()
 	f.mu.Lock()
 	m := f.live[p.PID()]
-	f.lives = append(f.lives, Life{Kind: kind, Started: m.started, Ended: time.Now(), Killed: m.killed})
+	f.lives = append(f.lives, Life{Kind: kind, PID: p.PID(), Started: m.started, Ended: time.Now(), Killed: m.killed})
 	delete(f.live, p.PID())
 	f.exits[kind]++
 	f.mu.Unlock()
@@ -301,6 +303,19 @@ func (f *Fleet) Lives(kind string) []Life {
 		}
 	}
 	return out
+}
+
+// Owner returns the live process of the fleet that opened the TCP
+// connection whose client end is client and server end server (see
+// connOwner), 0 if none did.
+func (f *Fleet) Owner(client, server net.Addr) int {
+	f.mu.Lock()
+	pids := make([]int, 0, len(f.live))
+	for pid := range f.live {
+		pids = append(pids, pid)
+	}
+	f.mu.Unlock()
+	return connOwner(client, server, pids)
 }
 
 // Starts returns the processes started so far, by kind.

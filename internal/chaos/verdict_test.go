@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -11,62 +13,259 @@ import (
 )
 
 // The verdict must see each kind of failure: a harness that cannot fail
-// proves nothing.
-func TestLostTasks(t *testing.T) {
-	ok, fail := runnerv1.Result_RESULT_SUCCESS, runnerv1.Result_RESULT_FAILURE
-	records := []TaskRecord{
-		{ID: 1, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}}},
-		// The same result again is harmless (a retried report).
-		{ID: 2, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}, {Result: ok, By: "protocol"}}},
-		{ID: 3, Claims: 0}, // never claimed
-		{ID: 4, Claims: 1}, // claimed, never ended
-		{ID: 5, Claims: 1, Result: fail, Reaped: true, Finals: []Final{{Result: fail, Accepted: true, By: "reaper"}}},
-		{ID: 6, Claims: 1, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}, {Result: fail, By: "protocol"}}},
-		{ID: 7, Claims: 2, Result: ok, Finals: []Final{{Result: ok, Accepted: true, By: "runner"}}},
-	}
-	never := func(TaskRecord) bool { return false }
-	lost, cut, lines := lostTasks(records, 8, never) // and one queued task Gitea does not hold
-	if lost != 5 || cut != 0 || len(lines) != 6 {
-		t.Errorf("lostTasks = %d, %d, %q; want 5 tasks, none cut, and 6 lines", lost, cut, lines)
-	}
-	// A cut claim excuses a task that only never ended or was reaped, never
-	// one claimed twice or sent a differing result.
-	always := func(TaskRecord) bool { return true }
-	lost, cut, lines = lostTasks(records, 7, always)
-	if lost != 3 || cut != 2 || len(lines) != 5 {
-		t.Errorf("lostTasks with every claim cut = %d, %d, %q; want tasks 3, 6 and 7 lost, 4 and 5 cut", lost, cut, lines)
-	}
+// proves nothing. Each rule is fed records of the cases it must catch.
+
+var t0 = time.Date(2026, 12, 1, 5, 0, 0, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+const (
+	ok   = runnerv1.Result_RESULT_SUCCESS
+	fail = runnerv1.Result_RESULT_FAILURE
+)
+
+// A claim of task 9 (pool linux, registration 1) answered at 1 s to the
+// dispatch of pid 100 on its connection 3, opened at 0.5 s; the other pool
+// is registration 2.
+func claimed() TaskRecord {
+	return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, ClaimedAt: at(1000),
+		Claim: Call{Seq: 10, Method: "FetchTask", Runner: 1, Conn: 3, ConnAt: at(500), PID: 100, Started: at(990), Answered: at(1000), Task: 9}}
+}
+
+// call is a later call of pid on a connection of the claim's process.
+func call(seq int64, method string, runner int64, pid, ms int) Call {
+	return Call{Seq: seq, Method: method, Runner: runner, Conn: 3, ConnAt: at(500), PID: pid, Started: at(ms), Answered: at(ms + 2)}
+}
+
+func dispatchLife(pid, started, ended int, killed bool) Life {
+	return Life{Kind: "dispatch", PID: pid, Started: at(started), Ended: at(ended), Killed: killed}
 }
 
 func TestCutClaim(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 5, 0, 0, 0, time.UTC)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	lives := []Life{
-		{Kind: "dispatch", Started: at(0), Ended: at(1000), Killed: true},
-		{Kind: "dispatch", Started: at(1200), Ended: at(5000), Killed: false},
-	}
-	record := func(requested int) TaskRecord {
-		return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, RequestedAt: at(requested), ClaimedAt: at(requested + 5)}
-	}
 	nothing := func(string) bool { return false }
+	killedSoon := []Life{dispatchLife(100, 0, 1400, true), dispatchLife(101, 1600, 900000, false)}
+	window := int(CutWindow / time.Millisecond)
 	for _, tc := range []struct {
 		name    string
 		r       TaskRecord
+		lives   []Life
+		calls   []Call
 		written func(string) bool
 		want    bool
 	}{
-		{"claimed by the killed process, nothing written", record(900), nothing, true},
-		{"its payload was written", record(900), func(id string) bool { return id == "linux-9" }, false},
-		{"claimed by a process that was not killed", record(2000), nothing, false},
-		// The request's handler started after its sender was killed (real Gitea
-		// finishes a claim whose client hung up): still the killed process's.
-		{"request handled after its sender died", record(1100), nothing, true},
-		{"requested before any dispatch ran", record(-100), nothing, false},
-		{"never claimed", TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}}, nothing, false},
+		{"killed within the window, no later call, no payload", claimed(), killedSoon, nil, nothing, true},
+		{"killed at the window's end", claimed(), []Life{dispatchLife(100, 0, 1000+window, true)}, nil, nothing, true},
+		{"the answer came after its process was killed", claimed(), []Life{dispatchLife(100, 0, 995, true)}, nil, nothing, true},
+		// The payload write failed, Finalize (UpdateLog, UpdateTask) failed
+		// too, the round went on: the process was killed minutes later.
+		{"payload write and Finalize failed, dispatch killed much later", claimed(), []Life{dispatchLife(100, 0, 300000, true)},
+			[]Call{call(11, "UpdateLog", 1, 100, 1100), call(14, "FetchTask", 1, 100, 1400), call(15, "UpdateTask", 1, 100, 4000)}, nothing, false},
+		{"killed beyond the window, even with no later call", claimed(), []Life{dispatchLife(100, 0, 1001+window, true)}, nil, nothing, false},
+		{"killed within the window after a later call for the same pool", claimed(), killedSoon,
+			[]Call{call(11, "UpdateLog", 1, 100, 1100)}, nothing, false},
+		{"killed within the window after its next FetchTask", claimed(), killedSoon,
+			[]Call{call(12, "FetchTask", 1, 100, 1010)}, nothing, false},
+		// dispatch runs the pools' rounds concurrently.
+		{"a later call for another pool is no evidence", claimed(), killedSoon,
+			[]Call{call(11, "FetchTask", 2, 100, 1100), call(12, "UpdateTask", 2, 100, 1200)}, nothing, true},
+		// Readiness declares the first pool outside the rounds.
+		{"a later Declare is no evidence", claimed(), killedSoon, []Call{call(11, "Declare", 1, 100, 1100)}, nothing, true},
+		{"a later call of another process is no evidence", claimed(), killedSoon,
+			[]Call{call(11, "FetchTask", 1, 101, 1700)}, nothing, true},
+		{"a call before the claim is no evidence", claimed(), killedSoon, []Call{call(9, "FetchTask", 1, 100, 700)}, nothing, true},
+		{"the same PID again in a later process is no evidence",
+			claimed(), []Life{dispatchLife(100, 0, 1400, true), dispatchLife(100, 2000, 9000, false)},
+			[]Call{{Seq: 20, Method: "FetchTask", Runner: 1, Conn: 7, ConnAt: at(2100), PID: 100, Started: at(2100)}}, nothing, true},
+		{"its payload was written", claimed(), killedSoon, nil, func(id string) bool { return id == "linux-9" }, false},
+		{"its dispatch was not killed", claimed(), []Life{dispatchLife(100, 0, 1400, false)}, nil, nothing, false},
+		{"answered to an unknown process", func() TaskRecord { r := claimed(); r.Claim.PID = 0; return r }(), killedSoon, nil, nothing, false},
+		{"answered to a process that is no dispatch", claimed(), []Life{dispatchLife(101, 0, 1400, true)}, nil, nothing, false},
+		{"its connection was opened by an earlier process of the same PID",
+			claimed(), []Life{dispatchLife(100, 0, 400, true), dispatchLife(100, 450, 600000, true)}, nil, nothing, false},
+		{"never claimed", TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}}, killedSoon, nil, nothing, false},
 	} {
-		if got := cutClaim(tc.r, lives, tc.written); got != tc.want {
-			t.Errorf("%s: cutClaim = %v, want %v", tc.name, got, tc.want)
+		got, why := cutClaim(tc.r, ClaimEvidence{Dispatches: tc.lives, Calls: tc.calls, Written: tc.written})
+		if got != tc.want {
+			t.Errorf("%s: cutClaim = %v (%s), want %v", tc.name, got, why, tc.want)
 		}
+	}
+}
+
+func TestJudgeFinal(t *testing.T) {
+	reason := "gitea-dynamic-runner: the executor ended (Failed) without reporting a result; the job is marked failed"
+	exec := func(end ExecEnd, endedMs int) ExecRecord {
+		return ExecRecord{Sandbox: "sb", Assignment: "linux-9", Task: 9, Created: at(1100), Started: at(1500), End: end, EndedAt: at(endedMs)}
+	}
+	reported := func(result, answer runnerv1.Result, sentMs int) ExecRecord {
+		e := exec(ExecReported, sentMs+1)
+		e.Result, e.Answer, e.SentAt = result, answer, at(sentMs)
+		return e
+	}
+	recovered := Final{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000), PID: 300}
+	for _, tc := range []struct {
+		name  string
+		final Final
+		execs []ExecRecord
+		want  Verdict
+	}{
+		{"the executor reported success and Gitea holds it",
+			Final{Result: ok, Accepted: true, By: "runner", At: at(4000)}, []ExecRecord{reported(ok, ok, 4000)}, Fine},
+		{"the executor reported failure and Gitea holds it",
+			Final{Result: fail, Accepted: true, By: "runner", At: at(4000)}, []ExecRecord{reported(fail, fail, 4000)}, Fine},
+		// Transport-independent: a report that reached Gitea over the
+		// protocol (the gateway) while the executor waited for its answer.
+		{"the executor's report, forwarded over the protocol",
+			Final{Result: ok, Accepted: true, By: "protocol", At: at(4001)}, []ExecRecord{reported(ok, ok, 4000)}, Fine},
+		{"a healthy executor's success overwritten by our failure", recovered, []ExecRecord{reported(ok, fail, 6000)}, WronglyFailed},
+		{"a healthy executor's failure preceded by ours", recovered, []ExecRecord{reported(fail, fail, 6000)}, WronglyFailed},
+		{"the executor stopped before any final result, then failed by recover", recovered, []ExecRecord{exec(ExecStopped, 4500)}, WronglyFailed},
+		{"the executor was running when recover failed the task (it saw the result on its heartbeat)",
+			recovered, []ExecRecord{exec(ExecCancelled, 5800)}, WronglyFailed},
+		{"the executor was still running at the run's end", recovered, []ExecRecord{exec(ExecAbandoned, 90000)}, WronglyFailed},
+		{"the executor ended without reporting, then failed by recover with a reason", recovered, []ExecRecord{exec(ExecUnreported, 4500)}, Fine},
+		{"the executor found no task, then failed by recover with a reason", recovered, []ExecRecord{exec(ExecNoTask, 4500)}, Fine},
+		{"no executor was created; dispatch's Finalize with a reason",
+			Final{Result: fail, Accepted: true, By: "protocol", Log: "gitea-dynamic-runner could not store the task for an executor; run the job again", At: at(1200)},
+			nil, Fine},
+		{"a second executor created after the final result (a late duplicate), stopped",
+			recovered, []ExecRecord{exec(ExecUnreported, 4500), {Sandbox: "sb2", Task: 9, Created: at(7000), End: ExecStopped, EndedAt: at(8000)}}, Fine},
+		// Chosen: lost, not wrongly-failed: nothing shows the executor was
+		// healthy, but the job ended failed with no word why.
+		{"a failure without a reason", Final{Result: fail, Accepted: true, By: "protocol", At: at(5000)},
+			[]ExecRecord{exec(ExecUnreported, 4500)}, Lost},
+		{"a success no executor reported", Final{Result: ok, Accepted: true, By: "protocol", Log: "done", At: at(5000)},
+			[]ExecRecord{exec(ExecUnreported, 4500)}, Lost},
+		{"a runner's final result no executor records", Final{Result: ok, Accepted: true, By: "runner", At: at(5000)}, nil, Lost},
+	} {
+		if got, why := judgeFinal(tc.final, tc.execs); got != tc.want {
+			t.Errorf("%s: judgeFinal = %s (%s), want %s", tc.name, got, why, tc.want)
+		}
+	}
+}
+
+func TestJudge(t *testing.T) {
+	reason := "gitea-dynamic-runner: the executor ended (Failed) without reporting a result; the job is marked failed"
+	// Dispatches SIGKILLed at 1.4 s: pid 100 claimed task 1 for one pool
+	// and task 2 for the other, concurrently; pid 110 claimed task 3, whose
+	// payload was written; pid 120 claimed task 4 and called Gitea again for
+	// its pool (Finalize's UpdateLog). The dispatch of pid 200 claimed task
+	// 5, its payload write and Finalize failed, and it was killed five
+	// minutes later.
+	claim := func(id int64, seq int64, pid int) TaskRecord {
+		r := claimed()
+		r.ID, r.Claim.Seq, r.Claim.PID, r.Claim.Task = id, seq, pid, id
+		return r
+	}
+	otherPool := func(r TaskRecord) TaskRecord {
+		r.Labels, r.Claim.Runner = []string{"ubuntu-latest-arm"}, 2
+		return r
+	}
+	reaped := func(r TaskRecord) TaskRecord {
+		r.Result, r.Reaped = fail, true
+		r.Finals = []Final{{Result: fail, Accepted: true, By: "reaper", At: at(31000)}}
+		return r
+	}
+	evidence := ClaimEvidence{
+		Dispatches: []Life{dispatchLife(100, 0, 1400, true), dispatchLife(110, 0, 1400, true), dispatchLife(120, 0, 1400, true),
+			dispatchLife(200, 0, 300000, true)},
+		Calls:   []Call{call(41, "UpdateLog", 1, 120, 1100), call(51, "UpdateLog", 1, 200, 1100), call(52, "FetchTask", 1, 200, 1500)},
+		Written: func(id string) bool { return id == "linux-3" },
+	}
+	cut := func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) }
+	done := func(id int64, fs ...Final) TaskRecord {
+		r := claim(id, id*10, 300)
+		r.Finals = fs
+		for _, f := range fs {
+			if f.Accepted {
+				r.Result = f.Result
+			}
+		}
+		return r
+	}
+	records := []TaskRecord{
+		claim(1, 10, 100),                    // no final result, cut
+		reaped(otherPool(claim(2, 20, 100))), // reaped, cut
+		reaped(claim(3, 30, 110)),            // its payload was written: lost
+		reaped(claim(4, 40, 120)),            // a later call of its pool: lost
+		reaped(claim(5, 50, 200)),            // payload write and Finalize failed, killed much later: lost
+		done(6, Final{Result: ok, Accepted: true, By: "runner", At: at(4000)}),
+		done(7, Final{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000)}, Final{Result: ok, By: "runner", At: at(6000)}),
+		done(8, Final{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000)}),
+		done(9, Final{Result: fail, Accepted: true, By: "protocol", At: at(5000)}),
+		// The same result again is harmless (a retried report); a differing
+		// one sent to a finished task is not.
+		done(10, Final{Result: ok, Accepted: true, By: "runner", At: at(4000)}, Final{Result: ok, By: "protocol", At: at(4500)}),
+		done(11, Final{Result: ok, Accepted: true, By: "runner", At: at(4000)}, Final{Result: fail, By: "protocol", Log: reason, At: at(4500)}),
+		func() TaskRecord {
+			r := done(12, Final{Result: ok, Accepted: true, By: "runner", At: at(4000)})
+			r.Claims = 2
+			return r
+		}(),
+		{ID: 13, Labels: []string{"ubuntu-latest"}}, // never claimed
+	}
+	execs := []ExecRecord{
+		{Sandbox: "s6", Task: 6, Created: at(1100), Started: at(1500), End: ExecReported, Result: ok, Answer: ok, SentAt: at(4000), EndedAt: at(4001)},
+		{Sandbox: "s7", Task: 7, Created: at(1100), Started: at(1500), End: ExecReported, Result: ok, Answer: fail, SentAt: at(6000), EndedAt: at(6001)},
+		{Sandbox: "s8", Task: 8, Created: at(1100), Started: at(1500), End: ExecStopped, EndedAt: at(4900)},
+		{Sandbox: "s9", Task: 9, Created: at(1100), Started: at(1500), End: ExecUnreported, EndedAt: at(4900)},
+		{Sandbox: "s10", Task: 10, Created: at(1100), Started: at(1500), End: ExecReported, Result: ok, Answer: ok, SentAt: at(4000), EndedAt: at(4001)},
+		{Sandbox: "s11", Task: 11, Created: at(1100), Started: at(1500), End: ExecReported, Result: ok, Answer: ok, SentAt: at(4000), EndedAt: at(4001)},
+		{Sandbox: "s12", Task: 12, Created: at(1100), Started: at(1500), End: ExecReported, Result: ok, Answer: ok, SentAt: at(4000), EndedAt: at(4001)},
+	}
+	want := map[int64]Verdict{1: Cut, 2: Cut, 3: Lost, 4: Lost, 5: Lost, 6: Fine, 7: WronglyFailed, 8: WronglyFailed, 9: Lost,
+		10: Fine, 11: Lost, 12: Lost, 13: Lost}
+	byTask := map[int64][]ExecRecord{}
+	for _, e := range execs {
+		byTask[e.Task] = append(byTask[e.Task], e)
+	}
+	for _, r := range records {
+		if got, why := judgeTask(r, byTask[r.ID], cut); got != want[r.ID] {
+			t.Errorf("task %d: judgeTask = %s (%s), want %s", r.ID, got, why, want[r.ID])
+		}
+	}
+	// One task queued that Gitea does not hold is lost too.
+	tally := judge(records, len(records)+1, execs, cut)
+	if tally.Lost != 8 || tally.Cut != 2 || tally.WronglyFailed != 2 || len(tally.Lines) != 12 {
+		t.Errorf("judge = %d lost, %d cut, %d wrongly-failed, lines %q; want 8, 2, 2 and 12 lines (one for the missing task)",
+			tally.Lost, tally.Cut, tally.WronglyFailed, tally.Lines)
+	}
+}
+
+// The connection's owner is found from the kernel's tables: here this
+// process, which dials itself.
+func TestConnOwner(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server := <-accepted
+	if server == nil {
+		t.Fatal("no connection accepted")
+	}
+	defer server.Close()
+	if got := connOwner(server.RemoteAddr(), server.LocalAddr(), []int{os.Getpid() + 1_000_000, os.Getpid()}); got != os.Getpid() {
+		t.Errorf("connOwner = %d, want this process, %d", got, os.Getpid())
+	}
+	if got := connOwner(server.RemoteAddr(), server.LocalAddr(), []int{os.Getpid() + 1_000_000}); got != 0 {
+		t.Errorf("connOwner among other processes = %d, want 0", got)
+	}
+	// The server's own end is no client's.
+	if got := connOwner(server.LocalAddr(), server.RemoteAddr(), nil); got != 0 {
+		t.Errorf("connOwner with no process = %d, want 0", got)
 	}
 }
 

@@ -77,6 +77,7 @@ type Server struct {
 	faults     []Fault
 	faultFunc  func(method, path string) *Fault
 	created    []Sandbox
+	deleted    map[string]time.Time // when each removed sandbox was removed
 	latency    time.Duration
 	rejections []Rejection
 	// podReadyTimeouts queues the next creates' 504s (Kubernetes): true
@@ -365,7 +366,7 @@ func (s *Server) Expire(id string) {
 	if _, ok := s.live(id); !ok {
 		s.t.Fatalf("sandboxapitest: Expire: no sandbox %q", id)
 	}
-	delete(s.sandboxes, id)
+	s.remove(id, time.Now())
 }
 
 // InjectPodReadyTimeout makes the next create (Kubernetes runtime only)
@@ -422,6 +423,27 @@ func (s *Server) Seed(body []byte) string {
 		s.t.Fatalf("sandboxapitest: Seed: %v", err)
 	}
 	return created.ID
+}
+
+// remove removes sandbox id, which was removed at at. s.mu is held.
+func (s *Server) remove(id string, at time.Time) {
+	delete(s.sandboxes, id)
+	if s.deleted == nil {
+		s.deleted = map[string]time.Time{}
+	}
+	s.deleted[id] = at
+}
+
+// DeletedAt returns when sandbox id was removed (deleted, or at its
+// expiry), false if it was not: it exists, or never did.
+func (s *Server) DeletedAt(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.live(id); ok {
+		return time.Time{}, false
+	}
+	at, ok := s.deleted[id]
+	return at, ok
 }
 
 // Sandbox returns sandbox id, false if it does not exist (or was deleted).
@@ -673,7 +695,7 @@ func (s *Server) handle(op string, r *http.Request, in *openapi3filter.RequestVa
 		if _, ok := s.live(id); !ok {
 			return s.notFound(id)
 		}
-		delete(s.sandboxes, id)
+		s.remove(id, time.Now())
 		return response{status: http.StatusNoContent}
 	case "PATCH /sandboxes/{sandboxId}/metadata":
 		return s.patch(id, body)
@@ -765,7 +787,7 @@ func (s *Server) create(body []byte, request bool) response {
 	s.created = append(s.created, sb.snapshot())
 	if timedOut {
 		if !keep {
-			delete(s.sandboxes, sb.ID)
+			s.remove(sb.ID, time.Now())
 		}
 		return errorResponse(http.StatusGatewayTimeout, "KUBERNETES::POD_READY_TIMEOUT",
 			fmt.Sprintf("Timeout waiting for sandbox %s to be Running with IP. Elapsed: 60.0s, Last state: Pending", sb.ID))
@@ -891,7 +913,7 @@ func (s *Server) live(id string) (*sandbox, bool) {
 	}
 	now := time.Now()
 	if !sb.expiresAt.IsZero() && !now.Before(sb.expiresAt) {
-		delete(s.sandboxes, id)
+		s.remove(id, sb.expiresAt)
 		return nil, false
 	}
 	if at := sb.crashLoopAt; !at.IsZero() && !now.Before(at) {

@@ -1,0 +1,358 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
+)
+
+// The verdict's rules over the run's records, pure functions so that each can
+// be fed the case it must catch (verdict_test.go). Every task Gitea holds is
+// judged once, in this order:
+//
+//  1. lost: claimed other than once; or never given a final result, or
+//     reaped as a zombie, unless its claim was cut (cutClaim);
+//  2. wrongly-failed: its accepted final result is not its executor's own
+//     report, and an executor of it reported, or was stopped (its sandbox
+//     removed) before the task had any final result, or was alive when the
+//     final result came (judgeFinal);
+//  3. lost: its accepted final result is neither its executor's report nor
+//     a FAILURE with a reason (a log row) for a task no executor reported
+//     on; or another final result differing from the accepted one was sent
+//     by anyone but the reaper (judgeFinal, judgeTask);
+//  4. fine otherwise.
+//
+// A cut claim is printed apart and is no failure; lost and wrongly-failed
+// tasks fail the run.
+
+// CutWindow bounds how long after Gitea's FetchTask answer a dispatch may
+// legitimately hold the claimed task in memory only, with no payload written
+// and no further call to Gitea for the task's pool. From the dispatcher's
+// code (shared/dispatcher): the FetchTask runs on a context detached from
+// the caller's that ends dispatcher.ClaimTimeout (30 s) after the request
+// was sent (fetch, detached), so the answer reaches dispatch within
+// ClaimTimeout of being written; building the assignment does no I/O; the
+// payload put then runs on a fresh ClaimTimeout (queue). When the put ends,
+// either the payload is written or Finalize starts with a call to Gitea
+// for the same pool (UpdateLog), and any later work of the round (the next
+// FetchTask, the keep-alives) is such a call too. So a dispatch SIGKILLed
+// more than 2 x ClaimTimeout after the answer had either written the
+// payload or called Gitea again for the pool: it is no longer in the
+// window Gitea's runner protocol leaves (see cutClaim).
+const CutWindow = 2 * dispatcher.ClaimTimeout
+
+// Verdict is what the verdict says of one task.
+type Verdict int
+
+const (
+	Fine Verdict = iota
+	Cut
+	Lost
+	WronglyFailed
+)
+
+func (v Verdict) String() string {
+	return [...]string{"FINE", "CUT", "LOST", "WRONGLY-FAILED"}[v]
+}
+
+// Tally is the verdict over all tasks: counts by verdict, and a line for
+// every task that is not fine.
+type Tally struct {
+	Lost, Cut, WronglyFailed int
+	Lines                    []string
+}
+
+// ClaimEvidence is what cutClaim judges a claim from.
+type ClaimEvidence struct {
+	// Dispatches are the dispatch processes of the run (Fleet.Lives).
+	Dispatches []Life
+	// Calls are all calls Gitea answered (Gitea.CallLog).
+	Calls []Call
+	// Written reports whether a payload was ever written under an
+	// assignment ID (a deleted or purged payload leaves a marker).
+	Written func(assignmentID string) bool
+}
+
+// cutClaim reports whether the claim of r (a task claimed once that never
+// got a final result of its own, or was reaped) was cut by a SIGKILL in the
+// one window the runner protocol leaves: the FetchTask answer carrying the
+// task came on a connection opened by a dispatch process (Call.PID, found
+// from the kernel's socket tables as the connection was accepted), that
+// process ended by the harness's SIGKILL at most CutWindow after the answer
+// was written, it made no later call for the task's pool, and no payload of
+// the task was ever written. The second string says why, either way.
+//
+// "No later call" counts the calls of the same process with the same
+// registration (Call.Runner: each pool registers its own runner) whose
+// handlers started after the claim's: dispatch runs the rounds of different
+// pools concurrently (dispatcher.Rounds, one goroutine per pool), so a call
+// for another pool says nothing of this claim, but it serializes the calls
+// of one pool (Rounds runs one round of a pool at a time and Dispatcher
+// locks per pool; a round's claims run one after the other), so a later call
+// of the same pool comes after queue returned for this claim: the payload
+// put ended, and either the payload was written or Finalize was tried. A
+// Declare is left out: readiness (giteaCheck) sends one for the first pool
+// outside the rounds, at any time.
+func cutClaim(r TaskRecord, ev ClaimEvidence) (bool, string) {
+	c := r.Claim
+	if c.Seq == 0 || c.Answered.IsZero() {
+		return false, "no answer of its claim was recorded"
+	}
+	for _, pool := range poolsOf(r.Labels) {
+		if ev.Written(fmt.Sprintf("%s-%d", pool, r.ID)) {
+			return false, "its payload was written"
+		}
+	}
+	if c.PID == 0 {
+		return false, fmt.Sprintf("the process that received its claim (connection %d) is unknown", c.Conn)
+	}
+	var life *Life
+	for i, l := range ev.Dispatches {
+		if l.PID == c.PID && !c.ConnAt.Before(l.Started) && !c.ConnAt.After(l.Ended) {
+			life = &ev.Dispatches[i]
+		}
+	}
+	if life == nil {
+		return false, fmt.Sprintf("its claim was answered to pid %d, no dispatch", c.PID)
+	}
+	if !life.Killed {
+		return false, fmt.Sprintf("its claim was answered to dispatch pid %d, which was not SIGKILLed", c.PID)
+	}
+	if after := life.Ended.Sub(c.Answered); after > CutWindow {
+		return false, fmt.Sprintf("dispatch pid %d was SIGKILLed %s after its claim's answer, beyond the window of %s",
+			c.PID, after.Round(time.Millisecond), CutWindow)
+	}
+	for _, l := range ev.Calls {
+		if l.Seq > c.Seq && l.PID == c.PID && l.Runner == c.Runner && l.Method != "Declare" &&
+			!l.ConnAt.Before(life.Started) && !l.ConnAt.After(life.Ended) {
+			return false, fmt.Sprintf("dispatch pid %d called %s for the same pool at %s, after its claim's answer at %s",
+				c.PID, l.Method, clock(l.Started), clock(c.Answered))
+		}
+	}
+	return true, fmt.Sprintf("its claim was answered at %s to dispatch pid %d, SIGKILLed %s later with no later call for the pool and no payload written",
+		clock(c.Answered), c.PID, life.Ended.Sub(c.Answered).Round(time.Millisecond))
+}
+
+// accepted returns r's accepted final result: the first one, which Gitea
+// keeps.
+func accepted(r TaskRecord) (Final, bool) {
+	i := slices.IndexFunc(r.Finals, func(f Final) bool { return f.Accepted })
+	if i < 0 {
+		return Final{}, false
+	}
+	return r.Finals[i], true
+}
+
+// reportOf returns the executor whose own report f is: it reported f's
+// result, and Gitea took f while that report was on its way (between the
+// executor sending it and the answer coming back), whatever carried it.
+func reportOf(f Final, execs []ExecRecord) (ExecRecord, bool) {
+	for _, e := range execs {
+		if e.End == ExecReported && e.Result == f.Result && !f.At.Before(e.SentAt) && !f.At.After(e.EndedAt) {
+			return e, true
+		}
+	}
+	return ExecRecord{}, false
+}
+
+// judgeFinal checks the accepted final result f of a task against what its
+// executors (execs: every executor created for it) did. f is fine when it is
+// an executor's own report. Else it was set by us (recover's report,
+// dispatch's Finalize) and the task is wrongly-failed if any executor of it
+// was healthy: it reported (its result lost to ours), or it was stopped (its
+// sandbox removed) before the task had any final result, or it was alive
+// (created and not ended) when f came. That last rule is stricter than
+// "stopped after the task had a final result is fine": in this run nobody
+// cancels a task, so a final result of ours that lands while an executor
+// lives failed a running job; a job cancelled in Gitea would come with no
+// final result of ours. Otherwise no executor ever reported (none was
+// created, or each ended without reporting, or without its task, before f)
+// and f must be a FAILURE with a reason (a log row written before it); any
+// other result, or a failure with no reason, is lost: the job's outcome is
+// unaccounted for (nothing shows an executor was healthy, so it is not
+// counted wrongly-failed).
+func judgeFinal(f Final, execs []ExecRecord) (Verdict, string) {
+	if e, ok := reportOf(f, execs); ok {
+		return Fine, "its executor's report (" + e.Sandbox + ")"
+	}
+	by := f.By
+	if f.PID != 0 {
+		by += fmt.Sprintf(" (pid %d)", f.PID)
+	}
+	ours := fmt.Sprintf("%s by %s at %s", name(f.Result), by, clock(f.At))
+	if f.By == "runner" {
+		return Lost, "a final result " + ours + " that no executor's record reports"
+	}
+	for _, e := range execs {
+		switch {
+		case e.End == ExecReported:
+			return WronglyFailed, fmt.Sprintf("executor %s reported %s at %s (answered %s), but Gitea holds %s",
+				e.Sandbox, name(e.Result), clock(e.SentAt), name(e.Answer), ours)
+		case e.End == ExecStopped && e.EndedAt.Before(f.At):
+			return WronglyFailed, fmt.Sprintf("executor %s was stopped (its sandbox removed at %s) before the task had a final result, then Gitea got %s",
+				e.Sandbox, clock(e.EndedAt), ours)
+		case !e.Created.After(f.At) && (e.End == ExecRunning || e.End == ExecAbandoned || e.EndedAt.After(f.At)):
+			end := "ran on"
+			if e.End != ExecRunning {
+				end = fmt.Sprintf("ended %s at %s", e.End, clock(e.EndedAt))
+			}
+			return WronglyFailed, fmt.Sprintf("executor %s (created %s) was alive when Gitea got %s; it %s",
+				e.Sandbox, clock(e.Created), ours, end)
+		}
+	}
+	if f.Result != runnerv1.Result_RESULT_FAILURE {
+		return Lost, fmt.Sprintf("a final result %s that no executor reported", ours)
+	}
+	if f.Log == "" {
+		return Lost, fmt.Sprintf("a final result %s with no reason (no log row)", ours)
+	}
+	return Fine, fmt.Sprintf("%s: %q", ours, f.Log)
+}
+
+// judgeTask judges one task from Gitea's record of it, its executors'
+// records, and cut (cutClaim over the run's evidence).
+func judgeTask(r TaskRecord, execs []ExecRecord, cut func(TaskRecord) (bool, string)) (Verdict, string) {
+	var differing []string
+	for _, f := range r.Finals {
+		if !f.Accepted && f.Result != r.Result && f.By != "reaper" {
+			differing = append(differing, fmt.Sprintf("another final result %s by %s", name(f.Result), f.By))
+		}
+	}
+	if r.Claims != 1 {
+		return Lost, fmt.Sprintf("claimed %d times", r.Claims)
+	}
+	f, ok := accepted(r)
+	if !ok || r.Reaped {
+		why := "no final result"
+		if r.Reaped {
+			why = "reaped as a zombie"
+		}
+		if len(differing) == 0 {
+			isCut, because := cut(r)
+			if isCut {
+				return Cut, why + ": " + because
+			}
+			return Lost, why + "; not a cut claim: " + because
+		}
+		return Lost, why + ", " + strings.Join(differing, ", ")
+	}
+	v, why := judgeFinal(f, execs)
+	if v == Fine && len(differing) > 0 {
+		return Lost, strings.Join(differing, ", ")
+	}
+	return v, why
+}
+
+// judge judges every task: records are Gitea's (n were queued), execs every
+// executor's.
+func judge(records []TaskRecord, n int, execs []ExecRecord, cut func(TaskRecord) (bool, string)) Tally {
+	var t Tally
+	if len(records) != n {
+		t.Lost += max(n-len(records), 0)
+		t.Lines = append(t.Lines, fmt.Sprintf("LOST: Gitea holds %d tasks, %d were queued", len(records), n))
+	}
+	byTask := map[int64][]ExecRecord{}
+	for _, e := range execs {
+		byTask[e.Task] = append(byTask[e.Task], e)
+	}
+	for _, r := range records {
+		v, why := judgeTask(r, byTask[r.ID], cut)
+		switch v {
+		case Fine:
+			continue
+		case Cut:
+			t.Cut++
+		case Lost:
+			t.Lost++
+		case WronglyFailed:
+			t.WronglyFailed++
+		}
+		t.Lines = append(t.Lines, fmt.Sprintf("%s: task %d: %s (finals %s; executors %s)", v, r.ID, why, finals(r.Finals), executors(byTask[r.ID])))
+	}
+	return t
+}
+
+// claimants says to which processes the claims were answered: how many
+// went to a dispatch process of lives (and to how many of them), how many to
+// an unknown or other process, for the record.
+func claimants(records []TaskRecord, lives []Life) string {
+	var dispatch, other int
+	pids := map[int]bool{}
+	for _, r := range records {
+		c := r.Claim
+		if c.Seq == 0 {
+			continue
+		}
+		i := slices.IndexFunc(lives, func(l Life) bool { return l.PID == c.PID && !c.ConnAt.Before(l.Started) && !c.ConnAt.After(l.Ended) })
+		if i < 0 {
+			other++
+			continue
+		}
+		dispatch++
+		pids[c.PID] = true
+	}
+	return fmt.Sprintf("%d dispatch processes (%d claims), %d other or unknown", len(pids), dispatch, other)
+}
+
+// clock formats t for a line: local time to the millisecond.
+func clock(t time.Time) string { return t.Local().Format("15:04:05.000") }
+
+func name(r runnerv1.Result) string { return strings.TrimPrefix(r.String(), "RESULT_") }
+
+func finals(fs []Final) string {
+	var parts []string
+	for _, f := range fs {
+		s := fmt.Sprintf("%s by %s", name(f.Result), f.By)
+		if f.PID != 0 {
+			s += fmt.Sprintf(" pid %d", f.PID)
+		}
+		s += " at " + clock(f.At)
+		if !f.Accepted {
+			s += " (ignored)"
+		}
+		parts = append(parts, s)
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}
+
+func executors(es []ExecRecord) string {
+	var parts []string
+	for _, e := range es {
+		s := fmt.Sprintf("%s created %s", e.Sandbox, clock(e.Created))
+		if !e.Started.IsZero() {
+			s += " started " + clock(e.Started)
+		}
+		end := string(e.End)
+		if e.End == ExecRunning {
+			end = "running"
+		}
+		s += " " + end
+		if e.End == ExecReported {
+			s += fmt.Sprintf(" %s (answered %s)", name(e.Result), name(e.Answer))
+		}
+		if !e.EndedAt.IsZero() {
+			s += " at " + clock(e.EndedAt)
+		}
+		parts = append(parts, s)
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}
+
+// poolsOf names the pools (poolsYAML) that take a job with labels.
+func poolsOf(labels []string) []string {
+	var out []string
+	for _, l := range labels {
+		switch l {
+		case "ubuntu-latest":
+			out = append(out, "linux")
+		case "ubuntu-latest-arm":
+			out = append(out, "arm")
+		}
+	}
+	return out
+}
