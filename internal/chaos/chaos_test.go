@@ -20,12 +20,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -163,13 +166,23 @@ func TestChaos(t *testing.T) {
 	}
 	payloadKey := secretkey.Key(bytes.Repeat([]byte{7}, 32))
 	b64 := base64.StdEncoding.EncodeToString
+	// The executors' SVIDs: handle mints one per sandbox from the local CA
+	// (GDR_CA_DIR), which the gateway trusts; the gateway's own is minted
+	// from it here.
+	td := spiffeid.RequireTrustDomainFromString(trustDomain)
+	caDir := filepath.Join(dir, "ca")
+	gatewaySVID, err := gatewayIdentity(caDir, td, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gatewayAddr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 	env := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + dir,
 		"GDR_LOG_LEVEL=info", "GDR_NATS_URL=" + ns.URL, "GDR_TRUST_DOMAIN=" + trustDomain,
 		"GDR_POOLS_FILE=" + pools, "GDR_STATE_DIR=" + filepath.Join(dir, "state"), "GDR_GITEA_URL=" + gitea.URL,
 		"GDR_PAYLOAD_KEY=" + b64(payloadKey), "GDR_ASSIGNMENT_SIGNING_KEY=" + b64(signingSeed),
 		"GDR_ASSIGNMENT_VERIFY_KEYS=" + b64(signer.Public()),
-		"GDR_BOOTSTRAP_KEY=" + b64(bytes.Repeat([]byte{9}, 32)), "GDR_GATEWAY_URL=https://gateway.example.org",
+		"GDR_BOOTSTRAP_KEY=" + b64(bytes.Repeat([]byte{9}, 32)), "GDR_GATEWAY_URL=https://" + gatewayAddr, "GDR_CA_DIR=" + caDir,
 		"GDR_OPENSANDBOX_URL=" + osb.URL, "GDR_OPENSANDBOX_API_KEY=" + osbAPIKey,
 	}
 	dispatchEnv := []string{"GDR_INTERVAL=250ms", "GDR_KEEPALIVE=" + keepAlive.String(), "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
@@ -177,6 +190,7 @@ func TestChaos(t *testing.T) {
 	handleEnv := []string{"GDR_MODE=job", "GDR_BACKEND=opensandbox", "GDR_BATCH=1", "GDR_FETCH_WAIT=1s",
 		"GDR_NAK_DELAY=250ms", "GDR_ERROR_DELAY=500ms", "GDR_HOLD_FOR=10s", "GDR_CAPACITY=" + strconv.Itoa(totalCapacity)}
 	recoverEnv := []string{"GDR_RECOVER_MODE=once"}
+	gatewayEnv := append([]string{"GDR_HTTP_ADDR=" + gatewayAddr}, gatewaySVID...)
 
 	// Set-up, unkilled and without faults: register the pools, create the
 	// stream and consumer (handle's setup mode) and the payload bucket
@@ -207,10 +221,6 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumer := scaleAckWait(ctx, t, js)
-	payloads, err := assignmentqueue.OpenPayloads(ctx, js, assignmentqueue.DefaultPayloadBucket, payloadKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys, err := taskassignment.NewKeys("gitea-dynamic-runner.io")
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +230,7 @@ func TestChaos(t *testing.T) {
 	// cluster runs them, jobs queued over time, kills and NATS restarts.
 	gitea.SetFaults(true)
 	osb.SetFaults(osbFaults(st.Seed))
-	execs := &Executors{Sandboxes: osb, Gitea: gitea, Gateway: func() Gateway { return payloads }, Keys: keys,
+	execs := &Executors{Sandboxes: osb, TrustDomain: td, Keys: keys,
 		Unreported: 0.1, MinRun: 200 * time.Millisecond, MaxRun: 3 * time.Second}
 	runCtx, stopRun := context.WithCancel(ctx)
 	execCtx, stopExecs := context.WithCancel(ctx)
@@ -234,15 +244,21 @@ func TestChaos(t *testing.T) {
 	gitea.AttributeConns(fleet.Owner) // which process made each call (the verdict's cut claims)
 	// A test that stops early leaves no process.
 	t.Cleanup(func() { fleet.Close(time.Second) })
-	// dispatch is a Deployment: restarted whenever it exits.
-	wg.Go(func() {
-		for runCtx.Err() == nil {
-			if errors.Is(fleet.Run("dispatch", bins.Dispatch, dispatchEnv, "serve"), ErrClosed) {
-				return
+	// dispatch and the gateway are Deployments: restarted whenever they
+	// exit.
+	for _, d := range []struct {
+		kind, bin string
+		env, args []string
+	}{{"dispatch", bins.Dispatch, dispatchEnv, []string{"serve"}}, {"gateway", bins.Gateway, gatewayEnv, nil}} {
+		wg.Go(func() {
+			for runCtx.Err() == nil {
+				if errors.Is(fleet.Run(d.kind, d.bin, d.env, d.args...), ErrClosed) {
+					return
+				}
+				sleep(runCtx, 200*time.Millisecond)
 			}
-			sleep(runCtx, 200*time.Millisecond)
-		}
-	})
+		})
+	}
 	wg.Go(func() { // a CronJob with concurrencyPolicy Forbid
 		r := mathrand.New(mathrand.NewPCG(st.Seed, 2))
 		for runCtx.Err() == nil {
@@ -506,14 +522,11 @@ func drainState(ctx context.Context, g *Gitea, osb *sandboxapitest.Server, js je
 	return done == n && sandboxes == 0 && len(keys) == 0 && msgs == 0, state
 }
 
-// endedPrefix starts the end marks recover leaves in the payload bucket
-// (assignmentqueue.Endings): kept by design for the bucket's TTL, so that a
-// late redelivery creates nothing; they are no leak.
-const endedPrefix = "ended."
-
-// queueLeft returns the keys left in the payload bucket (payloads and
-// started marks; end marks are left out) and the number of messages left in
-// the stream.
+// queueLeft returns the keys left in the payload bucket (payloads, started
+// and sent marks; the end marks recover leaves, kept by design for their
+// bucket's TTL so that a late redelivery creates nothing, live in a bucket
+// of their own and are no leak) and the number of messages left in the
+// stream.
 func queueLeft(ctx context.Context, js jetstream.JetStream) ([]string, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -521,11 +534,10 @@ func queueLeft(ctx context.Context, js jetstream.JetStream) ([]string, uint64, e
 	if err != nil {
 		return nil, 0, err
 	}
-	all, err := kv.Keys(ctx)
+	keys, err := kv.Keys(ctx)
 	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, 0, err
 	}
-	keys := slices.DeleteFunc(all, func(k string) bool { return strings.HasPrefix(k, endedPrefix) })
 	s, err := js.Stream(ctx, assignmentqueue.DefaultStream)
 	if err != nil {
 		return keys, 0, err
@@ -613,4 +625,35 @@ func streams(ctx context.Context, js jetstream.JetStream) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, ", ")
+}
+
+// gatewayIdentity creates the local CA in caDir (the one handle's
+// GDR_CA_DIR loads to mint the sandboxes' SVIDs), mints the gateway's SVID
+// from it into files under dir, and returns the gateway's variables that
+// name them.
+func gatewayIdentity(caDir string, td spiffeid.TrustDomain, dir string) ([]string, error) {
+	ca, err := svidca.LoadOrCreate(caDir, td)
+	if err != nil {
+		return nil, err
+	}
+	svid, err := ca.Mint(spiffeid.RequireFromPath(td, bootstrap.DefaultGatewayPath), 24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	cert, key, err := svid.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := ca.Bundle().Marshal()
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{"gateway.crt": cert, "gateway.key": key, "bundle.crt": bundle}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return []string{"GDR_SVID_CERT=" + filepath.Join(dir, "gateway.crt"), "GDR_SVID_KEY=" + filepath.Join(dir, "gateway.key"),
+		"GDR_SVID_BUNDLE=" + filepath.Join(dir, "bundle.crt")}, nil
 }

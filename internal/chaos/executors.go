@@ -2,38 +2,44 @@ package chaos
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	mathrand "math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// Gateway is what a simulated executor needs of the gateway's payload side
-// (assignmentqueue.Payloads): its task, and the mark that it took it.
-type Gateway interface {
-	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
-	MarkStarted(ctx context.Context, assignmentID string) error
-}
-
 // Executors simulates what runs inside each sandbox the fake holds, as the
-// runner does it: it boots, fetches its task through the gateway (which
-// marks it started), heartbeats, runs for a random while, and then either
-// reports its final result to Gitea and ends (Terminated), or (a share
-// Unreported) ends Failed without reporting, which recover must report. An
-// executor whose sandbox is deleted stops where it is, as a killed sandbox
-// would. Each one records what it did (Records), whatever carries its
-// calls to Gitea.
+// runner does it, through the real gateway: from the variables its sandbox
+// was created with (its SVID, its capability, the gateway's URL and SPIFFE
+// ID) it opens the runner's own mTLS client to the gateway, fetches its task
+// (which the gateway marks started), heartbeats, runs for a random while,
+// and then either reports its final result and ends (Terminated), or (a
+// share Unreported) ends Failed without reporting, which recover must
+// report. Like the runner it retries a gateway it cannot reach (killed,
+// restarting, NATS electing a leader). An executor whose sandbox is deleted
+// stops where it is, as a killed sandbox would. Each one records what it did
+// (Records).
 type Executors struct {
 	Sandboxes *sandboxapitest.Server
-	Gitea     *Gitea
-	Gateway   func() Gateway
-	Keys      taskassignment.Keys
+	// TrustDomain is the trust domain of the SVIDs and the bundle the
+	// sandboxes are given.
+	TrustDomain spiffeid.TrustDomain
+	Keys        taskassignment.Keys
 	// Unreported is the share of executors that end without reporting.
 	Unreported float64
 	// MinRun, MaxRun bound how long a job runs.
@@ -129,14 +135,69 @@ func (x *Executors) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// update is the executor's UpdateTask for a task: a heartbeat with result
-// unspecified, else its final result; it returns Gitea's view of the task.
-// Today the scripted Gitea is called directly (the gateway forwards it and
-// retries until Gitea answers); the records around it do not depend on
-// that.
-func (x *Executors) update(_ context.Context, taskID int64, result runnerv1.Result) (runnerv1.Result, error) {
-	return x.Gitea.RunnerUpdate(taskID, result), nil
+// gatewayRetry bounds how long an executor retries a call the gateway does
+// not answer (as the runner's reporter does); far longer than a gateway's
+// restart or a NATS leader election.
+const gatewayRetry = time.Minute
+
+// update is the executor's UpdateTask through the gateway: a heartbeat with
+// result unspecified, else its final result; it returns Gitea's view of the
+// task. A final result is retried while the gateway cannot answer, as the
+// runner retries it; a heartbeat is tried once.
+func (x *Executors) update(ctx context.Context, c runnerv1connect.RunnerServiceClient, taskID int64, result runnerv1.Result) (runnerv1.Result, error) {
+	state := &runnerv1.TaskState{Id: taskID, Result: result}
+	if result != runnerv1.Result_RESULT_UNSPECIFIED {
+		state.StoppedAt = timestamppb.Now()
+	}
+	deadline := time.Now().Add(gatewayRetry)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := c.UpdateTask(cctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: state}))
+		cancel()
+		if err == nil {
+			return res.Msg.GetState().GetResult(), nil
+		}
+		if result == runnerv1.Result_RESULT_UNSPECIFIED || !retryable(err) || time.Now().After(deadline) || !x.sleep(ctx, 200*time.Millisecond) {
+			return runnerv1.Result_RESULT_UNSPECIFIED, err
+		}
+	}
 }
+
+// retryable is what the runner retries: the gateway unreachable, or it
+// could not reach NATS or Gitea.
+func retryable(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeUnknown, connect.CodeInternal, connect.CodeResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// client is the runner-protocol client of sb's executor: the runner's own
+// (gateway.NewClient), from the variables sb was created with.
+func (x *Executors) client(sb sandboxapitest.Sandbox) (runnerv1connect.RunnerServiceClient, error) {
+	env := sb.Env
+	svid, err := x509svid.Parse([]byte(env[bootstrap.EnvSVIDCert]), []byte(env[bootstrap.EnvSVIDKey]))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its SVID: %w", sb.ID, err)
+	}
+	bundle, err := x509bundle.Parse(x.TrustDomain, []byte(env[bootstrap.EnvSVIDBundle]))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its bundle: %w", sb.ID, err)
+	}
+	gatewayID, err := spiffeid.FromString(env[bootstrap.EnvGatewayID])
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: the gateway's ID: %w", sb.ID, err)
+	}
+	creds := gateway.Credentials{SVID: x509svid.Source(staticSVID{svid}), Bundle: bundle,
+		AssignmentID: env[bootstrap.EnvAssignmentID], Capability: env[bootstrap.EnvCapability]}
+	return gateway.NewClient(env[bootstrap.EnvGatewayURL], creds, tlsconfig.AuthorizeID(gatewayID)), nil
+}
+
+// staticSVID serves one SVID, as a sandbox holds the one it was created with.
+type staticSVID struct{ svid *x509svid.SVID }
+
+func (s staticSVID) GetX509SVID() (*x509svid.SVID, error) { return s.svid, nil }
 
 // end records how rec ended, at at (now if zero).
 func (x *Executors) end(rec *ExecRecord, how ExecEnd, at time.Time) {
@@ -171,6 +232,15 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	x.mu.Lock()
 	rec.Task = taskID
 	x.mu.Unlock()
+	client, err := x.client(sb)
+	if err != nil {
+		x.mu.Lock()
+		rec.ReportErr = err.Error()
+		x.mu.Unlock()
+		x.end(rec, ExecNoTask, time.Time{})
+		x.Sandboxes.Transition(id, "Failed")
+		return
+	}
 	if !x.sleep(ctx, time.Duration(50+x.rand()*250)*time.Millisecond) {
 		x.end(rec, ExecAbandoned, time.Time{})
 		return
@@ -181,8 +251,8 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	}
 	// The runner fetches its task through the gateway, which reads the
 	// payload and marks it started; the runner retries while the gateway
-	// cannot (NATS restarting), and gives up on a payload that is gone.
-	if !x.fetch(ctx, aid) {
+	// cannot (killed, NATS electing), and gives up on a payload that is gone.
+	if !x.fetch(ctx, client, taskID) {
 		switch _, ok := x.Sandboxes.Sandbox(id); {
 		case ctx.Err() != nil:
 			x.end(rec, ExecAbandoned, time.Time{})
@@ -204,7 +274,7 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 			x.stopped(rec) // deleted under the executor
 			return
 		}
-		if r, err := x.update(ctx, taskID, runnerv1.Result_RESULT_UNSPECIFIED); err == nil && r != runnerv1.Result_RESULT_UNSPECIFIED {
+		if r, err := x.update(ctx, client, taskID, runnerv1.Result_RESULT_UNSPECIFIED); err == nil && r != runnerv1.Result_RESULT_UNSPECIFIED {
 			x.end(rec, ExecCancelled, time.Time{}) // cancelled or reaped: the runner stops
 			x.Sandboxes.Transition(id, "Terminated")
 			return
@@ -230,7 +300,7 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	x.mu.Lock()
 	rec.Result, rec.SentAt = result, time.Now()
 	x.mu.Unlock()
-	answer, err := x.update(ctx, taskID, result)
+	answer, err := x.update(ctx, client, taskID, result)
 	x.mu.Lock()
 	rec.Answer = answer
 	if err != nil {
@@ -241,31 +311,23 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	x.Sandboxes.Transition(id, "Terminated")
 }
 
-// fetch gets the task through the gateway and marks it started, retrying
-// for up to 10 s; false if the payload is gone or the gateway never answers.
-func (x *Executors) fetch(ctx context.Context, aid string) bool {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		gw := x.Gateway()
-		if gw != nil {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := gw.Get(cctx, aid)
-			if err == nil {
-				err = gw.MarkStarted(cctx, aid)
-			}
-			cancel()
-			if err == nil {
-				return true
-			}
-			if isNotFound(err) {
-				return false
-			}
+// fetch gets the task through the gateway (which marks it started),
+// retrying for up to gatewayRetry as the runner does; false if the gateway
+// refuses (the payload gone, the task over) or never answers, or hands out
+// another task.
+func (x *Executors) fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, taskID int64) bool {
+	deadline := time.Now().Add(gatewayRetry)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := c.FetchTask(cctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+		cancel()
+		if err == nil {
+			return res.Msg.GetTask().GetId() == taskID
 		}
-		if !x.sleep(ctx, 200*time.Millisecond) {
+		if !retryable(err) || time.Now().After(deadline) || !x.sleep(ctx, 200*time.Millisecond) {
 			return false
 		}
 	}
-	return false
 }
 
 // Records returns what every executor did so far, by the creation of its
@@ -297,5 +359,3 @@ func (x *Executors) Counts() (started, reported, unreported int) {
 	}
 	return started, reported, unreported
 }
-
-func isNotFound(err error) bool { return errors.Is(err, taskassignment.ErrPayloadNotFound) }

@@ -25,18 +25,18 @@ const module = "github.com/gitea-dynamic-runner/gitea-dynamic-runner"
 
 // Binaries are the programs a run starts, built once into one folder.
 type Binaries struct {
-	Dispatch, Handle, Recover, NATS string
+	Dispatch, Handle, Recover, Gateway, NATS string
 }
 
-// Build builds dispatch, handle and recover (the project's own mains) and
+// Build builds dispatch, handle, recover and gateway (the project's own mains) and
 // nats-server (the module's dependency) into dir with `go build`.
 func Build(ctx context.Context, dir string) (Binaries, error) {
 	b := Binaries{
 		Dispatch: filepath.Join(dir, "dispatch"), Handle: filepath.Join(dir, "handle"),
-		Recover: filepath.Join(dir, "recover"), NATS: filepath.Join(dir, "nats-server"),
+		Recover: filepath.Join(dir, "recover"), Gateway: filepath.Join(dir, "gateway"), NATS: filepath.Join(dir, "nats-server"),
 	}
 	for _, args := range [][]string{
-		{"build", "-o", dir + "/", module + "/functions/dispatch", module + "/functions/handle", module + "/functions/recover"},
+		{"build", "-o", dir + "/", module + "/functions/dispatch", module + "/functions/handle", module + "/functions/recover", module + "/functions/gateway"},
 		{"build", "-o", b.NATS, "github.com/nats-io/nats-server/v2"},
 	} {
 		cmd := exec.CommandContext(ctx, "go", args...)
