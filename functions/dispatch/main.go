@@ -73,11 +73,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 	case "status":
 		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
-		format := fs.String("o", "table", "output format: table or json")
+		format := function.OutputFlag(fs)
 		if err := fs.Parse(args[1:]); err != nil {
 			return function.Usage(fmt.Errorf("%s: %w", cmd, err))
 		}
-		if fs.NArg() > 0 || (*format != "table" && *format != "json") {
+		if fs.NArg() > 0 {
 			return function.Usage(fmt.Errorf("status takes -o table or -o json only, got %q", args[1:]))
 		}
 		return status(ctx, cfg, pools, *format, stdout)

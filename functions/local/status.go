@@ -75,13 +75,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("local status", flag.ContinueOnError)
 	fset.SetOutput(stderr)
 	dir := fset.String("state-dir", envOr("GDR_LOCAL_STATE_DIR", "./.gdr"), "state directory of the local mode to report on")
-	format := fset.String("o", "table", "output format: table or json")
+	format := function.OutputFlag(fset)
 	switch err := fset.Parse(args); {
 	case errors.Is(err, flag.ErrHelp):
 		return function.ExitOK
 	case err != nil:
 		return function.ExitConfig
-	case fset.NArg() > 0 || (*format != "table" && *format != "json"):
+	case fset.NArg() > 0:
 		fmt.Fprintf(stderr, "local status: takes --state-dir DIR and -o table|json only\n")
 		fset.Usage()
 		return function.ExitConfig

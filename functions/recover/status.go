@@ -21,13 +21,13 @@ import (
 func executeStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("recover status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	format := fs.String("o", "table", "output format: table or json")
+	format := function.OutputFlag(fs)
 	switch err := fs.Parse(args); {
 	case errors.Is(err, flag.ErrHelp):
 		return function.ExitOK
 	case err != nil:
 		return function.ExitConfig
-	case fs.NArg() > 0 || (*format != "table" && *format != "json"):
+	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "recover status: takes -o table|json only\n")
 		fs.Usage()
 		return function.ExitConfig
