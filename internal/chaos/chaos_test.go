@@ -350,7 +350,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("processes started: %v; killed: %v; NATS restarts: %d", fleet.Starts(), byKind, st.NATSRestarts)
 	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded attributed to their process; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
 		ncalls, faulted, attributed, len(calls), claimants(records, evidence.Dispatches), len(osb.Created()), osb.Calls("POST", "/sandboxes"))
-	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records()))
+	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records(), fleet.KindOf))
 	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
 	t.Logf("wall time %s", time.Since(started).Round(time.Second))
 	for _, l := range slices.Concat(lines, dupLines, leakLines) {
@@ -583,20 +583,29 @@ func leaks(ctx context.Context, osb *sandboxapitest.Server, js jetstream.JetStre
 	return len(osb.Sandboxes()) + len(keys) + int(msgs), lines
 }
 
-// results sums the final results, by result and by who set it.
-func results(records []TaskRecord) string {
+// results sums the final results, by result and by the kind of process
+// that sent it (kindOf a sender's PID; "" if not of the fleet).
+func results(records []TaskRecord, kindOf func(pid int) string) string {
 	count := map[string]int{}
 	for _, r := range records {
 		for _, f := range r.Finals {
-			if f.Accepted {
-				by := f.By
-				if f.By == "protocol" && strings.Contains(f.Log, "could not store") {
-					by = "dispatch-finalize"
-				} else if f.By == "protocol" {
-					by = "recover-report"
-				}
-				count[strings.TrimPrefix(f.Result.String(), "RESULT_")+" by "+by]++
+			if !f.Accepted {
+				continue
 			}
+			by := f.By
+			if f.By == "protocol" {
+				switch kindOf(f.PID) {
+				case "gateway":
+					by = "executor via gateway"
+				case "dispatch":
+					by = "dispatch-finalize"
+				case "recover", "recover-final":
+					by = "recover-report"
+				default:
+					by = "unknown process"
+				}
+			}
+			count[strings.TrimPrefix(f.Result.String(), "RESULT_")+" by "+by]++
 		}
 	}
 	var parts []string

@@ -104,9 +104,11 @@ type Final struct {
 	// Accepted is false for a result sent after the task was done, which
 	// Gitea ignores.
 	Accepted bool
-	// By says who sent it: "runner" (the executor, through the gateway), or
-	// "protocol" (an UpdateTask over the runner protocol: recover's report,
-	// dispatch's finalize), or "reaper".
+	// By says who sent it: "protocol" (an UpdateTask over the runner
+	// protocol: an executor's report forwarded by the gateway, recover's
+	// report, dispatch's finalize; PID tells them apart), or "reaper".
+	// ("runner", a report made in-process, is no longer sent by the run;
+	// the verdict still judges it.)
 	By string
 	// Log is the last log row written before it over the protocol (the
 	// reason a report or finalize gives), "" if none.
@@ -321,19 +323,6 @@ func (g *Gitea) Done() int {
 		}
 	}
 	return n
-}
-
-// RunnerUpdate is the executor's own UpdateTask, forwarded by the gateway
-// (which retries until Gitea answers): a heartbeat with result unspecified,
-// else its final result. It answers Gitea's view of the task.
-func (g *Gitea) RunnerUpdate(taskID int64, result runnerv1.Result) runnerv1.Result {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	t := g.tasks[taskID]
-	if t == nil {
-		return runnerv1.Result_RESULT_UNSPECIFIED
-	}
-	return g.update(t, result, "runner")
 }
 
 // update applies an UpdateTask to t as Gitea does. g.mu is held.

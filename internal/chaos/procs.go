@@ -305,6 +305,21 @@ func (f *Fleet) Lives(kind string) []Life {
 	return out
 }
 
+// KindOf returns the kind of the fleet's process pid, "" if it started
+// none with that PID (a PID reused by a later process of the fleet gives
+// the later one's kind).
+func (f *Fleet) KindOf(pid int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	kind := ""
+	for _, l := range f.lives {
+		if l.PID == pid {
+			kind = l.Kind
+		}
+	}
+	return kind
+}
+
 // Owner returns the live process of the fleet that opened the TCP
 // connection whose client end is client and server end server (see
 // connOwner), 0 if none did.
