@@ -101,12 +101,27 @@ func (p *Process) Stop(grace time.Duration) {
 // should be started again on another port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := FreePorts(1)
 	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
+		t.Fatalf("testenv: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports[0]
+}
+
+// FreePorts returns n distinct TCP ports of 127.0.0.1 that were free a moment
+// ago (see FreePort), for a harness that picks its ports outside a test. It
+// holds all n open until it has them, so no two are the same.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // LogTail returns the last n lines of the file at path (a peer's log), or the
