@@ -88,12 +88,12 @@ e2e-cluster:
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 20m -v -run '^TestE2ECluster' ./internal/testenv/clusterenv/
 
 ## chaos: the chaos run of issue 13 at full size (internal/chaos): 1,000 tasks, at least 200
-##        SIGKILLs of dispatch, handle and recover, 2 NATS restarts; `make test` runs a short one
+##        SIGKILLs of dispatch, handle, recover and gateway, 6 leader kills on a 3-node NATS cluster; `make test` runs a short one
 CHAOS_TASKS ?= 1000
 CHAOS_KILLS ?= 200
-CHAOS_NATS_RESTARTS ?= 2
+CHAOS_NATS_KILLS ?= 6
 chaos:
-	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_RESTARTS=$(CHAOS_NATS_RESTARTS) \
+	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_KILLS=$(CHAOS_NATS_KILLS) \
 		CHAOS_DRAIN=$${CHAOS_DRAIN:-5m} $(GO) test -count=1 -v -timeout 60m -run '^TestChaos$$' ./internal/chaos/
 
 ## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (docs/OPERATIONS.md):

@@ -23,6 +23,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/natscluster"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
@@ -33,10 +34,10 @@ import (
 )
 
 // settings size a run; env overrides each (make chaos: 1000 tasks, 200
-// kills, 2 NATS restarts). The defaults are the short variant that runs in
+// kills, 6 NATS server kills). The defaults are the short variant that runs in
 // `go test ./...`.
 type settings struct {
-	Tasks, Kills, NATSRestarts int
+	Tasks, Kills, NATSKills int
 	// Rate is how many jobs Gitea queues per second.
 	Rate float64
 	// Handles is the most handle runs at once (KEDA's maxReplicaCount).
@@ -50,9 +51,9 @@ type settings struct {
 }
 
 func loadSettings(t *testing.T) settings {
-	s := settings{Tasks: 60, Kills: 15, NATSRestarts: 1, Rate: 4, Handles: 4, Drain: 90 * time.Second,
+	s := settings{Tasks: 60, Kills: 15, NATSKills: 3, Rate: 4, Handles: 4, Drain: 90 * time.Second,
 		Seed: uint64(time.Now().UnixNano())}
-	ints := map[string]*int{"CHAOS_TASKS": &s.Tasks, "CHAOS_KILLS": &s.Kills, "CHAOS_NATS_RESTARTS": &s.NATSRestarts, "CHAOS_HANDLES": &s.Handles}
+	ints := map[string]*int{"CHAOS_TASKS": &s.Tasks, "CHAOS_KILLS": &s.Kills, "CHAOS_NATS_KILLS": &s.NATSKills, "CHAOS_HANDLES": &s.Handles}
 	for k, p := range ints {
 		if v := os.Getenv(k); v != "" {
 			n, err := strconv.Atoi(v)
@@ -120,7 +121,7 @@ const totalCapacity = 50
 // when it cannot build or start its peers.
 func TestChaos(t *testing.T) {
 	st := loadSettings(t)
-	t.Logf("chaos: %d tasks at %.1f/s, %d kills, %d NATS restarts, seed %d (CHAOS_SEED)", st.Tasks, st.Rate, st.Kills, st.NATSRestarts, st.Seed)
+	t.Logf("chaos: %d tasks at %.1f/s, %d kills, %d NATS server kills on a 3-node cluster, seed %d (CHAOS_SEED)", st.Tasks, st.Rate, st.Kills, st.NATSKills, st.Seed)
 	started := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -149,11 +150,13 @@ func TestChaos(t *testing.T) {
 	defer gitea.Stop()
 	osb := sandboxapitest.New(t, sandboxapitest.WithAPIKey(osbAPIKey))
 
-	ns := NewNATS(bins.NATS, filepath.Join(dir, "nats"), filepath.Join(logs, "nats.log"), testenv.FreePort(t))
-	if err := ns.Start(ctx); err != nil {
-		t.Fatalf("start NATS: %v", err)
+	// NATS: three servers clustered on 127.0.0.1, every stream and bucket
+	// R3 (GDR_NATS_REPLICAS below).
+	cl := natscluster.New(bins.NATS, filepath.Join(dir, "nats"), 3, natscluster.WithLogDir(logs))
+	defer cl.Close()
+	if err := cl.Start(ctx); err != nil {
+		t.Fatalf("start the NATS cluster: %v", err)
 	}
-	defer ns.Stop(10 * time.Second)
 
 	pools := filepath.Join(dir, "pools.yaml")
 	if err := os.WriteFile(pools, []byte(poolsYAML), 0o600); err != nil {
@@ -178,7 +181,7 @@ func TestChaos(t *testing.T) {
 	gatewayAddr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 	env := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + dir,
-		"GDR_LOG_LEVEL=info", "GDR_NATS_URL=" + ns.URL, "GDR_TRUST_DOMAIN=" + trustDomain,
+		"GDR_LOG_LEVEL=info", "GDR_NATS_URL=" + cl.URLs(), "GDR_NATS_REPLICAS=3", "GDR_TRUST_DOMAIN=" + trustDomain,
 		"GDR_POOLS_FILE=" + pools, "GDR_STATE_DIR=" + filepath.Join(dir, "state"), "GDR_GITEA_URL=" + gitea.URL,
 		"GDR_PAYLOAD_KEY=" + b64(payloadKey), "GDR_ASSIGNMENT_SIGNING_KEY=" + b64(signingSeed),
 		"GDR_ASSIGNMENT_VERIFY_KEYS=" + b64(signer.Public()),
@@ -211,7 +214,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 
-	nc, err := nats.Connect(ns.URL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +230,8 @@ func TestChaos(t *testing.T) {
 	}
 
 	// The run: faults on, executors simulated, the functions run as a
-	// cluster runs them, jobs queued over time, kills and NATS restarts.
+	// cluster runs them, jobs queued over time, kills of functions and of
+	// NATS servers.
 	gitea.SetFaults(true)
 	osb.SetFaults(osbFaults(st.Seed))
 	execs := &Executors{Sandboxes: osb, TrustDomain: td, Keys: keys,
@@ -290,15 +294,16 @@ func TestChaos(t *testing.T) {
 		defer close(killed)
 		kill(runCtx, fleet, st.Kills, queueFor, st.Seed)
 	}()
-	restarts := make(chan error, 1)
+	serverKills := make(chan natsKills, 1)
 	go func() {
-		restarts <- restartNATS(runCtx, t, ns, st.NATSRestarts, queueFor)
+		serverKills <- killServers(runCtx, t, cl, st.NATSKills, queueFor, st.Seed)
 	}()
 
 	<-queued
 	<-killed
-	if err := <-restarts; err != nil {
-		t.Errorf("restart NATS: %v", err)
+	nk := <-serverKills
+	if nk.err != nil {
+		t.Errorf("NATS server kills: %v", nk.err)
 	}
 	kills, _ := fleet.Kills()
 	t.Logf("all %d jobs queued and %d kills done after %s; draining (at most %s)", st.Tasks, kills, time.Since(started).Round(time.Second), st.Drain)
@@ -347,7 +352,7 @@ func TestChaos(t *testing.T) {
 			attributed++
 		}
 	}
-	t.Logf("processes started: %v; killed: %v; NATS restarts: %d", fleet.Starts(), byKind, st.NATSRestarts)
+	t.Logf("processes started: %v; killed: %v; NATS servers SIGKILLed: %d (leaders: %v; %d during a leader election)", fleet.Starts(), byKind, nk.kills, nk.leaders, nk.duringElection)
 	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded attributed to their process; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
 		ncalls, faulted, attributed, len(calls), claimants(records, evidence.Dispatches), len(osb.Created()), osb.Calls("POST", "/sandboxes"))
 	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records(), fleet.KindOf))
@@ -371,6 +376,9 @@ func TestChaos(t *testing.T) {
 		fmt.Println(verdict) // streamed: verbatim, the last line before the test's result
 	} else {
 		t.Log(verdict) // buffered: the last line of the test's report
+	}
+	if nk.kills < st.NATSKills || (st.NATSKills >= 2 && nk.duringElection == 0) {
+		t.Errorf("NATS faults: %d server kills (want %d), %d during a leader election (want 1)", nk.kills, st.NATSKills, nk.duringElection)
 	}
 	if lost+dups+leaked+wrong > 0 || kills < st.Kills {
 		t.Fail()
@@ -466,25 +474,76 @@ func kill(ctx context.Context, fleet *Fleet, n int, span time.Duration, seed uin
 	}
 }
 
-// restartNATS restarts the server n times, evenly over span, with its store
-// kept: SIGKILL first, then SIGTERM, alternately.
-func restartNATS(ctx context.Context, t *testing.T, ns *NATS, n int, span time.Duration) error {
-	for i := range n {
+// natsKills is what killServers did.
+type natsKills struct {
+	kills          int
+	leaders        map[string]int // the leaders killed, by what they led
+	duringElection int
+	err            error
+}
+
+// leaderTargets are what killServers kills the leader of, in turn: the
+// JetStream meta leader, then the leaders of the queue stream and of both
+// buckets.
+var leaderTargets = []string{"meta", assignmentqueue.DefaultStream, "KV_" + assignmentqueue.DefaultPayloadBucket,
+	"KV_" + assignmentqueue.EndingsBucket(assignmentqueue.DefaultPayloadBucket)}
+
+// killServers SIGKILLs n NATS servers, evenly over span, each the current
+// leader of the next of leaderTargets, and restarts it with its store after
+// a second or two. The second kill lands while a leader election is under
+// way: right after the leader dies, while no server names itself leader
+// (checked), another server is killed too, and both are restarted.
+func killServers(ctx context.Context, t *testing.T, cl *natscluster.Cluster, n int, span time.Duration, seed uint64) natsKills {
+	r := mathrand.New(mathrand.NewPCG(seed, 5))
+	out := natsKills{leaders: map[string]int{}}
+	leaderOf := func(target string) (int, error) {
+		if target == "meta" {
+			return cl.MetaLeader(ctx)
+		}
+		return cl.StreamLeader(ctx, target)
+	}
+	for i := 0; out.kills < n; i++ {
 		if !sleep(ctx, span/time.Duration(n+1)) {
-			return nil
+			return out
 		}
-		if i%2 == 0 {
-			ns.Kill()
-			t.Logf("NATS restart %d: SIGKILL at %s", i+1, time.Now().Format("15:04:05.000"))
-		} else {
-			ns.Stop(10 * time.Second)
-			t.Logf("NATS restart %d: SIGTERM at %s", i+1, time.Now().Format("15:04:05.000"))
+		target := leaderTargets[i%len(leaderTargets)]
+		victim, err := leaderOf(target)
+		if err != nil { // an election under way: any server will do
+			victim, target = r.IntN(cl.Len()), "none"
 		}
-		if err := ns.Start(ctx); err != nil {
-			return err
+		if err := cl.Kill(victim); err != nil {
+			out.err = err
+			return out
+		}
+		out.kills++
+		out.leaders[target]++
+		t.Logf("NATS kill %d: %s (leader of %s) SIGKILLed at %s", out.kills, cl.Name(victim), target, time.Now().Format("15:04:05.000"))
+		down := []int{victim}
+		if i == 1 && out.kills < n {
+			if _, err := leaderOf(target); errors.Is(err, natscluster.ErrNoLeader) {
+				second := (victim + 1 + r.IntN(cl.Len()-1)) % cl.Len()
+				if err := cl.Kill(second); err != nil {
+					out.err = err
+					return out
+				}
+				out.kills++
+				out.duringElection++
+				down = append(down, second)
+				t.Logf("NATS kill %d: %s SIGKILLed during the election of a leader of %s, at %s", out.kills, cl.Name(second), target, time.Now().Format("15:04:05.000"))
+			}
+		}
+		sleep(ctx, time.Second+time.Duration(r.Int64N(int64(time.Second))))
+		for _, d := range down {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			err := cl.Restart(rctx, d)
+			cancel()
+			if err != nil {
+				out.err = err
+				return out
+			}
 		}
 	}
-	return nil
+	return out
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -1,7 +1,10 @@
 // Package chaos is the chaos run of the control plane (issue 13): many tasks
-// through a real NATS server in its own process, restarted during the run
-// with its file store kept; dispatch, handle and recover as real processes
-// (the project's own binaries), killed with SIGKILL at random points; a
+// through a real 3-node NATS JetStream cluster (nats-server processes,
+// internal/testenv/natscluster; every stream and bucket R3), whose meta and
+// stream leaders are SIGKILLed and restarted during the run with their
+// stores kept, once a second server while a leader election is under way;
+// dispatch, handle, recover and the gateway as real processes (the
+// project's own binaries), killed with SIGKILL at random points; a
 // scripted Gitea (Gitea) that speaks the runner protocol honestly and
 // records every claim, final result, zombie reaping and call, with the
 // process that made it; and the OpenSandbox backend against its

@@ -9,13 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
@@ -45,82 +41,6 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 		}
 	}
 	return b, nil
-}
-
-// NATS is a nats-server with JetStream in a process of its own, on one port
-// of 127.0.0.1 and one store folder, both kept across restarts. Plain: no
-// TLS, no authentication (the chaos run tests crashes, not access control).
-type NATS struct {
-	URL string
-
-	bin, store, log string
-	port            int
-
-	mu   sync.Mutex
-	proc *testenv.Process
-}
-
-// NewNATS returns a server (not started) keeping its store in dir and
-// appending its output to log.
-func NewNATS(bin, dir, log string, port int) *NATS {
-	return &NATS{bin: bin, store: filepath.Join(dir, "store"), log: log, port: port,
-		URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
-}
-
-// Start starts the server and waits until JetStream answers.
-func (n *NATS) Start(ctx context.Context) error {
-	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(n.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", n.store)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	p, err := testenv.StartProcess(cmd)
-	if err != nil {
-		return err
-	}
-	n.mu.Lock()
-	n.proc = p
-	n.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = p.WaitReady(ctx, 100*time.Millisecond, func(ctx context.Context) error {
-		nc, err := nats.Connect(n.URL, nats.Timeout(time.Second), nats.NoReconnect())
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		_, err = js.AccountInfo(ctx)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("nats-server: %w\n%s", err, testenv.LogTail(n.log, 20))
-	}
-	return nil
-}
-
-// Kill ends the server with SIGKILL and waits for it.
-func (n *NATS) Kill() {
-	n.mu.Lock()
-	p := n.proc
-	n.mu.Unlock()
-	_ = syscall.Kill(p.PID(), syscall.SIGKILL)
-	<-p.Exited()
-}
-
-// Stop ends the server with SIGTERM (SIGKILL after grace) and waits for it.
-func (n *NATS) Stop(grace time.Duration) {
-	n.mu.Lock()
-	p := n.proc
-	n.mu.Unlock()
-	if p != nil {
-		p.Stop(grace)
-	}
 }
 
 // Fleet runs the function processes of a run and kills them on demand. It
