@@ -15,6 +15,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,6 +94,39 @@ const DefaultPollInterval = 500 * time.Millisecond
 // until the zombie reaper; it only stops the next claim.
 const ClaimTimeout = 30 * time.Second
 
+// DefaultStoreWait is StoreWait's default: longer than a JetStream leader
+// election after a SIGKILL (4 to 9 s on nats-server 2.15.2, measured by the
+// chaos run and internal/testenv/natscluster), and short enough to leave
+// the compensating Finalize most of a ClaimTimeout of its own.
+const DefaultStoreWait = 20 * time.Second
+
+// retryEvery is the first pause between two tries of a step on a claimed
+// task; it doubles up to retryAtMost.
+const (
+	retryEvery  = 250 * time.Millisecond
+	retryAtMost = 2 * time.Second
+)
+
+// retry runs step until it succeeds, it fails with an error permanent says
+// cannot change, or ctx ends; it returns step's last error. Every step it
+// serves is idempotent (a payload put replaces, a Finalize of a task
+// already ended changes nothing).
+func retry(ctx context.Context, step func(context.Context) error, permanent func(error) bool) error {
+	pause := retryEvery
+	for {
+		err := step(ctx)
+		if err == nil || (permanent != nil && permanent(err)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, retryAtMost)
+	}
+}
+
 // Dispatcher claims and queues tasks. Its only memory (per-pool locks, the
 // time of the last heartbeat per task, the labels last declared per pool)
 // saves work; losing it loses nothing. Safe for concurrent use: calls for one
@@ -107,6 +141,10 @@ type Dispatcher struct {
 	// (default 10m) without one, so anything up to a few minutes is safe.
 	// Zero is DefaultKeepAlive.
 	KeepAlive time.Duration
+	// StoreWait bounds how long the payload write of a claimed task is
+	// retried while NATS cannot take it (0: DefaultStoreWait). A stream
+	// whose leader died answers no write until a new one is elected.
+	StoreWait time.Duration
 	// Observer, when set, hears of every round and every task queued.
 	Observer Observer
 
@@ -336,8 +374,10 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 		return a, errRejected
 	}
 	log = log.With(slog.String("assignment", a.ID))
-	putCtx, cancel := detached(ctx)
-	err = d.Payloads.Put(putCtx, a.ID, task)
+	// Retried: a write NATS refuses for a moment (a stream leader being
+	// elected) would otherwise fail a task that can run.
+	putCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(d.StoreWait, DefaultStoreWait))
+	err = retry(putCtx, func(ctx context.Context) error { return d.Payloads.Put(ctx, a.ID, task) }, nil)
 	cancel()
 	if err != nil {
 		reason := "gitea-dynamic-runner could not store the task for an executor; run the job again"
@@ -359,11 +399,16 @@ func (d *Dispatcher) queue(ctx context.Context, p Pool, task *runnerv1.Task) (ta
 	return a, nil
 }
 
-// finalize fails a claimed task in Gitea with reason, on a detached context.
+// finalize fails a claimed task in Gitea with reason, on a detached context,
+// retrying a Gitea that does not answer (until ClaimTimeout): it is the
+// task's last chance before Gitea's zombie reaper. A task Gitea no longer
+// has is not retried.
 func (d *Dispatcher) finalize(ctx context.Context, p Pool, taskID int64, reason string) error {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	return p.Tasks.Finalize(ctx, taskID, runnerv1.Result_RESULT_FAILURE, reason)
+	return retry(ctx, func(ctx context.Context) error {
+		return p.Tasks.Finalize(ctx, taskID, runnerv1.Result_RESULT_FAILURE, reason)
+	}, func(err error) bool { return errors.Is(err, taskassignment.ErrTaskGone) })
 }
 
 func (d *Dispatcher) assignment(p Pool, task *runnerv1.Task) (taskassignment.Assignment, error) {

@@ -38,6 +38,9 @@ type fakeGitea struct {
 	beats     map[int64]int
 	finalized map[int64]string
 	down      bool
+	// finalizeFails is how many Finalize calls fail before one succeeds
+	// (a Gitea answering 503); finalizeCalls counts them all.
+	finalizeFails, finalizeCalls int
 	// onClaim, if set, runs once Gitea has claimed a task and before its
 	// answer reaches the caller; with answerLost, a caller whose context has
 	// ended by then gets its error instead of the task, as over HTTP.
@@ -120,6 +123,10 @@ func (f *fakeGitea) Finalize(ctx context.Context, taskID int64, result runnerv1.
 	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	f.finalizeCalls++
+	if f.finalizeCalls <= f.finalizeFails {
+		return errors.New("gitea UpdateLog: unavailable: 503 Service Unavailable")
 	}
 	f.finalized[taskID] = result.String() + ": " + reason
 	if f.results[taskID] == runnerv1.Result_RESULT_UNSPECIFIED {
@@ -376,6 +383,7 @@ func TestClaimedTaskOutlivesItsCaller(t *testing.T) {
 			f := newFixture(t)
 			if tc.storeDown {
 				f.d.Payloads = failingPut{f.payloads}
+				f.d.StoreWait = 300 * time.Millisecond
 			}
 			g := newFakeGitea(task(t, 1, tc.repository, ""), task(t, 2, "a/r", ""))
 			ctx, cancel := context.WithCancel(context.Background())
@@ -577,5 +585,63 @@ func TestDispatchKeepsAliveWhenClaimsFail(t *testing.T) {
 	res, err := f.d.Dispatch(ctx, p)
 	if !errors.Is(err, g.fetchErr) || res.KeptAlive != 1 || g.beats[1] != 1 {
 		t.Fatalf("round = %+v, %v; heartbeats %v: want the fetch error and task 1 kept alive", res, err, g.beats)
+	}
+}
+
+// flakyPut is a payload store whose first fails Puts fail as a JetStream
+// stream does while its leader is being elected; puts counts every try.
+type flakyPut struct {
+	Payloads
+	mu          sync.Mutex
+	fails, puts int
+}
+
+func (p *flakyPut) Put(ctx context.Context, id string, task *runnerv1.Task) error {
+	p.mu.Lock()
+	p.puts++
+	n := p.puts
+	p.mu.Unlock()
+	if n <= p.fails {
+		return errors.New("nats: no responders available for request")
+	}
+	return p.Payloads.Put(ctx, id, task)
+}
+
+// A claimed task is not lost to a moment NATS or Gitea cannot answer (the
+// chaos run on a 3-node cluster lost task 481 to a payload write refused
+// during a leader election, then a Finalize Gitea answered 503): the payload
+// write is retried until StoreWait, and the compensating Finalize until
+// ClaimTimeout. Each case first checks that its faults happened.
+func TestClaimedTaskSurvivesBriefRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		putFails, finalizeFails int
+		wantQueued              bool
+		wantFinalizeCalls       int
+	}{
+		{"the write refused three times: stored and queued", 3, 0, true, 0},
+		{"the store down, Gitea refusing twice: failed with the reason", 1 << 30, 2, false, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			store := &flakyPut{Payloads: f.payloads, fails: tc.putFails}
+			f.d.Payloads, f.d.StoreWait = store, 2*time.Second
+			g := newFakeGitea(task(t, 1, "a/r", ""))
+			g.finalizeFails = tc.finalizeFails
+			_, err := f.d.Dispatch(context.Background(), pool(g, 5))
+			// The faults happened: a write refused, and Finalize refused when asked to.
+			if store.puts < 1 || (tc.finalizeFails > 0 && g.finalizeCalls < 1) {
+				t.Fatalf("faults not reached: %d puts (%d to fail), %d Finalize calls (%d to fail)", store.puts, tc.putFails, g.finalizeCalls, tc.finalizeFails)
+			}
+			if got := f.queued(t); slices.Equal(got, []string{"linux-1"}) != tc.wantQueued {
+				t.Fatalf("queued = %v (round error %v), want queued %v", got, err, tc.wantQueued)
+			}
+			if g.finalizeCalls != tc.wantFinalizeCalls {
+				t.Fatalf("%d Finalize calls, want %d", g.finalizeCalls, tc.wantFinalizeCalls)
+			}
+			if !tc.wantQueued && !strings.Contains(g.finalized[1], "could not store the task") {
+				t.Fatalf("task 1 finalized %q, want the reason", g.finalized[1])
+			}
+		})
 	}
 }
