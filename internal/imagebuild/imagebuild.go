@@ -69,7 +69,8 @@ type Image struct {
 	// Binary is the binary's name, in BinDir; the image's entrypoint.
 	Binary string
 	// Packages says the image carries the Debian packages of
-	// Options.Packages (bash, git, node and what they need).
+	// Options.Packages (bash, git, curl, make, gcc, python3... and what they
+	// need) and its Node.js and npm, in NodeDir.
 	Packages bool
 }
 
@@ -84,7 +85,9 @@ var Images = []Image{
 	// The runner alone, for injection into any job image: an init container
 	// runs `runner install <path>` to copy it into a shared volume.
 	function("runner"),
-	// The runner with bash, git, node and CA certificates: host-mode jobs.
+	// The runner with what ubuntu-latest's common workflows expect (bash,
+	// git, curl, make, gcc, python3, zstd, git-lfs, Node.js 24, CA
+	// certificates; README.md "The runner-host image"): host-mode jobs.
 	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true},
 }
 
@@ -99,7 +102,8 @@ type Options struct {
 	// Out is the folder the layouts are written to, one folder each.
 	Out string
 	// Packages is the folder of Debian packages (scripts/debs.sh), with one
-	// folder of .deb files per architecture. Needed by images with
+	// folder of .deb files per architecture and node/ (nodeTarballs).
+	// Needed by images with
 	// Packages, and for the CA bundle when CABundle is nil.
 	Packages string
 	// CABundle, if not nil, is the CA bundle instead of the one generated
@@ -243,7 +247,7 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		if err != nil {
 			return nil, err
 		}
-		add(l, "Debian packages (scripts/debs.sh)")
+		add(l, "Debian packages, Node.js and npm (scripts/debs.sh)")
 	}
 	l, err := b.baseLayer(ctx)
 	if err != nil {
@@ -368,15 +372,24 @@ func (b *builder) caBundle(ctx context.Context) ([]byte, error) {
 	return ca, nil
 }
 
-// debsLayer has the file system trees of the Debian packages of arch.
+// debsLayer has the file system trees of the Debian packages of arch, then
+// Node.js and npm (addNode).
 func (b *builder) debsLayer(ctx context.Context, arch string) (v1.Layer, error) {
 	debs, err := debFiles(b.opts.Packages, arch)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(b.opts.Log, "imagebuild: %d Debian packages for %s\n", len(debs), arch)
+	node, err := nodeTarballs(b.opts.Packages, arch)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(b.opts.Log, "imagebuild: %d Debian packages, %s and %s for %s\n", len(debs),
+		filepath.Base(node.node), filepath.Base(node.npm), arch)
 	return b.layer("debs/"+arch, func(l *tarLayer) error {
-		return addDebs(ctx, l, debs)
+		if err := addDebs(ctx, l, debs); err != nil {
+			return err
+		}
+		return addNode(l, node)
 	})
 }
 

@@ -22,8 +22,10 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
 
-// hostTools are what runner-host must carry for host-mode jobs.
-var hostTools = []string{"/bin/sh", "/bin/bash", "/usr/bin/git", "/usr/bin/node"}
+// hostTools are what runner-host must carry for host-mode jobs (README.md,
+// "The runner-host image").
+var hostTools = []string{"/bin/sh", "/bin/bash", "/usr/bin/git", NodeDir + "/bin/node", "/usr/bin/curl",
+	"/usr/bin/make", "/usr/bin/gcc", "/usr/bin/python3", "/usr/bin/zstd", "/usr/bin/git-lfs", "/usr/bin/xz"}
 
 // imagesDir is the folder `make images` wrote ($GDR_IMAGES_DIR, else
 // bin/images). Without it the test skips on a developer machine and fails
@@ -163,7 +165,12 @@ func runHostTools(t *testing.T, dir string) {
 	script := "set -e; git --version; node -e 'require(\"https\"); require(\"zlib\"); console.log(\"node \" + process.version)'; " +
 		"bash -c 'echo bash $BASH_VERSION'; test -s " + CABundle + "; id -u; " +
 		"cd /tmp && git init -q repo && git -C repo -c user.name=t -c user.email=t@example.com commit -q --allow-empty -m one && " +
-		"echo commits $(git -C repo rev-list --count HEAD)"
+		"echo commits $(git -C repo rev-list --count HEAD); " +
+		"echo npm $(npm --version); npx --version >/dev/null; curl --version | head -n 1; git lfs version; " +
+		"printf '#include <stdio.h>\\nint main(void) { puts(\"c-\" \"ok\"); return 0; }\\n' > hello.c && " +
+		"printf 'hello: hello.c\\n\\tgcc -o $@ $<\\n' > Makefile && make -s && ./hello; " +
+		"python3 -c 'import hashlib, json, ssl; print(\"python-\" + \"ok\")'; " +
+		"tar --zstd -cf a.tar.zst hello.c && tar --zstd -tf a.tar.zst && tar -cJf a.tar.xz hello.c && echo archives-ok"
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
 	cmd.Dir = "/"
@@ -176,7 +183,8 @@ func runHostTools(t *testing.T, dir string) {
 		t.Fatalf("in runner-host (amd64): %v\n%s", err, out)
 	}
 	t.Logf("in runner-host (amd64):\n%s", out)
-	for _, want := range []string{"git version ", "node v", "bash ", "65532", "commits 1"} {
+	for _, want := range []string{"git version ", "node v24.", "bash ", "65532", "commits 1", "npm 11.",
+		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
 		}

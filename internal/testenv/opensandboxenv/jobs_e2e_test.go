@@ -448,6 +448,10 @@ func TestE2EOpenSandboxDockerJobs(t *testing.T) {
 			t.Parallel()
 			w.failure(ctx, t)
 		})
+		t.Run("Toolbox", func(t *testing.T) {
+			t.Parallel()
+			w.toolbox(t)
+		})
 	})
 	t.Run("Faults", func(t *testing.T) {
 		t.Run("Cancel", func(t *testing.T) {
@@ -507,6 +511,71 @@ jobs:
 	}
 	took := w.waitGone(ctx, t, sb.ID, 30*time.Second)
 	t.Logf("sandbox %s deleted %v after the job's end was seen", sb.ID, took.Round(100*time.Millisecond))
+}
+
+// toolboxWorkflow's steps use what README.md's "The runner-host image"
+// says the image holds, as ubuntu-latest's common workflows and setup-*
+// steps do: checkout (a JavaScript action, run by the image's node), node
+// of the promised major or newer with npm running a package script, make
+// and gcc building a C program, python3 with its TLS and hashing modules,
+// tar --zstd and zstd, git-lfs in the checkout, curl reaching Gitea.
+const toolboxWorkflow = `name: ci
+on: [push]
+jobs:
+  toolbox:
+    runs-on: ` + jobsLabel + `
+    steps:
+      - uses: actions/checkout@v4
+      - name: node
+        run: |
+          echo "node $(node --version)"
+          test "$(node -p 'process.versions.node.split(".")[0]')" -ge 24
+          echo "npm $(npm --version)"
+          npm init -y >/dev/null
+          npm pkg set scripts.build="node -e \"console.log('npm-run-' + 'ok')\""
+          npm run --silent build
+      - name: c
+        run: |
+          printf '#include <stdio.h>\nint main(void) { puts("c-" "ok"); return 0; }\n' > hello.c
+          printf 'hello: hello.c\n\tgcc -O2 -o $@ $<\n' > Makefile
+          make
+          ./hello
+      - name: python
+        run: python3 -c 'import hashlib, json, ssl, sys; print("python-" + "ok", sys.version_info[:2] >= (3, 11), hashlib.sha256(b"").hexdigest()[:8])'
+      - name: zstd
+        run: |
+          tar --zstd -cf src.tar.zst hello.c Makefile
+          zstd -t src.tar.zst
+          test "$(tar --zstd -tf src.tar.zst | sort | tr '\n' ' ')" = "Makefile hello.c " && echo "zstd-""ok"
+      - name: git-lfs
+        run: |
+          git lfs version
+          git lfs install --local
+          git lfs track '*.bin' && grep -q 'filter=lfs' .gitattributes && echo "lfs-""ok"
+      - name: curl
+        run: curl -sS -o /dev/null -w 'curl-%{http_code}\n' "${{ github.server_url }}/"
+`
+
+func (w *jobsWorld) toolbox(t *testing.T) {
+	repo := w.gitea.CreateRepo(t, "toolbox")
+	w.gitea.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", toolboxWorkflow)
+	start := time.Now()
+	j := w.waitJob(t, repo, "toolbox", completed, 4*time.Minute)
+	logs := w.gitea.JobLogs(t, repo, j.ID)
+	t.Logf("job toolbox: %s in %v", j.Conclusion, time.Since(start).Round(time.Second))
+	if j.Conclusion != "success" {
+		t.Fatalf("job = %+v\n%s", j, logs)
+	}
+	for _, want := range []string{"node v2", "npm 1", "npm-run-ok", "c-ok", "python-ok True e3b0c442", "zstd-ok", "git-lfs/", "lfs-ok", "curl-200"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the job's log lacks %q:\n%s", want, logs)
+		}
+	}
+	for _, line := range strings.Split(logs, "\n") {
+		if _, v, ok := strings.Cut(line, "node v"); ok {
+			t.Logf("the image's Node.js: v%s", strings.TrimSpace(v))
+		}
+	}
 }
 
 func (w *jobsWorld) failure(ctx context.Context, t *testing.T) {
