@@ -3,6 +3,7 @@ package imagebuild
 import (
 	"archive/tar"
 	"compress/gzip"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -25,12 +26,7 @@ func fakeTgz(t *testing.T, path string, files map[string]string) {
 	}
 	gz := gzip.NewWriter(f)
 	tw := tar.NewWriter(gz)
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		data := files[name]
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), Uid: 1000, Gid: 1000}); err != nil {
 			t.Fatal(err)
