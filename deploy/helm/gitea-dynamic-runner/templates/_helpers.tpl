@@ -1,0 +1,40 @@
+{{/*
+gdr.labels: Helm's labels, added to every object's own metadata (never to a selector or a Pod
+template, which stay as the kustomize install has them).
+*/}}
+{{- define "gdr.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+gdr.image: the image of a function: (list $ "handle") -> <images.registry>/gitea-dynamic-runner-handle:<images.tag>.
+*/}}
+{{- define "gdr.image" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- printf "%s/gitea-dynamic-runner-%s:%s" $root.Values.images.registry $name ($root.Values.images.tag | default $root.Chart.AppVersion) -}}
+{{- end }}
+
+{{/*
+gdr.workloadAPIVolume: the source of the volume spiffe-workload-api (the SPIRE agent's
+Workload API): the SPIFFE CSI driver, or the agent's socket folder on the node.
+*/}}
+{{- define "gdr.workloadAPIVolume" -}}
+{{- with .Values.spire.workloadAPI -}}
+{{- if and .hostPath .csiDriver -}}
+{{- fail "spire.workloadAPI: set csiDriver or hostPath, not both" -}}
+{{- else if .hostPath -}}
+hostPath:
+  path: {{ .hostPath }}
+  type: Directory
+{{- else if .csiDriver -}}
+csi:
+  driver: {{ .csiDriver }}
+  readOnly: true
+{{- else -}}
+{{- fail "spire.workloadAPI: set csiDriver or hostPath" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
