@@ -2,6 +2,8 @@
 // and queues one assignment per task; it also keeps claimed tasks that wait
 // for an executor alive in Gitea.
 //
+//	dispatch keygen DIR        write the install's keys and secrets into DIR, each file 0600
+//	                           (deploy/README.md, "Secrets and keys"); needs no configuration
 //	dispatch register          register every pool that has no credentials yet
 //	dispatch run [-pool NAME]  one round for every pool (or one): a CronJob, a manual run
 //	dispatch status [-o json]  per pool: capacity, tasks in flight, started, waiting
@@ -16,6 +18,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +26,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,6 +37,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installkeys"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -41,7 +46,7 @@ import (
 )
 
 // program is dispatch's command line.
-var program = function.Program{Name: "dispatch", Synopsis: "register | run [-pool NAME] | serve [-pool NAME] | status [-o table|json]",
+var program = function.Program{Name: "dispatch", Synopsis: "keygen DIR | register | run [-pool NAME] | serve [-pool NAME] | status [-o table|json]",
 	Commands: []string{"register", "run", "serve", "status"}}
 
 func main() {
@@ -56,10 +61,31 @@ func execute(ctx context.Context, args []string, stderr io.Writer) int {
 
 // executeTo is execute with the report's writer given.
 func executeTo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "keygen" {
+		return keygen(args[1:], stdout, stderr)
+	}
 	var cfg Config
 	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
 		return run(ctx, cfg, log, args, stdout)
 	})
+}
+
+// keygen writes the install's keys into the folder args names (installkeys.Write) and prints
+// the paths it wrote, never a key; it reads no configuration.
+func keygen(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "dispatch: keygen takes the folder to write the keys into, got %q\nusage: dispatch keygen DIR\n", args)
+		return function.ExitConfig
+	}
+	written, err := installkeys.Write(args[0], rand.Reader)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatch: keygen: %v\n", err)
+		return function.ExitFailed
+	}
+	for _, p := range written {
+		fmt.Fprintln(stdout, p)
+	}
+	return function.ExitOK
 }
 
 // run carries out the command in args.
