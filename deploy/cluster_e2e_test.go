@@ -97,6 +97,22 @@ type installation struct {
 // spireSync is the SPIRE agent's sync interval (zero: SPIRE's default).
 func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *installation {
 	t.Helper()
+	return installKEDAWith(ctx, t, spireSync, installKustomize)
+}
+
+// installMethod is how installKEDAWith puts the control plane into the cluster.
+type installMethod int
+
+const (
+	// installKustomize: kubectl apply -k keda (server-side apply of the build).
+	installKustomize installMethod = iota
+	// installHelm: helm install of deploy/helm with the values that give the same objects.
+	installHelm
+)
+
+// installKEDAWith is installKEDA, the control plane installed by how.
+func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration, how installMethod) *installation {
+	t.Helper()
 	images := imagesFolder(t)
 	c := clusterenv.Start(ctx, t)
 	cs := c.Client(t)
@@ -318,7 +334,17 @@ func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *in
 	// KEDA's operator (on the machine, its CRDs installed), then kubectl
 	// apply -k keda (server-side apply).
 	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
-	applyAll(ctx, t, c, objs)
+	switch how {
+	case installKustomize:
+		applyAll(ctx, t, c, objs)
+	case installHelm:
+		vals := helmE2EValues(t, config, monitor, pools)
+		// The chart with these values renders what kubectl apply -k would apply here.
+		if probs := stepProblems(t, mustRenderChart(t, installNamespace, vals), unstructuredDocs(objs)); len(probs) > 0 {
+			t.Fatalf("the chart's objects are not the kustomize install's:\n%s", strings.Join(probs, "\n"))
+		}
+		helmInstall(ctx, t, c, vals)
+	}
 	waitInstalled(ctx, t, c, cs)
 
 	// Gitea's workflow_job webhook reaches dispatch serve as an operator

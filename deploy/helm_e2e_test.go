@@ -1,0 +1,159 @@
+//go:build e2e
+
+package deploy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/loader"
+	"helm.sh/helm/v4/pkg/kube"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+)
+
+// helmRelease is the release name of the chart in the cluster tests.
+const helmRelease = "gdr"
+
+// helmE2EValues are the chart's values that give the objects installKEDAWith applies with
+// kustomize: config is what it sets in gdr-config, monitor NATS' monitoring address, pools the
+// pools file (localPools). Everything else the test cluster needs (images imported, no CSI
+// driver, a fixed gateway address) is a value too.
+func helmE2EValues(t testing.TB, config map[string]string, monitor, pools string) map[string]any {
+	t.Helper()
+	var p struct {
+		Pools []any `json:"pools"`
+	}
+	if err := yaml.Unmarshal([]byte(pools), &p); err != nil {
+		t.Fatal(err)
+	}
+	replicas := map[string]int{"1": 1, "3": 3, "5": 5}[config["GDR_NATS_REPLICAS"]]
+	return map[string]any{
+		"images": map[string]any{"registry": "gdr.local", "tag": "latest", "pullPolicy": "IfNotPresent"},
+		"gitea":  map[string]any{"url": config["GDR_GITEA_URL"]},
+		"nats":   map[string]any{"url": config["GDR_NATS_URL"], "replicas": replicas, "monitoringEndpoint": monitor},
+		"spire": map[string]any{
+			"trustDomain": config["GDR_TRUST_DOMAIN"], "clusterName": config["GDR_CLUSTER_NAME"],
+			"server": config["GDR_SPIRE_SERVER"], "gatewaySpiffeID": config["GDR_GATEWAY_SPIFFE_ID"],
+			"workloadAPI": map[string]any{"csiDriver": "", "hostPath": clusterenv.SPIREAgentSocketDir},
+		},
+		"gateway": map[string]any{"replicas": 1, "url": config["GDR_GATEWAY_URL"], "service": map[string]any{"clusterIP": gatewayClusterIP}},
+		"cache":   map[string]any{"enabled": true},
+		"pools":   p.Pools,
+	}
+}
+
+// unstructuredDocs wraps objects as documents for stepProblems.
+func unstructuredDocs(objs []*unstructured.Unstructured) []doc {
+	docs := make([]doc, 0, len(objs))
+	for _, o := range objs {
+		docs = append(docs, doc{file: "kustomize", obj: o.Object})
+	}
+	return docs
+}
+
+// helmConfig is Helm's action configuration for the cluster's namespace installNamespace, as
+// the cluster's admin (releases stored as Secrets, Helm's default).
+func helmConfig(t testing.TB, c *clusterenv.Cluster) *action.Configuration {
+	t.Helper()
+	flags := genericclioptions.NewConfigFlags(false)
+	kubeconfig, ns := c.AdminKubeconfig(), installNamespace
+	flags.KubeConfig, flags.Namespace = &kubeconfig, &ns
+	cfg := action.NewConfiguration()
+	if err := cfg.Init(flags, installNamespace, "secret"); err != nil {
+		t.Fatalf("helm: %v", err)
+	}
+	return cfg
+}
+
+// helmInstall runs helm install of the chart with vals into installNamespace (server-side
+// apply, Helm v4's default; no wait: installKEDAWith waits as for kubectl apply).
+func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals map[string]any) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := action.NewInstall(helmConfig(t, c))
+	install.ReleaseName = helmRelease
+	install.Namespace = installNamespace
+	install.WaitStrategy = kube.HookOnlyStrategy // the CLI's default without --wait: the chart has no hooks
+	t0 := time.Now()
+	if _, err := install.RunWithContext(ctx, chrt, vals); err != nil {
+		t.Fatalf("helm install: %v", err)
+	}
+	t.Logf("helm install: %v", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestE2EClusterHelm installs the control plane with the chart (helm install, the Go library)
+// into a new single-node cluster, with the values that give the objects TestE2EClusterInstall
+// applies (checked object by object before the install), everything else as installKEDA does;
+// then real jobs run through it to their conclusion (installation.jobs), nothing is left
+// running, and helm uninstall removes the release's objects and leaves the Secrets the
+// operator made (deploy/README.md, "Helm").
+func TestE2EClusterHelm(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	in := installKEDAWith(ctx, t, 0, installHelm)
+	steps := []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
+		{"Uninstall", func(t *testing.T) { in.helmUninstall(ctx, t) }},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.run) {
+			in.dump(ctx, t)
+			return
+		}
+	}
+}
+
+// helmUninstall runs helm uninstall and checks what is gone and what stays.
+func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
+	if _, err := in.cs.AppsV1().Deployments(installNamespace).Get(ctx, "gateway", metav1.GetOptions{}); err != nil {
+		t.Fatalf("before the uninstall: %v", err)
+	}
+	uninstall := action.NewUninstall(helmConfig(t, in.c))
+	uninstall.WaitStrategy = kube.HookOnlyStrategy
+	if _, err := uninstall.Run(helmRelease); err != nil {
+		t.Fatalf("helm uninstall: %v", err)
+	}
+	gone := map[string]func() error{
+		"Deployment gateway": func() error {
+			_, err := in.cs.AppsV1().Deployments(installNamespace).Get(ctx, "gateway", metav1.GetOptions{})
+			return err
+		},
+		"CronJob recover": func() error {
+			_, err := in.cs.BatchV1().CronJobs(installNamespace).Get(ctx, "recover", metav1.GetOptions{})
+			return err
+		},
+		"ConfigMap gdr-config": func() error {
+			_, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, "gdr-config", metav1.GetOptions{})
+			return err
+		},
+		"ClusterRole gitea-dynamic-runner-nodes": func() error {
+			_, err := in.cs.RbacV1().ClusterRoles().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{})
+			return err
+		},
+	}
+	for name, get := range gone {
+		if err := get(); !apierrors.IsNotFound(err) {
+			t.Errorf("%s after helm uninstall: %v, want not found", name, err)
+		}
+	}
+	for _, s := range []string{"gdr-secrets", "gdr-runner-credentials"} {
+		if _, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, s, metav1.GetOptions{}); err != nil {
+			t.Errorf("Secret %s (the operator's, not the release's) after helm uninstall: %v", s, err)
+		}
+	}
+}
