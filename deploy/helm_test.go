@@ -12,6 +12,7 @@ import (
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/loader"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"helm.sh/helm/v4/pkg/release"
 	"sigs.k8s.io/yaml"
 )
@@ -316,9 +317,40 @@ func TestHelmValuesRefused(t *testing.T) {
 			if !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %q does not name %q", err, c.want)
 			}
+			t.Logf("refused: %v", err)
 		})
 	}
 	if _, err := renderChart(t, installNamespace, map[string]any{"spire": map[string]any{"workloadAPI": map[string]any{"csiDriver": "", "hostPath": "/run/spire/agent-sockets"}}}); err != nil {
 		t.Errorf("hostPath alone: %v", err)
+	}
+}
+
+// TestHelmChartLints runs Helm's own linter (helm lint --strict) on the chart, for each scaler:
+// no warning or error.
+func TestHelmChartLints(t *testing.T) {
+	kube, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, vals := range []map[string]any{
+		nil,
+		{"scaler": "knative", "knative": map[string]any{"tickToken": "token"}, "cache": map[string]any{"enabled": true}},
+	} {
+		lint := action.NewLint()
+		lint.Strict = true
+		lint.Namespace = installNamespace
+		lint.KubeVersion = kube
+		res := lint.Run([]string{chartDir}, vals)
+		for _, err := range res.Errors {
+			t.Errorf("helm lint %v: %v", vals, err)
+		}
+		for _, m := range res.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint %v: %v", vals, m)
+			}
+		}
+		if res.TotalChartsLinted != 1 {
+			t.Errorf("linted %d charts", res.TotalChartsLinted)
+		}
 	}
 }
