@@ -383,10 +383,7 @@ func TestE2EClusterInstall(t *testing.T) {
 	in := installKEDA(ctx, t, 0)
 	// Each scenario pushes to repositories of its own: a push runs every
 	// workflow of its repository.
-	steps := []struct {
-		name string
-		run  func(t *testing.T)
-	}{
+	in.runSteps(ctx, t, []step{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"PrivateImageNotShared", func(t *testing.T) { in.privateImageNotShared(ctx, t) }},
 		{"Cancel", func(t *testing.T) { in.cancel(ctx, t, in.g.CreateRepo(t, "cancel")) }},
@@ -395,7 +392,19 @@ func TestE2EClusterInstall(t *testing.T) {
 		{"ExecutorEvicted", func(t *testing.T) { in.executorEvicted(ctx, t, in.g.CreateRepo(t, "evicted")) }},
 		{"RecoverCronJob", func(t *testing.T) { in.recoverCronJob(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
-	}
+	})
+}
+
+// step is one scenario of a cluster test, run as a subtest.
+type step struct {
+	name string
+	run  func(t *testing.T)
+}
+
+// runSteps runs steps in order, each a subtest, and stops after the first that fails, with the
+// installation's state dumped.
+func (in *installation) runSteps(ctx context.Context, t *testing.T, steps []step) {
+	t.Helper()
 	for _, s := range steps {
 		if !t.Run(s.name, s.run) {
 			in.dump(ctx, t)

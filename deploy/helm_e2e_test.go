@@ -102,20 +102,11 @@ func TestE2EClusterHelm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	in := installKEDAWith(ctx, t, 0, installHelm)
-	steps := []struct {
-		name string
-		run  func(t *testing.T)
-	}{
+	in.runSteps(ctx, t, []step{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 		{"Uninstall", func(t *testing.T) { in.helmUninstall(ctx, t) }},
-	}
-	for _, s := range steps {
-		if !t.Run(s.name, s.run) {
-			in.dump(ctx, t)
-			return
-		}
-	}
+	})
 }
 
 // helmUninstall runs helm uninstall and checks what is gone and what stays.

@@ -14,6 +14,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/loader"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"helm.sh/helm/v4/pkg/release"
+	"k8s.io/apimachinery/pkg/util/diff"
 	"sigs.k8s.io/yaml"
 )
 
@@ -142,40 +143,10 @@ func stepProblems(t testing.TB, chart, kustomize []doc) []string {
 		got := byKey(chart)[key]
 		g, w := comparable(t, got.obj), comparable(t, want.obj)
 		if !reflect.DeepEqual(g, w) {
-			probs = append(probs, fmt.Sprintf("%s differs:\n%s", key, diffLines(t, w, g)))
+			probs = append(probs, fmt.Sprintf("%s differs (- kustomize, + chart):\n%s", key, diff.Diff(w, g)))
 		}
 	}
 	return probs
-}
-
-// diffLines shows the lines of the YAML of got that are not in want's (+) and the other way
-// round (-): enough to find a drifted field.
-func diffLines(t testing.TB, want, got map[string]any) string {
-	t.Helper()
-	w, err := yaml.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := yaml.Marshal(got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wl, gl := strings.Split(string(w), "\n"), strings.Split(string(g), "\n")
-	var out []string
-	for _, l := range wl {
-		if !slices.Contains(gl, l) {
-			out = append(out, "  - kustomize: "+l)
-		}
-	}
-	for _, l := range gl {
-		if !slices.Contains(wl, l) {
-			out = append(out, "  + chart:     "+l)
-		}
-	}
-	if len(out) == 0 {
-		out = append(out, "  (the same lines in another order)")
-	}
-	return strings.Join(out, "\n")
 }
 
 // TestHelmChartMatchesKustomize renders the chart with the real Helm (v4's install action, client
