@@ -325,3 +325,78 @@ func TestHelmChartLints(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmValuesRender checks what the values without a kustomize counterpart in the in-step
+// cases render: NATS TLS' files in gdr-config, the Workload API from the agent's socket
+// folder, the pull policy, the gateway's address, the handle's capacity and Jobs, Prometheus'
+// and Gitea's selectors, the cache claim.
+func TestHelmValuesRender(t *testing.T) {
+	const tlsDir = "/var/run/secrets/gitea-dynamic-runner/nats/"
+	cases := []struct {
+		name string
+		vals map[string]any
+		// key is "Kind name"; at the path in it, want (nil: absent).
+		key  string
+		at   []string
+		want any
+	}{
+		{"nats tls ca", map[string]any{"nats": map[string]any{"url": "tls://nats:4222", "tls": map[string]any{"enabled": true}}},
+			"ConfigMap gdr-config", []string{"data", "GDR_NATS_TLS_CA"}, tlsDir + "ca.crt"},
+		{"nats tls no client certificate", map[string]any{"nats": map[string]any{"tls": map[string]any{"enabled": true}}},
+			"ConfigMap gdr-config", []string{"data", "GDR_NATS_TLS_CERT"}, nil},
+		{"nats mutual tls", map[string]any{"nats": map[string]any{"tls": map[string]any{"enabled": true, "ca": false, "clientCertificate": true}}},
+			"ConfigMap gdr-config", []string{"data", "GDR_NATS_TLS_KEY"}, tlsDir + "tls.key"},
+		{"nats tls off", nil, "ConfigMap gdr-config", []string{"data", "GDR_NATS_TLS_CA"}, nil},
+		{"gateway spiffe id from the trust domain", map[string]any{"spire": map[string]any{"trustDomain": "corp.example"}},
+			"ConfigMap gdr-config", []string{"data", "GDR_GATEWAY_SPIFFE_ID"}, "spiffe://corp.example/gateway"},
+		{"workload API by hostPath", map[string]any{"spire": map[string]any{"workloadAPI": map[string]any{"csiDriver": "", "hostPath": "/run/spire/sockets"}}},
+			"Deployment gateway", []string{"spec", "template", "spec", "volumes", "spiffe-workload-api", "hostPath", "path"}, "/run/spire/sockets"},
+		{"pull policy", map[string]any{"images": map[string]any{"pullPolicy": "IfNotPresent"}},
+			"CronJob dispatch-run", []string{"spec", "jobTemplate", "spec", "template", "spec", "containers", "dispatch", "imagePullPolicy"}, "IfNotPresent"},
+		{"gateway clusterIP", map[string]any{"gateway": map[string]any{"service": map[string]any{"clusterIP": "10.0.0.9"}}},
+			"Service gateway", []string{"spec", "clusterIP"}, "10.0.0.9"},
+		{"handle capacity", map[string]any{"handle": map[string]any{"capacity": 4}},
+			"Job handle-setup", []string{"spec", "template", "spec", "containers", "handle", "env", "GDR_CAPACITY", "value"}, "4"},
+		{"handle jobs", map[string]any{"handle": map[string]any{"maxReplicas": 3}},
+			"ScaledJob handle-pod", []string{"spec", "maxReplicaCount"}, float64(3)},
+		{"prometheus", map[string]any{"metrics": map[string]any{"prometheus": map[string]any{"namespace": "obs", "podLabels": map[string]any{"app": "prom"}}}},
+			"NetworkPolicy gdr-metrics-gateway", []string{"spec", "ingress", "0", "from", "0", "podSelector", "matchLabels", "app"}, "prom"},
+		{"gitea namespace", map[string]any{"gitea": map[string]any{"namespace": "forge"}},
+			"NetworkPolicy gdr-dispatch-webhook", []string{"spec", "ingress", "0", "from", "0", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name"}, "forge"},
+		{"cache claim", map[string]any{"cache": map[string]any{"enabled": true, "accessMode": "ReadWriteOnce", "storageClassName": "fast", "size": "5Gi"}},
+			"PersistentVolumeClaim gdr-cache", []string{"spec", "storageClassName"}, "fast"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, ok := byKey(mustRenderChart(t, installNamespace, c.vals))[c.key]
+			if !ok {
+				t.Fatalf("no %s rendered", c.key)
+			}
+			if got := lookup(d.obj, c.at); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("%s %v: %#v, want %#v", c.key, c.at, got, c.want)
+			}
+		})
+	}
+}
+
+// lookup follows keys into obj: a map key, a list index, or in a list of objects the one with
+// that name.
+func lookup(obj any, keys []string) any {
+	for _, k := range keys {
+		switch v := obj.(type) {
+		case map[string]any:
+			obj = v[k]
+		case []any:
+			obj = nil
+			for i, e := range v {
+				if m, ok := e.(map[string]any); (ok && m["name"] == k) || fmt.Sprint(i) == k {
+					obj = e
+					break
+				}
+			}
+		default:
+			return nil
+		}
+	}
+	return obj
+}
