@@ -3,6 +3,8 @@ package deploy
 import (
 	"fmt"
 	"maps"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/loader"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"helm.sh/helm/v4/pkg/cli/values"
+	"helm.sh/helm/v4/pkg/getter"
 	"helm.sh/helm/v4/pkg/release"
 	"k8s.io/apimachinery/pkg/util/diff"
 	"sigs.k8s.io/yaml"
@@ -33,6 +37,28 @@ var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/instance", "app.ku
 // only: the values schema checked, nothing sent anywhere) into namespace ns with vals.
 func renderChart(t testing.TB, ns string, vals map[string]any) ([]doc, error) {
 	t.Helper()
+	manifest, err := renderManifest(t, ns, vals)
+	if err != nil {
+		return nil, err
+	}
+	raws, err := splitDocs([]byte(manifest))
+	if err != nil {
+		t.Fatalf("the rendered chart: %v", err)
+	}
+	var docs []doc
+	for _, raw := range raws {
+		var obj map[string]any
+		if err := yaml.Unmarshal(raw, &obj); err != nil {
+			t.Fatalf("a rendered document: %v\n%s", err, raw)
+		}
+		docs = append(docs, doc{file: "helm", raw: raw, obj: obj})
+	}
+	return docs, nil
+}
+
+// renderManifest is renderChart's text, as `helm template` prints it.
+func renderManifest(t testing.TB, ns string, vals map[string]any) (string, error) {
+	t.Helper()
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatalf("load the chart %s: %v", chartDir, err)
@@ -49,25 +75,13 @@ func renderChart(t testing.TB, ns string, vals map[string]any) ([]doc, error) {
 	install.KubeVersion = kube
 	rel, err := install.Run(chrt, vals)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	acc, err := release.NewAccessor(rel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raws, err := splitDocs([]byte(acc.Manifest()))
-	if err != nil {
-		t.Fatalf("the rendered chart: %v", err)
-	}
-	var docs []doc
-	for _, raw := range raws {
-		var obj map[string]any
-		if err := yaml.Unmarshal(raw, &obj); err != nil {
-			t.Fatalf("a rendered document: %v\n%s", err, raw)
-		}
-		docs = append(docs, doc{file: "helm", raw: raw, obj: obj})
-	}
-	return docs, nil
+	return acc.Manifest(), nil
 }
 
 // mustRenderChart is renderChart failing the test on an error.
@@ -399,4 +413,89 @@ func lookup(obj any, keys []string) any {
 		}
 	}
 	return obj
+}
+
+// TestHelmInstallStepsSetEveryValue runs deploy/README.md's "Helm" steps that make the values
+// files (the sed of values.yaml, the printf of the settings), merges them as helm -f does
+// (Helm's own values.Options) and renders the chart: every value must land where the
+// functions read it and no placeholder may be left. Then step 7's pipeline must cut the
+// gdr-pools ConfigMap's pools.yaml exactly out of the rendered chart.
+func TestHelmInstallStepsSetEveryValue(t *testing.T) {
+	const section = "## Helm"
+	if _, err := exec.LookPath("sed"); err != nil {
+		t.Skip("no sed on this machine")
+	}
+	root := t.TempDir()
+	here, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(here, filepath.Join(root, "deploy")); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"NS": "ci-runners", "REG": "registry.test/ci", "TAG": "v9", "TD": "ci.test", "CLUSTER": "c-7",
+		"GITEA": "https://git.test/", "SPIRE": "spire.test:8081", "NATS": "nats://n.test:4222",
+		"NATS_MONITOR": "n.test:8222", "NATS_REPLICAS": "5",
+	}
+	environ := os.Environ()
+	for k, v := range env {
+		environ = append(environ, k+"="+v)
+	}
+	for _, prefix := range []string{"sed ", "printf '%s\\n'"} {
+		for _, cmd := range sectionCommands(t, section, prefix) {
+			c := exec.Command("bash", "-c", cmd)
+			c.Dir, c.Env = root, environ
+			if out, err := c.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", cmd, err, out)
+			}
+		}
+	}
+	opts := values.Options{ValueFiles: []string{filepath.Join(root, "my-values.yaml"), filepath.Join(root, "my-settings.yaml")}}
+	vals, err := opts.MergeValues(getter.Providers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := renderManifest(t, env["NS"], vals)
+	if err != nil {
+		t.Fatalf("helm template with the steps' values: %v", err)
+	}
+	for _, left := range []string{"ghcr.io/example/", "nats.nats.svc", "gitea.example.com", "example.org", "example-cluster", "spire-server.spire"} {
+		if strings.Contains(manifest, left) {
+			t.Errorf("the chart still renders %q with the steps' values", left)
+		}
+	}
+	docs := byKey(mustRenderChart(t, env["NS"], vals))
+	data := path(docs["ConfigMap gdr-config"].obj, "data").(map[string]any)
+	for k, want := range map[string]string{
+		"GDR_NATS_URL": env["NATS"], "GDR_NATS_REPLICAS": env["NATS_REPLICAS"], "GDR_GITEA_URL": env["GITEA"], "GDR_TRUST_DOMAIN": env["TD"],
+		"GDR_CLUSTER_NAME": env["CLUSTER"], "GDR_SPIRE_SERVER": env["SPIRE"], "GDR_GATEWAY_SPIFFE_ID": "spiffe://" + env["TD"] + "/gateway",
+	} {
+		if data[k] != want {
+			t.Errorf("gdr-config %s = %q, want %q", k, data[k], want)
+		}
+	}
+	pools := path(docs["ConfigMap gdr-pools"].obj, "data", "pools.yaml").(string)
+	for _, img := range []string{"runner", "runner-host"} {
+		if want := env["REG"] + "/gitea-dynamic-runner-" + img + ":" + env["TAG"]; !strings.Contains(pools, want+"\n") {
+			t.Errorf("the pools file does not name %s", want)
+		}
+	}
+	if got := path(docs["ScaledJob handle-pod"].obj, "spec", "triggers").([]any)[0].(map[string]any)["metadata"].(map[string]any)["natsServerMonitoringEndpoint"]; got != env["NATS_MONITOR"] {
+		t.Errorf("natsServerMonitoringEndpoint %v, want %s", got, env["NATS_MONITOR"])
+	}
+
+	// Step 7: the pools file out of helm template's output.
+	cut := sectionCommands(t, section, "helm template gdr $CHART |")[0]
+	pipeline := strings.TrimPrefix(cut, "helm template gdr $CHART |")
+	pipeline = pipeline[:strings.Index(pipeline, " > ")]
+	c := exec.Command("bash", "-c", pipeline)
+	c.Stdin = strings.NewReader(manifest)
+	got, err := c.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", pipeline, err)
+	}
+	if string(got) != pools {
+		t.Fatalf("step 7 cuts out\n%s\nwant the gdr-pools pools.yaml\n%s", got, pools)
+	}
 }

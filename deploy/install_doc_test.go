@@ -20,16 +20,23 @@ const installSection = "## Install from an empty cluster (KEDA)"
 // blocks that start with prefix, continuation lines joined.
 func installCommands(t *testing.T, prefix string) []string {
 	t.Helper()
+	return sectionCommands(t, installSection, prefix)
+}
+
+// sectionCommands returns the shell commands of README.md's section (its
+// heading) that start with prefix, continuation lines joined.
+func sectionCommands(t *testing.T, section, prefix string) []string {
+	t.Helper()
 	data, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(data)
-	start := strings.Index(text, installSection)
+	start := strings.Index(text, section)
 	if start < 0 {
-		t.Fatalf("README.md has no %q", installSection)
+		t.Fatalf("README.md has no %q", section)
 	}
-	text = text[start+len(installSection):]
+	text = text[start+len(section):]
 	if end := strings.Index(text, "\n## "); end >= 0 {
 		text = text[:end]
 	}
@@ -47,7 +54,7 @@ func installCommands(t *testing.T, prefix string) []string {
 		out = append(out, line)
 	}
 	if len(out) == 0 {
-		t.Fatalf("README.md's install steps have no command starting %q", prefix)
+		t.Fatalf("README.md's %q has no command starting %q", section, prefix)
 	}
 	return out
 }
