@@ -486,16 +486,5 @@ func TestHelmInstallStepsSetEveryValue(t *testing.T) {
 	}
 
 	// Step 7: the pools file out of helm template's output.
-	cut := sectionCommands(t, section, "helm template gdr $CHART |")[0]
-	pipeline := strings.TrimPrefix(cut, "helm template gdr $CHART |")
-	pipeline = pipeline[:strings.Index(pipeline, " > ")]
-	c := exec.Command("bash", "-c", pipeline)
-	c.Stdin = strings.NewReader(manifest)
-	got, err := c.Output()
-	if err != nil {
-		t.Fatalf("%s: %v", pipeline, err)
-	}
-	if string(got) != pools {
-		t.Fatalf("step 7 cuts out\n%s\nwant the gdr-pools pools.yaml\n%s", got, pools)
-	}
+	cutPools(t, section, "helm template gdr $CHART |", []byte(manifest), pools)
 }

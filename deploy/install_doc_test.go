@@ -59,6 +59,24 @@ func sectionCommands(t *testing.T, section, prefix string) []string {
 	return out
 }
 
+// cutPools runs the pipeline of section's command that starts with source (up to its " > ") on
+// input, and checks that it cuts out the pools file want; it returns what it cut.
+func cutPools(t *testing.T, section, source string, input []byte, want string) []byte {
+	t.Helper()
+	pipeline := strings.TrimPrefix(sectionCommands(t, section, source)[0], source)
+	pipeline = pipeline[:strings.Index(pipeline, " > ")]
+	c := exec.Command("bash", "-c", pipeline)
+	c.Stdin = bytes.NewReader(input)
+	got, err := c.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", pipeline, err)
+	}
+	if string(got) != want {
+		t.Fatalf("step 7 cuts out\n%s\nwant the gdr-pools pools.yaml\n%s", got, want)
+	}
+	return got
+}
+
 // TestInstallStepsSetEveryValue runs the install steps' edits of a copy of
 // the manifests (step 6's sed commands, with the kustomize edits done the way
 // `kustomize edit` does them) and builds keda: every value the steps set
@@ -126,18 +144,7 @@ func TestInstallStepsSetEveryValue(t *testing.T) {
 	}
 
 	// Step 7: the pools file out of the build.
-	cuts := installCommands(t, "kubectl kustomize keda |")
-	pipeline := strings.TrimPrefix(cuts[0], "kubectl kustomize keda |")
-	pipeline = pipeline[:strings.Index(pipeline, " > ")]
-	c := exec.Command("bash", "-c", pipeline)
-	c.Stdin = bytes.NewReader(built)
-	got, err := c.Output()
-	if err != nil {
-		t.Fatalf("%s: %v", pipeline, err)
-	}
-	if string(got) != pools {
-		t.Fatalf("step 7 cuts out\n%s\nwant the gdr-pools pools.yaml\n%s", got, pools)
-	}
+	got := cutPools(t, installSection, "kubectl kustomize keda |", built, pools)
 	var parsed map[string]any
 	if err := yaml.UnmarshalStrict(got, &parsed); err != nil || len(parsed) == 0 {
 		t.Fatalf("step 7's pools file does not parse: %v", err)
