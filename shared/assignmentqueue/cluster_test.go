@@ -62,7 +62,7 @@ func connectTo(t *testing.T, url string) jetstream.JetStream {
 // queue relies on.
 func TestEndMarksAreReadFromTheLeaderOnACluster(t *testing.T) {
 	c, js := startCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ended := assignmentqueue.EndingsBucket(testBucket)
 	writer, err := assignmentqueue.EnsureEndings(ctx, js, assignmentqueue.Bucket{Name: ended, TTL: time.Hour, Replicas: 3})
