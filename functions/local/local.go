@@ -29,6 +29,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dirlock"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -61,8 +62,11 @@ type local struct {
 	cfg Config
 	log *slog.Logger
 
-	ns *server.Server
-	nc *nats.Conn
+	// lock makes the state directory this process's alone: two local modes
+	// on one directory would run two NATS servers on one store.
+	lock *dirlock.Lock
+	ns   *server.Server
+	nc   *nats.Conn
 	gw *http.Server
 	// rounds runs the dispatch rounds: polled at cadence's pace, and at
 	// once when a webhook (Work) or a freed slot (kickDispatch) asks.
@@ -87,30 +91,40 @@ type local struct {
 }
 
 // start brings everything up, failing fast, and in an order that writes
-// nothing to the state directory before Gitea has accepted the registration:
-// the registration, the queue (an embedded NATS), the executors' side (CA,
-// bootstrap, gateway, process backend), then the cores that join them.
+// nothing to the state directory but its lock before Gitea has accepted the
+// registration: the lock, the registration, the queue (an embedded NATS),
+// the executors' side (CA, bootstrap, gateway, process backend), then the
+// cores that join them.
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg := metrics.NewRegistry()
 	l := &local{cfg: cfg, log: log, reg: reg, passes: recovermetrics.NewRecover(reg)}
+	lock, err := dirlock.Acquire(cfg.StateDir)
+	var held *dirlock.HeldError
+	if errors.As(err, &held) && held.Holder.PID != 0 {
+		return nil, fmt.Errorf("another local mode runs with state directory %s: %s; stop it first, or give this one another --state-dir", cfg.StateDir, held.Holder)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("another local mode may run with state directory %s: %w", cfg.StateDir, err)
+	}
+	l.lock = lock
 	giteaClient, err := l.registration(ctx)
 	if err != nil {
-		return nil, err
+		return nil, l.fail(err)
 	}
 	events := newJobEvents(log)
 	client := watched{registration: giteaClient, events: events}
 	keys, err := l.keys()
 	if err != nil {
-		return nil, err
+		return nil, l.fail(err)
 	}
 	metaKeys, err := taskassignment.NewKeys(prefix)
 	if err != nil {
-		return nil, err
+		return nil, l.fail(err)
 	}
 	td := spiffeid.RequireTrustDomainFromString(trustDomain)
 	js, err := l.startNATS()
 	if err != nil {
-		return nil, err
+		return nil, l.fail(err)
 	}
 	p := runnerpool.Pool{Name: poolName, Labels: cfg.labels(), Backend: taskassignment.BackendProcess, Capacity: cfg.Capacity}
 	q, err := l.startQueue(ctx, js, keys, p)
@@ -376,12 +390,12 @@ func (l *local) startNATS() (jetstream.JetStream, error) {
 	l.ns = ns
 	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name("gdr-local"))
 	if err != nil {
-		return nil, l.fail(err)
+		return nil, err // start fails, stopping what is started
 	}
 	l.nc = nc
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, l.fail(err)
+		return nil, err // start fails, stopping what is started
 	}
 	return js, nil
 }
@@ -592,6 +606,9 @@ func (l *local) shutdown() {
 	if l.ns != nil {
 		l.ns.Shutdown()
 		l.ns.WaitForShutdown()
+	}
+	if l.lock != nil {
+		_ = l.lock.Release()
 	}
 }
 

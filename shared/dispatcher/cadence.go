@@ -3,6 +3,8 @@ package dispatcher
 import (
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // DefaultBusyInterval is the time between a busy pool's rounds (Cadence):
@@ -29,7 +31,9 @@ const DefaultBusyWindow = 30 * time.Second
 // round that found fewer tasks in flight than the pool's previous round
 // left (a task ended: the jobs that need it may be queued now), and Wake (a
 // webhook about one of the pool's jobs). A failed round is no sign: a pool
-// whose Gitea is unreachable keeps its pace and never polls faster for it.
+// whose Gitea is unreachable never polls faster for it; with Backoff it
+// polls slower and slower (Fail), and its first successful round restores
+// its pace.
 //
 // The zero value polls every DefaultPollInterval and is never busy; Busy
 // zero or not below Idle means never busy. Safe for concurrent use. Its
@@ -37,6 +41,11 @@ const DefaultBusyWindow = 30 * time.Second
 // idle pace.
 type Cadence struct {
 	Idle, Busy, Window time.Duration
+	// Backoff, when positive, caps the wait after failed rounds: from Idle
+	// after the first, doubled after each next one, with a jitter of ±20%
+	// (so pollers that failed together do not ask together), never above
+	// Backoff. Zero: a failed round is followed at the pool's pace.
+	Backoff time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 
@@ -50,7 +59,17 @@ type cadencePool struct {
 	// flight plus those it claimed), once observed.
 	left     int
 	observed bool
+	// failing spaces the rounds after a failed one, from the first failure
+	// to the next successful round; retry is the wait it chose last.
+	failing *backoff.ExponentialBackOff
+	retry   time.Duration
 }
+
+// backoffJitter and backoffFactor shape Backoff's waits.
+const (
+	backoffJitter = 0.2
+	backoffFactor = 2
+)
 
 func (c *Cadence) now() time.Time {
 	if c.Now == nil {
@@ -80,10 +99,31 @@ func (c *Cadence) Observe(res Result) bool {
 	ended := p.observed && res.InFlight < p.left
 	work := len(res.Claimed) > 0 || res.Rejected > 0 || res.Ended > 0 || ended
 	p.left, p.observed = res.InFlight+len(res.Claimed), true
+	p.failing = nil
 	if work {
 		p.work = c.now()
 	}
 	return work
+}
+
+// Fail records a failed round of pool and returns the wait before its next
+// round (Interval says it too, until a round succeeds). Without Backoff it
+// changes nothing.
+func (c *Cadence) Fail(pool string) time.Duration {
+	if c.Backoff <= 0 {
+		return c.Interval(pool)
+	}
+	c.mu.Lock()
+	p := c.pool(pool)
+	if p.failing == nil {
+		p.failing = &backoff.ExponentialBackOff{InitialInterval: min(c.idle(), c.Backoff), RandomizationFactor: backoffJitter,
+			Multiplier: backoffFactor, MaxInterval: c.Backoff}
+		p.failing.Reset()
+	}
+	// The library caps the interval, not its jitter: the cap holds here.
+	p.retry = min(p.failing.NextBackOff(), c.Backoff)
+	c.mu.Unlock()
+	return p.retry
 }
 
 // Wake records a sign of work for pool from outside its rounds (a webhook
@@ -94,18 +134,25 @@ func (c *Cadence) Wake(pool string) {
 	c.pool(pool).work = c.now()
 }
 
+func (c *Cadence) idle() time.Duration {
+	if c.Idle <= 0 {
+		return DefaultPollInterval
+	}
+	return c.Idle
+}
+
 // Interval is the time from the end of pool's last round to its next.
 func (c *Cadence) Interval(pool string) time.Duration {
-	idle := c.Idle
-	if idle <= 0 {
-		idle = DefaultPollInterval
+	idle := c.idle()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.pools[pool]
+	if ok && p.failing != nil {
+		return p.retry
 	}
 	if c.Busy <= 0 || c.Busy >= idle {
 		return idle
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	p, ok := c.pools[pool]
 	if !ok || p.work.IsZero() || c.now().Sub(p.work) >= c.Window {
 		return idle
 	}

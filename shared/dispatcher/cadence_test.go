@@ -101,3 +101,48 @@ func TestCadenceNeverBusy(t *testing.T) {
 		t.Errorf("zero Cadence: Interval = %v, want %v", got, DefaultPollInterval)
 	}
 }
+
+// TestCadenceBackoff fails a busy pool's rounds in a row: each wait lies
+// within ±20% of Idle doubled per failure, never above Backoff, and is what
+// Interval says; another pool keeps its pace; a successful round restores
+// the busy pace at once. Without Backoff, failures change nothing.
+func TestCadenceBackoff(t *testing.T) {
+	const idle, busy, limit = 500 * time.Millisecond, 200 * time.Millisecond, 10 * time.Second
+	tests := []struct {
+		name    string
+		backoff time.Duration
+		// want is the range of the wait after the i-th failure (from 0).
+		want func(i int) (lo, hi time.Duration)
+	}{
+		{"backoff", limit, func(i int) (time.Duration, time.Duration) {
+			d := min(idle<<i, limit)
+			return d * 8 / 10, min(d*12/10, limit)
+		}},
+		{"none", 0, func(int) (time.Duration, time.Duration) { return busy, busy }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Cadence{Idle: idle, Busy: busy, Window: time.Hour, Backoff: tt.backoff}
+			c.Observe(Result{Pool: "p", Claimed: make([]taskassignment.Assignment, 1)})
+			var waits []time.Duration
+			for i := range 12 {
+				got := c.Fail("p")
+				waits = append(waits, got)
+				if lo, hi := tt.want(i); got < lo || got > hi {
+					t.Fatalf("failure %d: wait %v, want within [%v, %v]; waits %v", i+1, got, lo, hi, waits)
+				}
+				if in := c.Interval("p"); in != got {
+					t.Fatalf("failure %d: Interval %v, Fail said %v", i+1, in, got)
+				}
+				if other := c.Interval("other"); other != idle {
+					t.Fatalf("another pool's Interval = %v, want %v", other, idle)
+				}
+			}
+			t.Logf("waits: %v", waits)
+			c.Observe(Result{Pool: "p", InFlight: 1})
+			if got := c.Interval("p"); got != busy {
+				t.Fatalf("after a successful round: Interval %v, want the busy %v", got, busy)
+			}
+		})
+	}
+}

@@ -40,8 +40,9 @@ type poolRounds struct {
 }
 
 // NewRounds returns the rounds of round, run on ctx. cadence, when not nil,
-// sees every successful round's result before the pool's poll loop hears
-// that the round ended, so the next wait is paced by that round.
+// sees every round's outcome (Observe, or Fail for a failed one) before the
+// pool's poll loop hears that the round ended, so the next wait is paced by
+// that round.
 func NewRounds(ctx context.Context, round func(context.Context, Pool) (Result, error), cadence *Cadence) *Rounds {
 	return &Rounds{ctx: ctx, round: round, cadence: cadence, pools: map[string]*poolRounds{}}
 }
@@ -95,8 +96,12 @@ func (r *Rounds) run(p Pool, st *poolRounds) {
 	defer r.wg.Done()
 	for {
 		res, err := r.round(r.ctx, p)
-		if err == nil && r.cadence != nil {
+		switch {
+		case r.cadence == nil:
+		case err == nil:
 			r.cadence.Observe(res)
+		case r.ctx.Err() == nil:
+			r.cadence.Fail(p.Name)
 		}
 		select {
 		case st.ended <- struct{}{}:

@@ -181,3 +181,42 @@ func TestRoundsWithoutCadenceNeverPoll(t *testing.T) {
 		t.Fatalf("%d rounds without a cadence, want 0", rounds.Load())
 	}
 }
+
+// While rounds fail, a cadence with Backoff spaces them out (Fail); the
+// first round that succeeds restores the pool's pace.
+func TestRoundsBackOffWhileRoundsFail(t *testing.T) {
+	p := dispatcher.Pool{Pool: runnerpool.Pool{Name: "linux"}}
+	const idle = 20 * time.Millisecond
+	cadence := &dispatcher.Cadence{Idle: idle, Backoff: 400 * time.Millisecond}
+	var rounds atomic.Int64
+	var failing atomic.Bool
+	failing.Store(true)
+	ctx, cancel := context.WithCancel(t.Context())
+	r := dispatcher.NewRounds(ctx, func(context.Context, dispatcher.Pool) (dispatcher.Result, error) {
+		rounds.Add(1)
+		if failing.Load() {
+			return dispatcher.Result{}, errors.New("gitea unreachable")
+		}
+		return dispatcher.Result{Pool: p.Name}, nil
+	}, cadence)
+	polled := make(chan struct{})
+	go func() { r.Poll(ctx, p); close(polled) }()
+	defer func() {
+		cancel()
+		<-polled
+		r.Wait(5 * time.Second)
+	}()
+	// 2 s at 20 ms would be 100 rounds; backing off (20, 40, 80, 160, 320,
+	// then 400 ms, ±20%) it is about 9.
+	time.Sleep(2 * time.Second)
+	failed := rounds.Load()
+	if failed < 4 || failed > 14 {
+		t.Fatalf("%d rounds in 2 s of failures, want about 9 (backing off to 400 ms)", failed)
+	}
+	failing.Store(false)
+	time.Sleep(600 * time.Millisecond) // the last wait (at most 400 ms), then the idle pace
+	if n := rounds.Load() - failed; n < 5 {
+		t.Fatalf("%d rounds in the 0.6 s after rounds succeed again, want the idle pace (20 ms)", n)
+	}
+	t.Logf("%d rounds in 2 s of failures, then %d in 0.6 s", failed, rounds.Load()-failed)
+}
