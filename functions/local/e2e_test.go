@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,8 +25,14 @@ var (
 	buildErr  error
 )
 
+// localBinary builds local mode once per test binary; GDR_E2E_LOCAL_BINARY
+// names another build to test instead (an older commit's, to see a test
+// fail on the code before a fix).
 func localBinary(t testing.TB) string {
 	t.Helper()
+	if bin := os.Getenv("GDR_E2E_LOCAL_BINARY"); bin != "" {
+		return bin
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "gdr-local-")
 		if err != nil {
@@ -310,29 +315,6 @@ func (s setup) checkJobEvents(t *testing.T, output, format, job, result string) 
 	}
 }
 
-// slogText reads the key=value pairs of one line of slog's TextHandler.
-func slogText(line string) map[string]string {
-	out := map[string]string{}
-	for rest := strings.TrimSpace(line); rest != ""; {
-		key, after, ok := strings.Cut(rest, "=")
-		if !ok {
-			break
-		}
-		var val string
-		if strings.HasPrefix(after, `"`) {
-			if v, err := strconv.QuotedPrefix(after); err == nil {
-				val, _ = strconv.Unquote(v)
-				after = after[len(v):]
-			}
-		} else {
-			val, after, _ = strings.Cut(after, " ")
-		}
-		out[key] = val
-		rest = strings.TrimSpace(after)
-	}
-	return out
-}
-
 // TestE2ELocalFreesAFinishedJobsSlotAtOnce runs two jobs at capacity 1 with
 // recover's periodic pass out of the way (10m): the second job gets the
 // first one's slot only because the first is finished as its executor
@@ -340,6 +322,7 @@ func slogText(line string) map[string]string {
 // event lines parse.
 func TestE2ELocalFreesAFinishedJobsSlotAtOnce(t *testing.T) {
 	t.Setenv("GDR_LOCAL_RECOVER_INTERVAL", "10m")
+	t.Setenv("GDR_LOG_LEVEL", "info")
 	s := newSetup(t)
 	var out syncBuffer
 	startLocal(t, &out, append(s.args(true), "--capacity", "1", "--log-format", "json")...)
@@ -367,6 +350,19 @@ jobs:
 	// the job event lines among them.
 	for _, name := range []string{"first", "second"} {
 		s.checkJobEvents(t, out.String(), "json", name, "success")
+	}
+	// At info level, a line is a job event or local mode's own start: what
+	// the cores do with each job is said at debug level.
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		switch m.Msg {
+		case msgPickedUp, msgRunning, msgFinished, "registered with Gitea", msgRunningLocal:
+		default:
+			t.Errorf("at info level, a line that is no job event: %s", line)
+		}
 	}
 }
 
@@ -406,6 +402,10 @@ jobs:
 	if c := strings.Count(out.String(), "task handed to its executor"); c != 1 {
 		t.Fatalf("the task was handed out %d times:\n%s", c, out.String())
 	}
+	// Picked up and running said by the first local mode, finished by the
+	// second, with the job, URL and duration all the same.
+	s.waitNoExecutors(t, 20*time.Second, &out)
+	s.checkJobEvents(t, out.String(), "text", "long", "success")
 }
 
 func TestE2ELocalFailsFastOnBadInput(t *testing.T) {

@@ -26,7 +26,8 @@ const (
 // Invariants: a line never holds a task's token, secrets or workflow, only
 // its ID, job name, repository and URL; a task is said finished once, and a
 // task picked up by an earlier local mode (before a restart) is still said
-// finished, without the details this process never saw.
+// finished: with its details when its payload was still stored at the
+// start (resume), without them otherwise.
 type jobEvents struct {
 	log *slog.Logger
 	// now is the clock; nil means time.Now.
@@ -62,14 +63,27 @@ func (e *jobEvents) clock() time.Time {
 
 // pickedUp says task was claimed from Gitea.
 func (e *jobEvents) pickedUp(task *runnerv1.Task) {
+	j := e.remember(task, e.clock())
+	e.log.Info(msgPickedUp, slog.Int64("task", task.GetId()), slog.String("job", j.job),
+		slog.String("repository", j.repository), slog.String("url", j.url))
+}
+
+// resume remembers task, claimed at claimed by an earlier local mode on
+// this state directory (its payload is still stored), without saying it
+// again: its later lines say what they would have said without the
+// restart.
+func (e *jobEvents) resume(task *runnerv1.Task, claimed time.Time) {
+	e.remember(task, claimed)
+}
+
+func (e *jobEvents) remember(task *runnerv1.Task, at time.Time) jobSeen {
 	f := task.GetContext().GetFields()
-	j := jobSeen{job: f["job"].GetStringValue(), repository: f["repository"].GetStringValue(), url: poolstatus.RunURL(task), at: e.clock()}
+	j := jobSeen{job: f["job"].GetStringValue(), repository: f["repository"].GetStringValue(), url: poolstatus.RunURL(task), at: at}
 	e.mu.Lock()
 	e.jobs[task.GetId()] = j
 	delete(e.done, task.GetId())
 	e.mu.Unlock()
-	e.log.Info(msgPickedUp, slog.Int64("task", task.GetId()), slog.String("job", j.job),
-		slog.String("repository", j.repository), slog.String("url", j.url))
+	return j
 }
 
 // running says taskID's executor was created; said once a task.

@@ -171,3 +171,29 @@ func TestJobEventsTextLine(t *testing.T) {
 		t.Errorf("line = %q", out.String())
 	}
 }
+
+// A task an earlier local mode picked up (resumed from its stored payload at
+// the start) is said finished with its job, URL and the time since its
+// claim, and nothing is said of it before.
+func TestJobEventsResumedAfterARestart(t *testing.T) {
+	var out bytes.Buffer
+	e := newJobEvents(slog.New(slog.NewJSONHandler(&out, nil)))
+	claimed := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	e.now = func() time.Time { return claimed.Add(90 * time.Second) }
+	e.resume(taskFor(t, 4), claimed)
+	if out.Len() != 0 {
+		t.Fatalf("resume said something:\n%s", out.String())
+	}
+	e.finished(4, runnerv1.Result_RESULT_SUCCESS)
+	got := lines(t, &out)
+	want := map[string]any{"msg": msgFinished, "task": 4.0, "job": "build", "result": "success",
+		"url": "http://gitea.test:3000/alice/demo/actions/runs/42", "duration": "1m30s"}
+	if len(got) != 1 {
+		t.Fatalf("lines = %v", got)
+	}
+	for k, v := range want {
+		if got[0][k] != v {
+			t.Errorf("%s = %v, want %v", k, got[0][k], v)
+		}
+	}
+}

@@ -60,14 +60,19 @@ const (
 // local is one running local mode.
 type local struct {
 	cfg Config
-	log *slog.Logger
+	// log says what a person wants to know: the job events, local mode's
+	// start and stop, warnings; internal says what the cores do, its info
+	// lines at debug level (internals).
+	log, internal *slog.Logger
+	// outage says once when Gitea stops answering and once when it is back.
+	outage *outage
 
 	// lock makes the state directory this process's alone: two local modes
 	// on one directory would run two NATS servers on one store.
 	lock *dirlock.Lock
 	ns   *server.Server
 	nc   *nats.Conn
-	gw *http.Server
+	gw   *http.Server
 	// rounds runs the dispatch rounds: polled at cadence's pace, and at
 	// once when a webhook (Work) or a freed slot (kickDispatch) asks.
 	rounds *dispatcher.Rounds
@@ -97,7 +102,8 @@ type local struct {
 // cores that join them.
 func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	reg := metrics.NewRegistry()
-	l := &local{cfg: cfg, log: log, reg: reg, passes: recovermetrics.NewRecover(reg)}
+	l := &local{cfg: cfg, log: log, internal: slog.New(internals{log.Handler()}), reg: reg, passes: recovermetrics.NewRecover(reg),
+		outage: &outage{log: log, url: cfg.GiteaURL}}
 	lock, err := dirlock.Acquire(cfg.StateDir)
 	var held *dirlock.HeldError
 	if errors.As(err, &held) && held.Holder.PID != 0 {
@@ -131,6 +137,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 	if err != nil {
 		return nil, l.fail(err)
 	}
+	l.resumeJobs(ctx, q.payloads, events)
 	boot, err := l.startExecutors(td, p, metaKeys, keys, q.payloads, client)
 	if err != nil {
 		return nil, l.fail(err)
@@ -200,6 +207,26 @@ func (l *local) startQueue(ctx context.Context, js jetstream.JetStream, keys key
 	return queue{Queue: q, signer: signer, consumer: consumer, payloads: payloads, endings: endings, js: js}, nil
 }
 
+// resumeJobs tells events of the tasks an earlier local mode claimed whose
+// payloads are still stored (they have not ended, or their end is not
+// cleaned up yet), so that their finished lines keep their fields after a
+// restart. What cannot be read is left out: those lines lose their fields.
+func (l *local) resumeJobs(ctx context.Context, payloads *assignmentqueue.Payloads, events *jobEvents) {
+	stored, err := payloads.Stored(ctx)
+	if err != nil {
+		l.internal.Debug("earlier jobs not resumed", slog.Any("error", err))
+		return
+	}
+	for id, claimed := range stored {
+		task, err := payloads.Get(ctx, id)
+		if err != nil {
+			l.internal.Debug("earlier job not resumed", slog.String("assignment", id), slog.Any("error", err))
+			continue
+		}
+		events.resume(task, claimed)
+	}
+}
+
 // startExecutors brings up the executors' side: the local CA that mints
 // their SVIDs, the bootstrap they receive, the gateway they report through,
 // and the process backend that starts them (this binary, as `runner`).
@@ -240,7 +267,7 @@ func (l *local) startExecutors(td spiffeid.TrustDomain, p runnerpool.Pool, metaK
 // handler's job, the recoverer; and the metrics and status they feed.
 func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runnerpool.Pool, metaKeys taskassignment.Keys, boot *bootstrap.Bootstrap, q queue,
 	client watched, events *jobEvents) {
-	backend, log, reg := l.backend, l.log, l.reg
+	backend, log, reg := l.backend, l.internal, l.reg
 	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(q.js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
 	tasks := gitea.TaskState{Client: client}
@@ -249,7 +276,7 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(q.js)), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: q.payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
-	cadence := &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow}
+	cadence := &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow, Backoff: giteaBackoff}
 	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, cadence)
 	worker := executor.Worker{Backend: backend, Tasks: tasks, Bootstrap: boot, Keys: metaKeys, Endings: q.endings,
 		OnEvent: func(e executor.Event) {
@@ -406,7 +433,7 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 		return err
 	}
 	g := &gateway.Gateway{TrustDomain: td, Pools: map[string]gateway.Forwarder{poolName: client},
-		Payloads: payloads, Capabilities: boot, Log: l.log, Observer: metrics.NewStarted(l.reg),
+		Payloads: payloads, Capabilities: boot, Log: l.internal, Observer: metrics.NewStarted(l.reg),
 		Cache: l.cfg.Settings.Open(l.cfg.cacheDir())}
 	ln, err := net.Listen("tcp", l.cfg.GatewayAddr)
 	if err != nil {
@@ -422,7 +449,7 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 }
 
 func (l *local) startWebhook() error {
-	receiver := webhook.Receiver{Secret: []byte(l.cfg.WebhookSecret), Dedup: &webhook.Dedup{Size: 4096}, Log: l.log}
+	receiver := webhook.Receiver{Secret: []byte(l.cfg.WebhookSecret), Dedup: &webhook.Dedup{Size: 4096}, Log: l.internal}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook", func(w http.ResponseWriter, r *http.Request) {
 		job, ok := receiver.Receive(w, r)
@@ -447,7 +474,7 @@ func (l *local) startWebhook() error {
 // --metrics-addr.
 func (l *local) startOps() error {
 	mux := http.NewServeMux()
-	health.Probes{Log: l.log, Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(l.nc)}}}.Register(mux)
+	health.Probes{Log: l.internal, Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(l.nc)}}}.Register(mux)
 	metrics.Register(mux, l.reg)
 	ln, err := net.Listen("tcp", l.cfg.MetricsAddr)
 	if err != nil {
@@ -498,15 +525,12 @@ func (l *local) dispatchOnce(ctx context.Context, p dispatcher.Pool) (dispatcher
 	res, err := l.d.Dispatch(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
-			l.log.Warn("dispatch round failed", slog.Any("error", err))
+			l.outage.failed(ctx, "dispatch round", err)
 		}
 		return res, err
 	}
-	level := slog.LevelDebug // an idle round is no news
-	if len(res.Claimed) > 0 || res.Ended > 0 || res.Rejected > 0 {
-		level = slog.LevelInfo
-	}
-	l.log.Log(ctx, level, "dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
+	l.outage.answered(ctx)
+	l.internal.DebugContext(ctx, "dispatch round", slog.Int("claimed", len(res.Claimed)), slog.Int("in_flight", res.InFlight),
 		slog.Int("ended", res.Ended), slog.Int("rejected", res.Rejected))
 	return res, nil
 }
@@ -536,11 +560,11 @@ func (l *local) drainRejected(ctx context.Context, n int) {
 		l.recovering.Lock()
 		sum, err := l.recover.Drain(ctx)
 		l.recovering.Unlock()
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && !l.outage.unreachableOnly(ctx, "fail rejected tasks", err) {
 			l.log.Warn("fail rejected tasks", slog.Any("error", err))
 		}
 		if done := sum.Rejected + sum.Exhausted + sum.RejectionsDropped; done > 0 {
-			l.log.Info("rejected tasks failed", sum.Attrs()...)
+			l.internal.Info("rejected tasks failed", sum.Attrs()...)
 			l.kickDispatch()
 			n -= done
 		}
@@ -557,7 +581,7 @@ func (l *local) finishOnce(ctx context.Context, assignmentID string) bool {
 	l.recovering.Lock()
 	defer l.recovering.Unlock()
 	sum, err := l.recover.Finish(ctx, l.backend, assignmentID)
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !l.outage.unreachableOnly(ctx, "finish an ended executor", err) {
 		l.log.Warn("finish an ended executor", slog.String("assignment", assignmentID), slog.Any("error", err))
 	}
 	return sum.Done > 0
@@ -570,11 +594,11 @@ func (l *local) recoverOnce(ctx context.Context) {
 	if ctx.Err() == nil {
 		l.passes.Pass(sum, err)
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !l.outage.unreachableOnly(ctx, "recover pass", err) {
 		l.log.Warn("recover failed", slog.Any("error", err))
 	}
 	if sum != (recoverer.Summary{}) {
-		l.log.Info("recover", sum.Attrs()...)
+		l.internal.Info("recover", sum.Attrs()...)
 	}
 }
 

@@ -46,12 +46,15 @@ func execute(ctx context.Context, args []string, stderr io.Writer) int {
 	})
 }
 
+// msgRunningLocal is the line that says local mode is up.
+const msgRunningLocal = "gitea-dynamic-runner is running; Ctrl-C stops it"
+
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	l, err := start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	log.Info("gitea-dynamic-runner is running; Ctrl-C stops it", slog.String("gitea", cfg.GiteaURL),
+	log.Info(msgRunningLocal, slog.String("gitea", cfg.GiteaURL),
 		slog.Any("labels", cfg.labels()), slog.Int("capacity", cfg.Capacity), slog.String("state", cfg.StateDir))
 	l.wait(ctx)
 	log.Info("stopped")

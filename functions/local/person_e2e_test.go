@@ -1,0 +1,113 @@
+//go:build e2e
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// waitOutput waits until out holds want, at most timeout.
+func waitOutput(t *testing.T, out *syncBuffer, want string, timeout time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !strings.Contains(out.String(), want); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("local mode never said %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// A second local mode on a state directory in use refuses to start and
+// names the process that holds it; once that one is SIGKILLed, the next
+// start on the directory succeeds at once (the kernel freed the lock; the
+// lock file left behind blocks nothing).
+func TestE2ELocalStateDirectoryLocked(t *testing.T) {
+	s := newSetup(t)
+	var out syncBuffer
+	first := startLocal(t, &out, s.args(true)...)
+	waitOutput(t, &out, msgRunningLocal, 60*time.Second)
+
+	// Without the lock the second one runs (a second NATS server on the
+	// store): it is stopped after 30 s.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	second := exec.CommandContext(ctx, localBinary(t), "--gitea-url", s.gitea.URL, "--state-dir", s.state, "--gateway-addr", freeAddr(t))
+	started := time.Now()
+	said, err := second.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("a second local mode on %s = %v, want exit status 1:\n%s", s.state, err, said)
+	}
+	want := fmt.Sprintf("another local mode runs with state directory %s: process %d on ", s.state, first.Process.Pid)
+	if !strings.Contains(string(said), want) {
+		t.Fatalf("the second local mode said:\n%s\nwant %q", said, want)
+	}
+	t.Logf("refused in %v: %s", time.Since(started).Round(time.Millisecond), strings.TrimSpace(string(said)))
+
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	var again syncBuffer
+	restarted := time.Now()
+	startLocal(t, &again, s.args(false)...)
+	waitOutput(t, &again, msgRunningLocal, 30*time.Second)
+	if strings.Contains(again.String(), "another local mode") {
+		t.Fatalf("the restart after SIGKILL was refused:\n%s", again.String())
+	}
+	t.Logf("up again %v after the SIGKILL", time.Since(restarted).Round(time.Millisecond))
+}
+
+// With Gitea stopped for 20 s, local mode warns once that it is
+// unreachable, asks less and less often (its failed rounds, at debug level,
+// are a handful, not the 40 or more of the 500 ms pace), says once that it
+// answers again after Gitea's restart, and then runs a job.
+func TestE2ELocalGiteaOutage(t *testing.T) {
+	s := newSetup(t)
+	var out syncBuffer
+	startLocal(t, &out, s.args(true)...) // at debug level
+	waitOutput(t, &out, msgRunningLocal, 60*time.Second)
+	time.Sleep(time.Second)
+	before := len(out.String())
+	s.gitea.Stop(t)
+	time.Sleep(20 * time.Second)
+	during := out.String()[before:]
+	// The fault happened: rounds failed.
+	if !strings.Contains(during, "Gitea unreachable") {
+		t.Fatalf("nothing said of Gitea being stopped:\n%s", during)
+	}
+	warnings, failedRounds := 0, 0
+	for _, line := range strings.Split(during, "\n") {
+		l := slogText(line)
+		switch {
+		case l["level"] == "WARN" || l["level"] == "ERROR":
+			warnings++
+			if !strings.HasPrefix(l["msg"], "Gitea unreachable;") || l["gitea"] != s.gitea.URL {
+				t.Errorf("warning %q, want it to say Gitea at %s is unreachable", line, s.gitea.URL)
+			}
+		case l["msg"] == "Gitea unreachable, again" && l["what"] == "dispatch round":
+			failedRounds++
+		}
+	}
+	t.Logf("20 s of Gitea down: %d warnings, %d more failed rounds", warnings, failedRounds)
+	if warnings != 1 || failedRounds > 10 {
+		t.Fatalf("20 s of Gitea down: %d warnings (want 1), %d more failed rounds (want at most 10: backing off)\n%s", warnings, failedRounds, during)
+	}
+	s.gitea.Restart(t)
+	restarted := time.Now()
+	waitOutput(t, &out, `msg="Gitea answers again"`, giteaBackoff+15*time.Second)
+	t.Logf("Gitea answered again %v after its restart", time.Since(restarted).Round(100*time.Millisecond))
+	if n := strings.Count(out.String(), "Gitea answers again"); n != 1 {
+		t.Fatalf("said %d times that Gitea answers again", n)
+	}
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", "name: ci\non: [push]\njobs:\n  ok:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo fine\n")
+	if j := s.waitJob(t, "ok", completed, 60*time.Second, &out); j.Conclusion != "success" {
+		t.Fatalf("ok = %+v", j)
+	}
+}
