@@ -96,7 +96,7 @@ func TestInternalsDemoteInfo(t *testing.T) {
 	for _, tc := range []struct {
 		level     slog.Level // the handler's
 		logged    slog.Level // the line's
-		wantLevel string // "" for not written
+		wantLevel string     // "" for not written
 	}{
 		{slog.LevelInfo, slog.LevelInfo, ""},
 		{slog.LevelInfo, slog.LevelDebug, ""},
