@@ -7,13 +7,19 @@ FUNCTIONS := $(notdir $(wildcard functions/*))
 # "context deadline exceeded" when a duration ends mid-exec (go.dev/issue/75804, fixed in 1.27).
 FUZZTIME ?= 50000x
 BENCHTIME ?= 1s
+MODULE := github.com/gitea-dynamic-runner/gitea-dynamic-runner
+# COMMIT is what every binary's --version names (shared/function's stamp, set by the linker): the
+# toolchain's own record of the commit is missing with -buildvcs=false in GOFLAGS, and outside a
+# checkout; "+modified" when the checkout has changes.
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo +modified)
+LDFLAGS := $(if $(COMMIT),-X $(MODULE)/shared/function.stamp=$(COMMIT))
 
 .PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos docs
 
 ## build: compile every function into $(BIN)/
 build:
 	@mkdir -p $(BIN)
-	@for f in $(FUNCTIONS); do echo "go build ./functions/$$f"; $(GO) build -o $(BIN)/$$f ./functions/$$f || exit 1; done
+	@for f in $(FUNCTIONS); do echo "go build ./functions/$$f"; $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$f ./functions/$$f || exit 1; done
 
 ## test: vet, the race-enabled unit tests, and every fuzz target for FUZZTIME
 test: vet unit fuzz
@@ -35,7 +41,7 @@ fuzz:
 ## run: the local quick start: GDR_LOCAL_REGISTRATION_TOKEN=<token> make run GITEA_URL=http://127.0.0.1:3000/
 ##      (the token comes from the environment, never a command line: ps shows every argument)
 run:
-	$(GO) run ./functions/local --gitea-url "$(GITEA_URL)" $(if $(LABELS),--labels "$(LABELS)")
+	$(GO) run -ldflags "$(LDFLAGS)" ./functions/local --gitea-url "$(GITEA_URL)" $(if $(LABELS),--labels "$(LABELS)")
 
 ## try-gitea: a throwaway Gitea on 127.0.0.1:3000 to try local mode against
 try-gitea:
@@ -103,7 +109,7 @@ chaos:
 images:
 	@debs=$$(./scripts/debs.sh build) && \
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
-	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs"
+	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -commit "$(COMMIT)"
 
 ## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
 ##       with -update rewrites its own section (one package at a time: they write one file);

@@ -6,12 +6,15 @@
 // gives each executor its SVID. Executors are child processes (the process
 // backend) running this same binary as `local runner`.
 //
-//	go run ./functions/local --gitea-url http://127.0.0.1:3000/ --registration-token TOKEN
+//	go run ./functions/local --gitea-url http://127.0.0.1:3000/ --registration-token-file FILE
 //	go run ./functions/local status [--state-dir DIR] [-o json]
 //
-// Ctrl-C stops it; running jobs go on in their own processes and are picked
-// up again by the next start, which needs no registration token: the
-// credentials persist in the state directory.
+// (The registration token is read from a file or the environment, never
+// the command line, where every user's ps shows it.) Ctrl-C stops it;
+// running jobs go on in their own processes and are picked up again by the
+// next start, which needs no registration token: the credentials persist in
+// the state directory, which one local mode at a time holds (a lock file in
+// it; a second start on it names the process that holds it).
 package main
 
 import (

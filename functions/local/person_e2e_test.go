@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -109,5 +111,49 @@ func TestE2ELocalGiteaOutage(t *testing.T) {
 	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", "name: ci\non: [push]\njobs:\n  ok:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo fine\n")
 	if j := s.waitJob(t, "ok", completed, 60*time.Second, &out); j.Conclusion != "success" {
 		t.Fatalf("ok = %+v", j)
+	}
+}
+
+// A toolchain that builds with -buildvcs=false (GOFLAGS) records no commit:
+// `go build` alone gives a --version without one; `make build` stamps it.
+func TestE2ELocalVersionNamesTheCommit(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v", err)
+	}
+	commit := "commit " + strings.TrimSpace(string(head))
+	bin := t.TempDir()
+	env := append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	for _, tc := range []struct {
+		name       string
+		build      []string
+		wantCommit bool
+	}{
+		{"go build", []string{"go", "build", "-o", filepath.Join(bin, "plain"), "./functions/local"}, false},
+		{"make build", []string{"make", "build", "BIN=" + bin, "FUNCTIONS=local"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.build[0], tc.build[1:]...)
+			cmd.Dir, cmd.Env = root, env
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%v: %v\n%s", tc.build, err, out)
+			}
+			exe := filepath.Join(bin, "local")
+			if !tc.wantCommit {
+				exe = filepath.Join(bin, "plain")
+			}
+			out, err := exec.Command(exe, "--version").Output()
+			if err != nil {
+				t.Fatalf("--version: %v", err)
+			}
+			if got := strings.Contains(string(out), commit); got != tc.wantCommit {
+				t.Fatalf("%s with -buildvcs=false: --version says %q; names %s: %v, want %v", tc.name, out, commit, got, tc.wantCommit)
+			}
+			t.Logf("%s: %s", tc.name, strings.TrimSpace(string(out)))
+		})
 	}
 }

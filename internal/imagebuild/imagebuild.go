@@ -113,6 +113,9 @@ type Options struct {
 	Epoch time.Time
 	// Go is the go command ("go" when empty).
 	Go string
+	// Commit, when set, is stamped into every binary (shared/function's
+	// stamp: what --version names), whatever the toolchain records itself.
+	Commit string
 	// Log gets the builder's progress and the go command's output.
 	Log io.Writer
 }
@@ -404,12 +407,19 @@ func (b *builder) binaryLayer(ctx context.Context, img Image, arch string) (v1.L
 	})
 }
 
+// StampVariable is the variable the linker sets to Options.Commit.
+const StampVariable = "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function.stamp"
+
 // compile builds the image's binary for linux/arch: static, -trimpath,
 // without symbol tables, for the baseline of each architecture.
 func (b *builder) compile(ctx context.Context, img Image, arch string) (string, error) {
 	out := filepath.Join(b.work, "bin", arch, img.Binary)
 	fmt.Fprintf(b.opts.Log, "imagebuild: go build %s for linux/%s\n", img.Package, arch)
-	cmd := exec.CommandContext(ctx, b.opts.Go, "build", "-trimpath", "-ldflags=-s -w", "-o", out, img.Package)
+	ldflags := "-s -w"
+	if b.opts.Commit != "" {
+		ldflags += " -X " + StampVariable + "=" + b.opts.Commit
+	}
+	cmd := exec.CommandContext(ctx, b.opts.Go, "build", "-trimpath", "-ldflags="+ldflags, "-o", out, img.Package)
 	cmd.Dir = b.opts.Module
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOAMD64=v1", "GOARM64=v8.0")
 	var output bytes.Buffer

@@ -119,6 +119,25 @@ func TestVersionString(t *testing.T) {
 	}
 }
 
+// A test binary has no VCS record (go test stamps none, as a build with
+// -buildvcs=false): the commit is the linker's stamp, "+modified" read as
+// Modified.
+func TestBuildVersionStamp(t *testing.T) {
+	for _, tc := range []struct {
+		stamp, commit string
+		modified      bool
+	}{
+		{"", "", false},
+		{"0123abcd", "0123abcd", false},
+		{"0123abcd+modified", "0123abcd", true},
+	} {
+		v := buildVersion(tc.stamp)
+		if v.Commit != tc.commit || v.Modified != tc.modified || v.Go != runtime.Version() {
+			t.Errorf("buildVersion(%q) = %+v, want commit %q, modified %v", tc.stamp, v, tc.commit, tc.modified)
+		}
+	}
+}
+
 // unsetenv removes key for the test (t.Setenv cannot unset).
 func unsetenv(t *testing.T, key string) {
 	t.Helper()

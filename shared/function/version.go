@@ -9,8 +9,9 @@ import (
 
 // Version is what a binary knows about its own build, read from the build
 // information the Go toolchain embeds (module version, VCS revision and
-// time, Go version): no linker flags, so a reproducible build needs nothing
-// but the same source and toolchain.
+// time, Go version), and the commit the build stamped (stamp) where the
+// toolchain recorded none: a reproducible build needs nothing but the same
+// source, toolchain and stamp.
 type Version struct {
 	// Module is the main module's version ("(devel)" when the toolchain
 	// could not derive one).
@@ -25,11 +26,31 @@ type Version struct {
 	Go   string
 }
 
+// stamp is the commit the build says it was made from, set by the linker:
+// make build, make run and make images pass
+//
+//	-ldflags "-X github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function.stamp=<revision>[+modified]"
+//
+// ("+modified" when the checkout had changes). The toolchain's own record of
+// the commit is missing when it builds with -buildvcs=false (in GOFLAGS, as
+// some toolchains and CI images set it) or outside a checkout; the stamp is
+// there all the same. Empty: not stamped.
+var stamp string
+
+// stampModified ends a stamp made from a checkout with local changes.
+const stampModified = "+modified"
+
 // BuildVersion reads the running binary's Version.
 func BuildVersion() Version {
+	return buildVersion(stamp)
+}
+
+// buildVersion is BuildVersion with the stamp given: the toolchain's VCS
+// record when it has one, the stamp otherwise.
+func buildVersion(stamp string) Version {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return Version{Module: "unknown", Go: "unknown"}
+		info = &debug.BuildInfo{Main: debug.Module{Version: "unknown"}, GoVersion: "unknown"}
 	}
 	v := Version{Module: info.Main.Version, Go: info.GoVersion}
 	for _, s := range info.Settings {
@@ -41,6 +62,9 @@ func BuildVersion() Version {
 		case "vcs.modified":
 			v.Modified = s.Value == "true"
 		}
+	}
+	if v.Commit == "" && stamp != "" {
+		v.Commit, v.Modified = strings.CutSuffix(stamp, stampModified)
 	}
 	return v
 }

@@ -33,6 +33,7 @@ func run() error {
 	out := flag.String("out", "bin/images", "folder the image layouts are written to, one folder each")
 	packages := flag.String("packages", "", "folder of the Debian packages (scripts/debs.sh build prints it)")
 	only := flag.String("only", "", "comma-separated image names to build (default: all)")
+	commit := flag.String("commit", "", "the commit every binary's --version names (make images: the checkout's)")
 	flag.Parse()
 
 	s := os.Getenv("SOURCE_DATE_EPOCH")
@@ -62,6 +63,7 @@ func run() error {
 		Out:      *out,
 		Packages: *packages,
 		Epoch:    time.Unix(sec, 0),
+		Commit:   *commit,
 		Log:      os.Stderr,
 	}, images)
 	if err != nil {
