@@ -7,6 +7,7 @@ package taskrun
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -135,8 +136,10 @@ func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
 	env := map[string]string{}
 	if c := job.Container(); c != nil && c.Image != "" {
 		switch {
-		case host.Image == "" || c.Image != host.Image:
-			return nil, &UnsupportedError{Reason: fmt.Sprintf("this job asks for `container: %s`, but this executor runs %q and has no Docker daemon; use a pool whose backend runs job containers (pod)", c.Image, host.Image)}
+		case host.Image == "":
+			return nil, &UnsupportedError{Reason: fmt.Sprintf("this job asks for `container: %s`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in %s), or remove `container:`", c.Image, c.Image)}
+		case c.Image != host.Image:
+			return nil, &UnsupportedError{Reason: fmt.Sprintf("this job asks for `container: %s`, but this executor runs %s and has no Docker daemon; use a pool whose backend runs job containers (pod)", c.Image, host.Image)}
 		case len(c.Ports) > 0 || len(c.Volumes) > 0 || c.Options != "":
 			return nil, &UnsupportedError{Reason: "`container:` ports, volumes and options are not supported: the job already runs in its image"}
 		}
@@ -145,12 +148,32 @@ func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
 		}
 		job.RawContainer = yaml.Node{}
 	}
+	if err := dockerSteps(job); err != nil {
+		return nil, err
+	}
 	plan, err := model.CombineWorkflowPlanner(wf).PlanJob(id)
 	if err != nil {
 		return nil, fmt.Errorf("plan job %s of task %d: %w", id, task.GetId(), err)
 	}
 	return &Job{Task: task, ID: id, workflow: wf, job: job, plan: plan, env: env,
 		services: services, serviceTimeout: host.ServiceTimeout}, nil
+}
+
+// noDaemon is the alternative to a step that needs a Docker daemon (a
+// `docker://` step, a Docker action): no executor has one.
+const noDaemon = "no executor of gitea-dynamic-runner has a Docker daemon (local mode's are processes on this machine, the cluster's run the job in its own image); run the job in that image instead (`container:` on a pod pool, the cluster path), or use a JavaScript or composite action"
+
+// dockerSteps refuses a step that runs an image (`uses: docker://...`),
+// which act would start with a Docker daemon.
+func dockerSteps(job *model.Job) error {
+	for i, st := range job.Steps {
+		if st == nil || !strings.HasPrefix(st.Uses, "docker://") {
+			continue
+		}
+		name := cmp.Or(st.Name, st.ID, fmt.Sprintf("#%d", i+1))
+		return &UnsupportedError{Reason: fmt.Sprintf("step %s uses `%s`, an image to run with Docker: %s", name, st.Uses, noDaemon)}
+	}
+	return nil
 }
 
 // services returns the job's services when the host runs exactly those,
@@ -306,6 +329,24 @@ func (discardFactory) WithJobLogger() *logrus.Logger {
 	return l
 }
 
+// dockerDaemonError starts what act logs when a step needs the Docker
+// daemon (the docker client's connection error).
+const dockerDaemonError = "Cannot connect to the Docker daemon"
+
+// daemonless is the job's log hook: every entry goes to the reporter, with
+// act's "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"
+// said as what it means here. It is how a Docker action (`runs.using:
+// docker`) fails: act knows an action needs Docker only once it has read
+// the action, and fails its step at once.
+type daemonless struct{ Reporter }
+
+func (d daemonless) Fire(e *logrus.Entry) error {
+	if strings.HasPrefix(e.Message, dockerDaemonError) {
+		e.Message = "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: " + noDaemon
+	}
+	return d.Reporter.Fire(e)
+}
+
 // Run executes the job and hands its outputs to r. The error is for the
 // last words of the job log: the job's own result reaches Gitea through r.
 // A panic inside act becomes an error, not a crash.
@@ -335,7 +376,7 @@ func (j *Job) Run(ctx context.Context, r Reporter, opt Options) (err error) {
 	}
 	jobCtx, cancel := context.WithDeadline(r.JobContext(), j.deadline(opt))
 	defer cancel()
-	jobCtx = common.WithLoggerHook(jobCtx, r)
+	jobCtx = common.WithLoggerHook(jobCtx, daemonless{r})
 	jobCtx = runner.WithJobLoggerFactory(jobCtx, discardFactory{})
 	r.Logf("received task %d of job %s, triggered by event: %s", j.Task.GetId(), j.ID, j.str("event_name"))
 	r.Logf("workflow prepared")

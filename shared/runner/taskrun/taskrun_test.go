@@ -24,6 +24,7 @@ type recorder struct {
 	mu      sync.Mutex
 	ctx     context.Context
 	rows    []string
+	shown   []string // every entry at info level or above, as the job log shows it
 	results map[int]string
 	job     string
 	outputs map[string]string
@@ -40,6 +41,9 @@ func (r *recorder) Fire(e *logrus.Entry) error {
 	defer r.mu.Unlock()
 	if raw, _ := e.Data["raw_output"].(bool); raw {
 		r.rows = append(r.rows, strings.TrimSpace(e.Message))
+	}
+	if e.Level <= logrus.InfoLevel {
+		r.shown = append(r.shown, e.Message)
 	}
 	if res, ok := e.Data["stepResult"]; ok {
 		if n, ok := e.Data["stepNumber"].(int); ok {
@@ -152,6 +156,10 @@ func TestPrepareRefuses(t *testing.T) {
 	}{
 		{"services", "jobs:\n  b:\n    runs-on: x\n    services:\n      db:\n        image: postgres\n    steps:\n      - run: true\n", "", "services:"},
 		{"foreign container", "jobs:\n  b:\n    runs-on: x\n    container: golang:1.26\n    steps:\n      - run: true\n", "alpine", "container: golang:1.26"},
+		{"container in local mode", "jobs:\n  b:\n    runs-on: x\n    container: node:20\n    steps:\n      - run: true\n", "",
+			"this job asks for `container: node:20`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20)"},
+		{"docker:// step", "jobs:\n  b:\n    runs-on: x\n    steps:\n      - run: true\n      - name: lint\n        uses: docker://alpine:3.20\n", "",
+			"step lint uses `docker://alpine:3.20`, an image to run with Docker: no executor of gitea-dynamic-runner has a Docker daemon"},
 		{"container options", "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      options: --cpus 1\n    steps:\n      - run: true\n", "golang:1.26", "options"},
 	} {
 		_, err := Prepare(task(t, tc.wf, nil), Host{Image: tc.hostImage})
@@ -167,4 +175,31 @@ func TestPrepareRefuses(t *testing.T) {
 	if _, err := Prepare(task(t, "jobs:\n  a:\n    runs-on: x\n  b:\n    runs-on: x\n", nil), Host{}); err == nil {
 		t.Fatal("two jobs prepared")
 	}
+}
+
+// A Docker action (runs.using: docker) fails its step at once, the job log
+// saying why and what to do instead, not act's "Cannot connect to the
+// Docker daemon"; the steps after it are skipped.
+func TestRunDockerActionSaysWhy(t *testing.T) {
+	wf := `jobs:
+  build:
+    runs-on: x
+    steps:
+      - run: |
+          mkdir -p dockerized
+          printf 'name: d\nruns:\n  using: docker\n  image: Dockerfile\n' > dockerized/action.yml
+          echo FROM alpine > dockerized/Dockerfile
+      - uses: ./dockerized
+      - run: echo after
+`
+	start := time.Now()
+	r, err := run(t, task(t, wf, nil), context.Background())
+	if err == nil || r.job != "failure" || r.results[1] != "failure" || r.results[2] != "skipped" {
+		t.Fatalf("err %v, job %q, steps %v: want the Docker action's step failed, the next skipped", err, r.job, r.results)
+	}
+	log := strings.Join(r.shown, "\n")
+	if strings.Contains(log, dockerDaemonError) || !strings.Contains(log, "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: no executor of gitea-dynamic-runner has a Docker daemon") {
+		t.Fatalf("the job log:\n%s", log)
+	}
+	t.Logf("failed in %v", time.Since(start).Round(time.Millisecond))
 }
