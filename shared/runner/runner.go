@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
@@ -115,6 +117,9 @@ func Main(self []string, args []string) int {
 	}
 	log := program.Logger(os.Stderr, cfg.LogLevel).
 		With(slog.String("assignment", v.AssignmentID), slog.Int64("task", v.TaskID))
+	// act and the reporter log through logrus' standard logger: their lines
+	// go into this log, in its format.
+	logrusInto(logrus.StandardLogger(), log.Handler())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	code := run(ctx, cfg, v, log)
 	stop()

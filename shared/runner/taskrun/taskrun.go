@@ -366,9 +366,8 @@ func (j *Job) Run(ctx context.Context, r Reporter, opt Options) (err error) {
 		}
 	}
 	// act logs through logrus' standard logger too; keep it quiet and off
-	// the job log.
+	// the job log (where it writes is the runner's to say).
 	logrus.SetLevel(logrus.WarnLevel)
-	logrus.SetOutput(os.Stderr)
 
 	act, err := runner.New(cfg)
 	if err != nil {
