@@ -90,6 +90,7 @@ func TestE2ELocalGiteaOutage(t *testing.T) {
 		switch {
 		case l["level"] == "WARN" || l["level"] == "ERROR":
 			warnings++
+			t.Logf("%s", line)
 			if !strings.HasPrefix(l["msg"], "Gitea unreachable;") || l["gitea"] != s.gitea.URL {
 				t.Errorf("warning %q, want it to say Gitea at %s is unreachable", line, s.gitea.URL)
 			}
@@ -105,6 +106,11 @@ func TestE2ELocalGiteaOutage(t *testing.T) {
 	restarted := time.Now()
 	waitOutput(t, &out, `msg="Gitea answers again"`, giteaBackoff+15*time.Second)
 	t.Logf("Gitea answered again %v after its restart", time.Since(restarted).Round(100*time.Millisecond))
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.Contains(line, `msg="Gitea answers again"`) {
+			t.Logf("%s", line)
+		}
+	}
 	if n := strings.Count(out.String(), "Gitea answers again"); n != 1 {
 		t.Fatalf("said %d times that Gitea answers again", n)
 	}
