@@ -163,3 +163,39 @@ func TestE2ELocalVersionNamesTheCommit(t *testing.T) {
 		})
 	}
 }
+
+// In local mode a job's `container:` and a `docker://` step fail at once,
+// the job log saying why with the image named and what to do instead.
+func TestE2ELocalContainerJobsSayWhy(t *testing.T) {
+	s := newSetup(t)
+	var out syncBuffer
+	startLocal(t, &out, s.args(true)...)
+	s.gitea.PushWorkflow(t, s.repo, ".gitea/workflows/ci.yml", `name: ci
+on: [push]
+jobs:
+  incontainer:
+    runs-on: ubuntu-latest
+    container: node:20-bookworm
+    steps:
+      - run: node --version
+  dockerstep:
+    runs-on: ubuntu-latest
+    steps:
+      - name: lint
+        uses: docker://alpine:3.20
+`)
+	for _, tc := range []struct{ job, want string }{
+		{"incontainer", "this job asks for `container: node:20-bookworm`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20-bookworm)"},
+		{"dockerstep", "step lint uses `docker://alpine:3.20`, an image to run with Docker: no executor of gitea-dynamic-runner has a Docker daemon"},
+	} {
+		j := s.waitJob(t, tc.job, completed, 60*time.Second, &out)
+		if j.Conclusion != "failure" {
+			t.Fatalf("%s = %+v, want failure", tc.job, j)
+		}
+		logs := s.gitea.JobLogs(t, s.repo, j.ID)
+		if !strings.Contains(logs, tc.want) || strings.Contains(logs, `runs ""`) {
+			t.Fatalf("%s's log:\n%s\nwant it to say %q", tc.job, logs, tc.want)
+		}
+		t.Logf("%s: %s", tc.job, tc.want)
+	}
+}
