@@ -102,13 +102,7 @@ func TestRoundsPolledAtTheCadencesPace(t *testing.T) {
 		}
 		return res, nil
 	}, cadence)
-	polled := make(chan struct{})
-	go func() { r.Poll(ctx, p); close(polled) }()
-	defer func() {
-		cancel()
-		<-polled
-		r.Wait(5 * time.Second)
-	}()
+	pollUntilTheEnd(t, ctx, cancel, r, p)
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
@@ -145,13 +139,7 @@ func TestRoundsWorkMakesThePoolBusy(t *testing.T) {
 		rounds.Add(1)
 		return dispatcher.Result{Pool: p.Name}, nil // never a sign of work by itself
 	}, &dispatcher.Cadence{Idle: time.Hour, Busy: 10 * time.Millisecond, Window: time.Minute})
-	polled := make(chan struct{})
-	go func() { r.Poll(ctx, p); close(polled) }()
-	defer func() {
-		cancel()
-		<-polled
-		r.Wait(5 * time.Second)
-	}()
+	pollUntilTheEnd(t, ctx, cancel, r, p)
 	for deadline := time.Now().Add(5 * time.Second); rounds.Load() < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no first round")
@@ -199,13 +187,7 @@ func TestRoundsBackOffWhileRoundsFail(t *testing.T) {
 		}
 		return dispatcher.Result{Pool: p.Name}, nil
 	}, cadence)
-	polled := make(chan struct{})
-	go func() { r.Poll(ctx, p); close(polled) }()
-	defer func() {
-		cancel()
-		<-polled
-		r.Wait(5 * time.Second)
-	}()
+	pollUntilTheEnd(t, ctx, cancel, r, p)
 	// 2 s at 20 ms would be 100 rounds; backing off (20, 40, 80, 160, 320,
 	// then 400 ms, ±20%) it is about 9.
 	time.Sleep(2 * time.Second)
@@ -219,4 +201,16 @@ func TestRoundsBackOffWhileRoundsFail(t *testing.T) {
 		t.Fatalf("%d rounds in the 0.6 s after rounds succeed again, want the idle pace (20 ms)", n)
 	}
 	t.Logf("%d rounds in 2 s of failures, then %d in 0.6 s", failed, rounds.Load()-failed)
+}
+
+// pollUntilTheEnd runs r.Poll(ctx, p) until the test ends, then ends ctx
+// (cancel) and waits for the poll and the rounds to stop.
+func pollUntilTheEnd(t *testing.T, ctx context.Context, cancel context.CancelFunc, r *dispatcher.Rounds, p dispatcher.Pool) {
+	polled := make(chan struct{})
+	go func() { r.Poll(ctx, p); close(polled) }()
+	t.Cleanup(func() {
+		cancel()
+		<-polled
+		r.Wait(5 * time.Second)
+	})
 }
