@@ -262,6 +262,21 @@ jobs:
 	for _, j := range []giteaenv.Job{ok, broken, slow} {
 		s.checkJobEvents(t, out.String(), "text", j.Name, j.Conclusion)
 	}
+	// Each runner's log is in one format, the runner's JSON lines (act's
+	// and the reporter's logrus lines among them).
+	lines := 0
+	for _, line := range strings.Split(runners.String(), "\n") {
+		if line == "" || strings.HasPrefix(line, "== ") {
+			continue
+		}
+		lines++
+		if !json.Valid([]byte(line)) {
+			t.Errorf("a runner's log line is not the runner's JSON: %q", line)
+		}
+	}
+	if lines == 0 {
+		t.Error("no runner's log was read")
+	}
 }
 
 // checkJobEvents checks that local mode's output says, in format, that job
