@@ -260,9 +260,9 @@ func checkELF(t *testing.T, what string, data []byte, arch string, static bool) 
 	}
 }
 
-// runVersion runs the binary with --version and checks that it names
-// itself first.
-func runVersion(t *testing.T, what string, data []byte, name string) {
+// runVersion runs the binary with --version, checks that it names itself
+// first and returns what it printed.
+func runVersion(t *testing.T, what string, data []byte, name string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
@@ -271,10 +271,11 @@ func runVersion(t *testing.T, what string, data []byte, name string) {
 	out, err := exec.Command(bin, "--version").CombinedOutput()
 	if err != nil {
 		t.Errorf("%s: %s --version: %v\n%s", what, name, err, out)
-		return
+		return ""
 	}
 	if !strings.HasPrefix(string(out), name+" ") {
 		t.Errorf("%s: %s --version printed %q, want it to start with %q", what, name, out, name+" ")
 	}
 	t.Logf("%s: %s", what, strings.TrimSpace(string(out)))
+	return string(out)
 }

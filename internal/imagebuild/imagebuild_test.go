@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func TestBuildSmallImage(t *testing.T) {
 	var outs []string
 	for range 2 {
 		out := t.TempDir()
-		r, err := Build(context.Background(), Options{Module: module, Out: out, CABundle: testCA, Epoch: epoch}, []Image{hello})
+		r, err := Build(context.Background(), Options{Module: module, Out: out, CABundle: testCA, Epoch: epoch, Commit: "0123abcd"}, []Image{hello})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,6 +59,11 @@ func TestBuildSmallImage(t *testing.T) {
 	}
 
 	fs := checkImage(t, filepath.Join(outs[0], "hello"), hello)
+	// The stamp is there whatever the toolchain records (go test's GOFLAGS
+	// may hold -buildvcs=false).
+	if v := runVersion(t, "amd64", fs[0].files[strings.TrimPrefix(BinDir, "/")+"/"+hello.Binary], hello.Binary); !strings.Contains(v, "commit 0123abcd") {
+		t.Errorf("--version = %q, want the stamped commit 0123abcd", v)
+	}
 	for _, p := range fs {
 		if !p.config.Created.Time.Equal(epoch) {
 			t.Errorf("%s: created %v, want %v", p.platform, p.config.Created.Time, epoch)

@@ -45,8 +45,8 @@ func BuildVersion() Version {
 	return buildVersion(stamp)
 }
 
-// buildVersion is BuildVersion with the stamp given: the toolchain's VCS
-// record when it has one, the stamp otherwise.
+// buildVersion is BuildVersion with the stamp given: the stamp when the
+// build set one (the build's word), the toolchain's VCS record otherwise.
 func buildVersion(stamp string) Version {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -63,8 +63,12 @@ func buildVersion(stamp string) Version {
 			v.Modified = s.Value == "true"
 		}
 	}
-	if v.Commit == "" && stamp != "" {
+	if stamp != "" {
+		recorded := v.Commit
 		v.Commit, v.Modified = strings.CutSuffix(stamp, stampModified)
+		if recorded != v.Commit {
+			v.Time = "" // the recorded time is another commit's
+		}
 	}
 	return v
 }
