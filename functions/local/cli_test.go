@@ -1,7 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dirlock"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
@@ -12,4 +20,21 @@ import (
 func TestCommandLine(t *testing.T) {
 	functiontest.Run(t, "local", execute, append(functiontest.Conventions("local", true),
 		functiontest.Case{Name: "no configuration", Code: 2, Want: []string{"local: configuration: --gitea-url (GDR_LOCAL_GITEA_URL) is required"}}))
+}
+
+// A state directory another process holds is refused before anything else
+// (Gitea is not even asked), naming the holder.
+func TestStateDirectoryHeld(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	lock, err := dirlock.Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	var stderr bytes.Buffer
+	code := execute(t.Context(), []string{"--gitea-url", "http://127.0.0.1:1/", "--state-dir", dir}, &stderr)
+	want := fmt.Sprintf("another local mode runs with state directory %s: process %d on ", dir, os.Getpid())
+	if code != function.ExitFailed || !strings.Contains(stderr.String(), want) || strings.Contains(stderr.String(), "cannot reach Gitea") {
+		t.Fatalf("exit %d:\n%s\nwant exit 1 saying %q", code, stderr.String(), want)
+	}
 }

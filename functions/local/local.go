@@ -106,11 +106,15 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		outage: &outage{log: log, url: cfg.GiteaURL}}
 	lock, err := dirlock.Acquire(cfg.StateDir)
 	var held *dirlock.HeldError
-	if errors.As(err, &held) && held.Holder.PID != 0 {
-		return nil, fmt.Errorf("another local mode runs with state directory %s: %s; stop it first, or give this one another --state-dir", cfg.StateDir, held.Holder)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("another local mode may run with state directory %s: %w", cfg.StateDir, err)
+	switch {
+	case errors.As(err, &held):
+		holder := "a process that took it a moment ago"
+		if held.Holder.PID != 0 {
+			holder = held.Holder.String()
+		}
+		return nil, fmt.Errorf("another local mode runs with state directory %s: %s; stop it first, or give this one another --state-dir", cfg.StateDir, holder)
+	case err != nil:
+		return nil, err
 	}
 	l.lock = lock
 	giteaClient, err := l.registration(ctx)
