@@ -39,7 +39,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+require github.com/cenkalti/backoff/v5 v5.0.3
 
 require (
 	dario.cat/mergo v1.0.1 // indirect
