@@ -61,12 +61,18 @@ type Payloads interface {
 	Started(ctx context.Context, assignmentID string) (bool, error)
 }
 
-// Observer hears of every task handed to its executor (metrics): pool's
-// task waited that long from its claim (its payload stored) to its
-// executor's FetchTask. Called once per FetchTask answered: normally once a
-// task, again when a runner retries. Safe for concurrent use, quick.
+// Observer hears of every task handed to its executor and of every final
+// result Gitea accepted from one (metrics). Safe for concurrent use, quick.
 type Observer interface {
+	// Started: pool's task waited that long from its claim (its payload
+	// stored) to its executor's FetchTask. Called once per FetchTask
+	// answered: normally once a task, again when a runner retries.
 	Started(pool string, waited time.Duration)
+	// Finished: Gitea accepted pool's task's final result; ran is what the
+	// runner reported as its run (started_at to stopped_at), 0 when it
+	// reported no such span. Called once per final UpdateTask Gitea
+	// accepted: normally once a task, again when a runner retries it.
+	Finished(pool string, result runnerv1.Result, ran time.Duration)
 }
 
 // storedAter is read of Payloads for an Observer, when it has it
@@ -464,6 +470,7 @@ func (s service) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		return nil, fromGitea(err)
 	}
 	if req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED {
+		s.g.observeFinished(ctx, req.Msg.GetState())
 		s.g.notifyFinished(ctx, req.Msg.GetState().GetId())
 	}
 	return connect.NewResponse(res), nil
@@ -517,6 +524,25 @@ func (s service) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 		return nil, fromGitea(err)
 	}
 	return connect.NewResponse(res), nil
+}
+
+// observeFinished tells the Observer of the final result st Gitea has just
+// accepted from the caller, and how long the runner says the job ran. The
+// span is the executor's own word: a compromised one can skew only its own
+// observation, and a negative or missing span counts as 0.
+func (g *Gateway) observeFinished(ctx context.Context, st *runnerv1.TaskState) {
+	if g.Observer == nil {
+		return
+	}
+	c, err := callerOf(ctx)
+	if err != nil {
+		return
+	}
+	var ran time.Duration
+	if st.GetStartedAt() != nil && st.GetStoppedAt() != nil {
+		ran = max(st.GetStoppedAt().AsTime().Sub(st.GetStartedAt().AsTime()), 0)
+	}
+	g.Observer.Finished(c.pool, st.GetResult(), ran)
 }
 
 // observeStarted tells the Observer how long c's task waited for its

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
@@ -273,9 +276,16 @@ func TestFetchOfAFinishedTaskIsNotFound(t *testing.T) {
 }
 
 type startedRecorder struct {
-	mu     sync.Mutex
-	pools  []string
-	waited []time.Duration
+	mu       sync.Mutex
+	pools    []string
+	waited   []time.Duration
+	finished []string
+}
+
+func (r *startedRecorder) Finished(pool string, result runnerv1.Result, ran time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.finished = append(r.finished, fmt.Sprintf("%s %s %s", pool, result, ran))
 }
 
 func (r *startedRecorder) Started(pool string, waited time.Duration) {
@@ -302,6 +312,38 @@ func TestFetchTaskIsObserved(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.pools) != 1 || rec.pools[0] != "linux" || rec.waited[0] < 50*time.Millisecond || rec.waited[0] > time.Minute {
 		t.Fatalf("observed pools %v, waits %v; want one linux wait of at least 50ms", rec.pools, rec.waited)
+	}
+}
+
+// The Observer hears of each final result Gitea accepted, by pool, with
+// the run the runner reported; a state without a result, another task's
+// report (403) and a span that ends before it starts are not a finish or a
+// duration.
+func TestFinalResultIsObserved(t *testing.T) {
+	rec := &startedRecorder{}
+	f := startWith(t, func(g *Gateway) { g.Observer = rec })
+	ctx := context.Background()
+	at := time.Date(2026, 12, 3, 7, 0, 0, 0, time.UTC)
+	for _, u := range []struct {
+		caller, task int64
+		state        *runnerv1.TaskState
+		ok           bool
+	}{
+		{7, 7, &runnerv1.TaskState{Id: 7}, true},
+		{7, 8, &runnerv1.TaskState{Id: 8, Result: runnerv1.Result_RESULT_SUCCESS}, false},
+		{7, 7, &runnerv1.TaskState{Id: 7, Result: runnerv1.Result_RESULT_FAILURE, StartedAt: timestamppb.New(at), StoppedAt: timestamppb.New(at.Add(90 * time.Second))}, true},
+		{8, 8, &runnerv1.TaskState{Id: 8, Result: runnerv1.Result_RESULT_SUCCESS, StartedAt: timestamppb.New(at), StoppedAt: timestamppb.New(at.Add(-time.Hour))}, true},
+	} {
+		_, err := f.own(t, u.caller).UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: u.state}))
+		if (err == nil) != u.ok {
+			t.Fatalf("task %d reports task %d: %v", u.caller, u.task, err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	want := []string{"linux RESULT_FAILURE 1m30s", "linux RESULT_SUCCESS 0s"}
+	if !slices.Equal(rec.finished, want) {
+		t.Fatalf("observed finishes %q, want %q", rec.finished, want)
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -157,5 +159,31 @@ func TestExecutors(t *testing.T) {
 		if v, ok := fams.Value("gdr_executors", "backend", "process", "phase", phase); !ok || v != want {
 			t.Errorf("gdr_executors{phase=%s} = %v (%v), want %v", phase, v, ok, want)
 		}
+	}
+}
+
+// The gateway's job metrics: by pool and result, an unknown result value
+// counts as "unknown", and the duration histogram holds the run.
+func TestStartedJobs(t *testing.T) {
+	reg := NewRegistry()
+	m := NewStarted(reg)
+	m.Finished("linux", runnerv1.Result_RESULT_SUCCESS, 90*time.Second)
+	m.Finished("linux", runnerv1.Result_RESULT_SUCCESS, 30*time.Second)
+	m.Finished("linux", runnerv1.Result(42), 0)
+	fams := gather(t, reg)
+	for _, want := range []struct {
+		name, result string
+		v            float64
+	}{
+		{"gdr_jobs_total", "success", 2},
+		{"gdr_jobs_total", "unknown", 1},
+		{"gdr_job_duration_seconds", "success", 2},
+	} {
+		if v, ok := fams.Value(want.name, "pool", "linux", "result", want.result); !ok || v != want.v {
+			t.Errorf("%s{result=%s} = %v (%v), want %v", want.name, want.result, v, ok, want.v)
+		}
+	}
+	if sum := fams["gdr_job_duration_seconds"].GetMetric()[0].GetHistogram().GetSampleSum(); sum != 120 {
+		t.Errorf("job duration sum %v, want 120", sum)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // Dispatch is dispatcher.Observer: what dispatch rounds do, per pool.
 type Dispatch struct {
 	rounds, claimed, claimErrors, rejected, keptAlive *prometheus.CounterVec
-	inFlight                                          *prometheus.GaugeVec
+	inFlight, free                                    *prometheus.GaugeVec
 	pickup                                            *prometheus.HistogramVec
 }
 
@@ -34,24 +34,30 @@ func NewDispatch(reg prometheus.Registerer) *Dispatch {
 		keptAlive:   counter("keepalives_total", "Heartbeats sent for claimed tasks that wait for their executor, by pool.", "pool"),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: "tasks_in_flight",
 			Help: "Tasks of the pool claimed and not finished, as its last round counted them."}, []string{"pool"}),
+		free: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: "free_slots",
+			Help: "Tasks the pool may still claim after its last round: 0 while it is full."}, []string{"pool"}),
 		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metrics.Namespace, Subsystem: "dispatch", Name: "pickup_seconds",
 			Help: "From the claim (the FetchTask that returned the task) to its assignment published on the queue, by pool.", Buckets: metrics.PickupBuckets}, []string{"pool"}),
 	}
-	reg.MustRegister(m.rounds, m.claimed, m.claimErrors, m.rejected, m.keptAlive, m.inFlight, m.pickup)
+	reg.MustRegister(m.rounds, m.claimed, m.claimErrors, m.rejected, m.keptAlive, m.inFlight, m.free, m.pickup)
 	return m
 }
 
-// Round counts one round and what it did.
+// Round counts one round and what it did. Every per-pool series exists
+// from the pool's first round on (a counter at 0 included), so that a query
+// or an alert over it has a series to evaluate before the first error.
 func (m *Dispatch) Round(res dispatcher.Result, err error) {
 	result := "ok"
+	errors := m.claimErrors.WithLabelValues(res.Pool)
 	if err != nil {
 		result = "error"
-		m.claimErrors.WithLabelValues(res.Pool).Inc()
+		errors.Inc()
 	}
 	m.rounds.WithLabelValues(res.Pool, result).Inc()
 	m.rejected.WithLabelValues(res.Pool).Add(float64(res.Rejected))
 	m.keptAlive.WithLabelValues(res.Pool).Add(float64(res.KeptAlive))
 	m.inFlight.WithLabelValues(res.Pool).Set(float64(res.InFlight + len(res.Claimed)))
+	m.free.WithLabelValues(res.Pool).Set(float64(max(res.Free-len(res.Claimed), 0)))
 }
 
 // Queued counts one task claimed and queued, pickup after its claim.
