@@ -31,7 +31,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -391,6 +390,8 @@ func TestE2EClusterInstall(t *testing.T) {
 		{"HandleKilled", func(t *testing.T) { in.handleKilled(ctx, t, in.g.CreateRepo(t, "crash")) }},
 		{"ExecutorEvicted", func(t *testing.T) { in.executorEvicted(ctx, t, in.g.CreateRepo(t, "evicted")) }},
 		{"RecoverCronJob", func(t *testing.T) { in.recoverCronJob(ctx, t) }},
+		{"Metrics", func(t *testing.T) { in.dashboardFed(ctx, t) }},
+		{"RecoverStatus", func(t *testing.T) { in.recoverStatus(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 	})
 }
@@ -986,39 +987,7 @@ func (in *installation) waitPodGone(ctx context.Context, t *testing.T, name stri
 // returns the Job's name.
 func (in *installation) runManualRecover(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("keda", "manual", "recover-now.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var job batchv1.Job
-	if err := yaml.UnmarshalStrict(data, &job); err != nil {
-		t.Fatal(err)
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &unstructured.Unstructured{Object: obj}
-	in.localize(u)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &job); err != nil {
-		t.Fatal(err)
-	}
-	created, err := in.cs.BatchV1().Jobs(installNamespace).Create(ctx, &job, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		j, err := in.cs.BatchV1().Jobs(installNamespace).Get(ctx, created.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j.Status.Succeeded > 0 {
-			return j.Name
-		}
-		if j.Status.Failed > 0 || time.Now().After(deadline) {
-			t.Fatalf("recover Job %s did not succeed (%+v):\n%s", j.Name, j.Status, in.jobLogs(ctx, t, j.Name))
-		}
-	}
+	return in.runManualJob(ctx, t, "recover-now.yaml")
 }
 
 // jobLogs returns the logs of the Pods of the Job name.

@@ -10,8 +10,12 @@ import (
 	"testing"
 	"time"
 
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/metricsenv"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
@@ -82,21 +86,8 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 // family's name, and a histogram's _bucket, _sum and _count.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
-	reg := metrics.NewRegistry()
-	d := dispatchmetrics.NewDispatch(reg)
-	d.Round(dispatcher.Result{Pool: "linux"}, nil)
-	d.Round(dispatcher.Result{Pool: "linux"}, context.DeadlineExceeded)
-	d.Queued("linux", time.Second)
-	metrics.NewAssignments(reg).Handled("pod", handler.Accepted)
-	metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler()).
-		ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
-	metrics.NewStarted(reg).Started("linux", time.Second)
-	r := recovermetrics.NewRecover(reg)
-	r.Pass(recoverer.Summary{}, nil)
-	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
-		return &jetstream.ConsumerInfo{}, nil
-	}, "CI_RUNNER", []string{"pod"}, nil))
-	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
+	reg, drive := components()
+	drive()
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +102,49 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		}
 	}
 	return out
+}
+
+// components registers every component's collectors with one registry;
+// each call of drive moves each of them once (a round, a claim, a request, a
+// job started and finished, a pass), so that every series exists and every
+// counter grows between two scrapes.
+func components() (*prometheus.Registry, func()) {
+	reg := metrics.NewRegistry()
+	d := dispatchmetrics.NewDispatch(reg)
+	a := metrics.NewAssignments(reg)
+	requests := metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler())
+	started := metrics.NewStarted(reg)
+	r := recovermetrics.NewRecover(reg)
+	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
+		return &jetstream.ConsumerInfo{}, nil
+	}, "CI_RUNNER", []string{"pod"}, nil))
+	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{"pod": noExecutors{}}, nil))
+	return reg, func() {
+		d.Round(dispatcher.Result{Pool: "linux"}, nil)
+		d.Round(dispatcher.Result{Pool: "linux"}, context.DeadlineExceeded)
+		d.Queued("linux", time.Second)
+		a.Handled("pod", handler.Accepted)
+		requests.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/runner.v1.RunnerService/UpdateTask", nil))
+		started.Started("linux", time.Second)
+		started.Finished("linux", runnerv1.Result_RESULT_SUCCESS, time.Minute)
+		r.Pass(recoverer.Summary{}, nil)
+	}
+}
+
+// Every query of the dashboard, evaluated by Prometheus' engine over two
+// scrapes of the components 30 s apart, returns a series: no panel is
+// empty for want of a series or over a query Prometheus refuses. The
+// cluster test does the same over the metrics it scrapes from the install
+// (TestE2EClusterInstall/Metrics).
+func TestDashboardQueriesEvaluate(t *testing.T) {
+	reg, drive := components()
+	at := time.Now()
+	var scrapes []scraped
+	for i := range 2 {
+		drive()
+		scrapes = append(scrapes, scraped{at: at.Add(time.Duration(i) * 30 * time.Second), fams: metricsenv.Gather(t, reg)})
+	}
+	assertDashboardFed(t.Context(), t, scrapes)
 }
 
 // noExecutors is a backend that holds none.
