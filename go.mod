@@ -281,7 +281,10 @@ tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
 // reference, credential-helpers and go-connections that come with it) for its
 // registry-auth and daemon packages, which internal/imagebuild does not import;
 // act (gitea/act) is built against docker/cli v24 and docker/distribution,
-// which do not compile against those. Keep act's versions.
+// which do not compile against those. Keep act's versions. The same for
+// docker/docker: prometheus/prometheus (the tests' PromQL engine and rule
+// parser) asks for v28 for its Docker service discovery, which nothing here
+// imports.
 replace (
 	github.com/distribution/reference => github.com/distribution/reference v0.5.0
 	github.com/docker/cli => github.com/docker/cli v24.0.7+incompatible

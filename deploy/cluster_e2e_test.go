@@ -374,7 +374,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 // within 30 s; a handle Pod killed after creating the executor does not
 // stop the job nor create a second executor; an executor Pod deleted
 // mid-job ends the job with the reason, and recover's manual Job cleans
-// up after it; the recover CronJob's passes succeed; and at the end no
+// up after it; the recover CronJob's passes succeed; every dashboard query
+// is fed by the metrics scraped from the install; recover status runs as
+// its shipped Job; and at the end no
 // handle Job or executor Pod runs (scale to zero) and no payload is left.
 func TestE2EClusterInstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
