@@ -482,6 +482,19 @@ func TestKedaSchedules(t *testing.T) {
 	if env := envOf(t, path(rn.obj, "spec", "template", "spec")); env["GDR_RECOVER_MODE"] != "once" {
 		t.Errorf("recover-now GDR_RECOVER_MODE %q: want once", env["GDR_RECOVER_MODE"])
 	}
+	// recover status as a Job: the report, not a pass (no mode: status
+	// changes nothing), with the pass's ServiceAccount.
+	rs := one(t, docs, "Job", "recover-status-")
+	var status batchv1.Job
+	if err := strict(rs.raw, &status); err != nil {
+		t.Fatal(err)
+	}
+	if ps := status.Spec.Template.Spec; !reflect.DeepEqual(ps.Containers[0].Args, []string{"status"}) || ps.ServiceAccountName != "gitea-dynamic-runner-recover" {
+		t.Errorf("recover-status Job args %v, ServiceAccount %q: want [status], gitea-dynamic-runner-recover", ps.Containers[0].Args, ps.ServiceAccountName)
+	}
+	if env := envOf(t, path(rs.obj, "spec", "template", "spec")); env["GDR_RECOVER_MODE"] != "" {
+		t.Errorf("recover-status GDR_RECOVER_MODE %q: want none", env["GDR_RECOVER_MODE"])
+	}
 	rc := one(t, docs, "CronJob", "recover")
 	if env := envOf(t, path(rc.obj, "spec", "jobTemplate", "spec", "template", "spec")); env["GDR_RECOVER_MODE"] != "once" {
 		t.Errorf("recover CronJob GDR_RECOVER_MODE %q: want once", env["GDR_RECOVER_MODE"])
