@@ -34,25 +34,7 @@ const dashboardFile = "grafana/gitea-dynamic-runner.json"
 // variable, and every metric it queries is one the components export
 // (each collector driven once, so that every series exists).
 func TestDashboardQueriesExistingMetrics(t *testing.T) {
-	data, err := os.ReadFile(dashboardFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		UID    string `json:"uid"`
-		Panels []struct {
-			Title      string `json:"title"`
-			Datasource struct {
-				UID string `json:"uid"`
-			} `json:"datasource"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(data, &dash); err != nil {
-		t.Fatalf("%s: %v", dashboardFile, err)
-	}
+	dash := loadDashboard(t)
 	if dash.UID == "" || len(dash.Panels) == 0 {
 		t.Fatalf("%s: no uid or no panels", dashboardFile)
 	}
@@ -80,6 +62,34 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 		}
 	}
 	t.Logf("%d panels, %d metric references, all exported", len(dash.Panels), queried)
+}
+
+// dashboard is what the tests read of the shipped dashboard.
+type dashboard struct {
+	UID    string `json:"uid"`
+	Panels []struct {
+		Title      string `json:"title"`
+		Datasource struct {
+			UID string `json:"uid"`
+		} `json:"datasource"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+// loadDashboard reads and decodes the shipped dashboard.
+func loadDashboard(t *testing.T) dashboard {
+	t.Helper()
+	data, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash dashboard
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	return dash
 }
 
 // exportedMetrics are the sample names the components export: each

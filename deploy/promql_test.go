@@ -2,9 +2,7 @@ package deploy
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -99,21 +97,7 @@ type dashboardQuery struct{ panel, expr string }
 // dashboardQueries are every query of the shipped dashboard.
 func dashboardQueries(t *testing.T) []dashboardQuery {
 	t.Helper()
-	data, err := os.ReadFile(dashboardFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(data, &dash); err != nil {
-		t.Fatalf("%s: %v", dashboardFile, err)
-	}
+	dash := loadDashboard(t)
 	var out []dashboardQuery
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
