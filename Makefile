@@ -14,7 +14,7 @@ MODULE := github.com/gitea-dynamic-runner/gitea-dynamic-runner
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo +modified)
 LDFLAGS := $(if $(COMMIT),-X $(MODULE)/shared/function.stamp=$(COMMIT))
 
-.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos docs
+.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos chaos-gitea docs
 
 ## build: compile every function into $(BIN)/
 build:
@@ -101,6 +101,20 @@ CHAOS_NATS_KILLS ?= 6
 chaos:
 	CHAOS_TASKS=$(CHAOS_TASKS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_NATS_KILLS=$(CHAOS_NATS_KILLS) \
 		CHAOS_DRAIN=$${CHAOS_DRAIN:-5m} $(GO) test -count=1 -v -timeout 60m -run '^TestChaos$$' ./internal/chaos/
+
+## chaos-gitea: the chaos run against the real Gitea v1.27.3 (issue 31; TestChaosGitea, build tag
+##        chaosgitea): CHAOS_GITEA_JOBS jobs of a real workflow run by the real local mode binary
+##        (embedded NATS, process backend, gateway, runner), CHAOS_GITEA_KILLS SIGKILLs of local mode
+##        mid-job and CHAOS_GITEA_RESTARTS SIGKILLs + restarts of Gitea; CHAOS_GITEA_SEED replays a run
+CHAOS_GITEA_JOBS ?= 100
+CHAOS_GITEA_KILLS ?= 30
+CHAOS_GITEA_RESTARTS ?= 2
+.PHONY: chaos-gitea
+chaos-gitea:
+	./scripts/peers/gitea.sh build
+	$(GO) vet -tags chaosgitea ./internal/chaos/
+	CHAOS_GITEA_JOBS=$(CHAOS_GITEA_JOBS) CHAOS_GITEA_KILLS=$(CHAOS_GITEA_KILLS) CHAOS_GITEA_RESTARTS=$(CHAOS_GITEA_RESTARTS) \
+		CI=$${CI:-} $(GO) test -tags chaosgitea -count=1 -v -timeout 60m -run '^TestChaosGitea$$' ./internal/chaos/
 
 ## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (docs/OPERATIONS.md):
 ##         dispatch, handle, recover, gateway, runner, runner-host; linux/amd64 + linux/arm64,
