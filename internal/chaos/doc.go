@@ -44,4 +44,13 @@
 //	chaos: <N> tasks, <K> kills, <L> lost, <D> duplicated, <X> leaked, <W> wrongly-failed
 //
 // last, and fails unless L, D, X and W are 0.
+//
+// TestChaosGitea (build tag chaosgitea, `make chaos-gitea`) is the same kind
+// of run against the real Gitea 1.27.3 (internal/testenv/giteaenv) and the
+// real local mode binary (embedded NATS, process backend, gateway, runner):
+// local mode SIGKILLed while jobs run and restarted on its state directory,
+// Gitea SIGKILLed and restarted; judged by JudgeGitea (giteaverdict.go) from
+// Gitea's API and what the process backend left, and it prints
+//
+//	chaos-gitea: <N> jobs, <K> kills, <G> gitea restarts, <L> lost, <W> wrongly-failed, <X> leaked
 package chaos
