@@ -309,7 +309,18 @@ func (b *Backend) BindIdentity(_ context.Context, e *executor.Executor, id taski
 	return nil
 }
 
+// deletedPrefix names an executor directory being deleted: Delete renames
+// the directory to it first (one atomic step), then removes it.
+const deletedPrefix = ".deleted-"
+
 // Delete ends the executor's process group and removes its files.
+//
+// Invariant: at every moment the executor's directory is whole (its
+// metadata included, so the next recover pass finds it and deletes it
+// again) or gone from its name: it is renamed to deletedPrefix+ID before
+// anything in it is removed, so a crash mid-Delete leaves no files without
+// their metadata, which RecoverAssignments would never see again; what such
+// a crash leaves under the deleted name, RecoverAssignments removes.
 func (b *Backend) Delete(_ context.Context, e *executor.Executor) error {
 	assignmentID := strings.TrimPrefix(e.Name, "process-")
 	rec, err := b.read(assignmentID)
@@ -319,13 +330,21 @@ func (b *Backend) Delete(_ context.Context, e *executor.Executor) error {
 	if err == nil && rec.PID != 0 && alive(rec.PID, rec.Start) {
 		_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
 	}
-	if err := os.RemoveAll(b.dir(assignmentID)); err != nil {
+	gone := filepath.Join(b.cfg.Dir, deletedPrefix+assignmentID)
+	if err := os.RemoveAll(gone); err != nil { // an earlier Delete's, cut short
+		return fmt.Errorf("remove executor %s: %w", e.Name, err)
+	}
+	if err := os.Rename(b.dir(assignmentID), gone); err != nil {
+		return fmt.Errorf("remove executor %s: %w", e.Name, err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
 		return fmt.Errorf("remove executor %s: %w", e.Name, err)
 	}
 	return nil
 }
 
-// RecoverAssignments rebuilds the assignment of every executor.
+// RecoverAssignments rebuilds the assignment of every executor, and
+// removes what a Delete cut short left (see Delete).
 func (b *Backend) RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error) {
 	entries, err := os.ReadDir(b.cfg.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -337,6 +356,12 @@ func (b *Backend) RecoverAssignments(ctx context.Context) ([]taskassignment.Assi
 	var out []taskassignment.Assignment
 	for _, ent := range entries {
 		if !ent.IsDir() {
+			continue
+		}
+		if strings.HasPrefix(ent.Name(), deletedPrefix) { // a Delete cut short
+			if err := os.RemoveAll(filepath.Join(b.cfg.Dir, ent.Name())); err != nil && b.cfg.OnCorrupt != nil {
+				b.cfg.OnCorrupt(ent.Name(), fmt.Errorf("remove a deleted executor's files: %w", err))
+			}
 			continue
 		}
 		a, found, err := b.RecoverAssignment(ctx, ent.Name())

@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -282,5 +283,71 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 				t.Fatalf("New() error = %v, want it to mention %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestDeleteNeverHidesAnExecutor: a Delete cut short (local mode SIGKILLed
+// mid-Delete, found by make chaos-gitea) must not leave an executor's files
+// without its metadata, where RecoverAssignments never sees them again: at
+// every moment of a Delete, the executor's directory is either whole
+// (metadata included, so the next pass deletes it again) or gone.
+func TestDeleteNeverHidesAnExecutor(t *testing.T) {
+	b, a, spec := setup(t, `printf 0 > "$GDR_STATUS_FILE"`)
+	ctx := context.Background()
+	e, err := b.Create(ctx, a, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, b, a.ID, executor.PhaseSucceeded)
+	// Files on both sides of the metadata in any directory order, and
+	// enough that removing them takes a while.
+	for i := range 3000 {
+		if err := os.WriteFile(filepath.Join(b.dir(a.ID), fmt.Sprintf("f%04d", i)), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hidden := make(chan string, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := os.Stat(b.meta(a.ID)); err == nil {
+				continue
+			}
+			// The metadata is gone: the directory, opened after that, must
+			// be gone from its name too.
+			entries, err := os.ReadDir(b.dir(a.ID))
+			if err != nil {
+				return
+			}
+			if len(entries) > 0 {
+				hidden <- fmt.Sprintf("%d files left without the metadata", len(entries))
+			}
+			return
+		}
+	}()
+	if err := b.Delete(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	select {
+	case h := <-hidden:
+		t.Fatalf("during Delete, the executor's directory held %s: a crash then hides them from recover", h)
+	default:
+	}
+	if entries, _ := os.ReadDir(b.cfg.Dir); len(entries) != 0 {
+		t.Fatalf("left in the executor directory: %v", entries)
+	}
+	// What a Delete cut short after its rename leaves, the next listing
+	// removes, and it is no assignment.
+	cut := filepath.Join(b.cfg.Dir, deletedPrefix+a.ID)
+	if err := os.MkdirAll(filepath.Join(cut, "work"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.RecoverAssignments(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("RecoverAssignments = %+v, %v", got, err)
+	}
+	if _, err := os.Stat(cut); !os.IsNotExist(err) {
+		t.Fatalf("a cut Delete's files are left: %v", err)
 	}
 }
