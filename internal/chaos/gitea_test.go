@@ -333,7 +333,7 @@ func TestChaosGitea(t *testing.T) {
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	gw := freeAddr(t)
+	gw := net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 	lm := &localMode{bin: bin, logs: logs,
 		args: []string{"--gitea-url", g.URL, "--state-dir", state, "--gateway-addr", gw, "--capacity", strconv.Itoa(s.Capacity), "--log-format", "json"},
 		env:  append(os.Environ(), "GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=5s")}
@@ -477,8 +477,8 @@ func TestChaosGitea(t *testing.T) {
 			rec.Steps = append(rec.Steps, st.Conclusion)
 		}
 		if n, _, ok := Earned(j.Name); ok && j.Status == "completed" {
-			logs, _ := g.JobLogsIfAny(t, repo, j.ID)
-			rec.Marks = strings.Count(logs, MarkOf(n))
+			logs, ok := g.JobLogsIfAny(t, repo, j.ID)
+			rec.Marks, rec.HasLog = strings.Count(logs, MarkOf(n)), ok
 		}
 		records = append(records, rec)
 	}
@@ -524,15 +524,4 @@ func killGitea(t *testing.T, g *giteaenv.Server) {
 		resp.Body.Close()
 		t.Fatalf("Gitea answered %d after its SIGKILL", resp.StatusCode)
 	}
-}
-
-// freeAddr is a 127.0.0.1 address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -100,6 +100,8 @@ type GiteaJobRecord struct {
 	// Started is when Gitea handed the job's task to a runner (a FetchTask
 	// answer): the claim.
 	Started time.Time
+	// HasLog is whether Gitea holds a log of the job (a runner wrote one).
+	HasLog bool
 }
 
 // CutEvidence is what a cut claim is judged from.
@@ -120,13 +122,16 @@ type CutEvidence struct {
 // task and answered FetchTask, and the answer never reached local mode
 // because local mode or Gitea was SIGKILLed first; Gitea cannot hand the task
 // out again, and fails it as a zombie after ZOMBIE_TASK_TIMEOUT. Proof, all
-// of: the job failed with no step result and no log (no runner ever ran
-// it); a SIGKILL came at most dispatcher.ClaimTimeout after its claim (the
+// of: the job failed with no log (no runner ever wrote a line of it) and
+// every step failed, as Gitea 1.27.3's reaper marks the steps it created at
+// the claim (seen in a run; none ran: a run step that failed leaves the
+// next ones skipped); a SIGKILL came at most dispatcher.ClaimTimeout after its claim (the
 // longest a FetchTask answer is awaited); and fewer jobs were judged cut
 // than tasks local mode never received (ev.Unreceived), so every cut job
 // is one such task.
 func cutClaimGitea(j GiteaJobRecord, ev CutEvidence, cutSoFar int) (bool, string) {
-	if j.Status != "completed" || j.Conclusion != "failure" || len(j.Steps) != 0 || j.Marks != 0 || j.Started.IsZero() {
+	if j.Status != "completed" || j.Conclusion != "failure" || j.HasLog || j.Started.IsZero() ||
+		slices.ContainsFunc(j.Steps, func(c string) bool { return c != "failure" }) {
 		return false, ""
 	}
 	if cutSoFar >= ev.Unreceived {

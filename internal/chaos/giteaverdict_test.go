@@ -15,14 +15,14 @@ func fineJob(n int, code string) GiteaJobRecord {
 		conclusion = "failure"
 	}
 	return GiteaJobRecord{ID: int64(100 + n), Name: "work (" + code + ", " + strconv.Itoa(n) + ", 2)", Status: "completed",
-		Conclusion: conclusion, Attempt: 1, Steps: []string{"success", "success", conclusion}, Marks: 1}
+		Conclusion: conclusion, Attempt: 1, Steps: []string{"success", "success", conclusion}, Marks: 1, HasLog: true}
 }
 
 // reaped is job n (a succeeding one) as Gitea's zombie reaper leaves a task
-// no runner ever ran: failed, no step, no log, claimed at started.
+// no runner ever ran: failed, every step failed, no log, claimed at started.
 func reaped(n int, started time.Time) GiteaJobRecord {
 	j := fineJob(n, "0")
-	j.Conclusion, j.Steps, j.Marks, j.Started = "failure", nil, 0, started
+	j.Conclusion, j.Steps, j.Marks, j.Started, j.HasLog = "failure", []string{"failure", "failure", "failure"}, 0, started, false
 	return j
 }
 
@@ -107,7 +107,10 @@ func TestJudgeGitea(t *testing.T) {
 		{"not cut: more reaped jobs than tasks never received", 2,
 			[]GiteaJobRecord{reaped(0, at(1000)), reaped(1, at(1100))}, CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 1, "never received is left"},
 		{"not cut: a step ran", 1,
-			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.Steps = []string{"success", "cancelled", "cancelled"}; j.Marks = 1 })},
+			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.Steps = []string{"success", "failure", "failure"} })},
+			CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 0, "wrongly-failed"},
+		{"not cut: a runner wrote its log", 1,
+			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.HasLog = true })},
 			CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 0, "wrongly-failed"},
 		{"an executor left", 1, []GiteaJobRecord{fineJob(0, "0")}, CutEvidence{}, []string{"executor local-5: its state directory"}, 0, 0, 1, 0, "LEAKED: executor local-5"},
 	} {
