@@ -38,7 +38,7 @@ unit:
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
-## run: the local quick start: GDR_LOCAL_REGISTRATION_TOKEN=<token> make run GITEA_URL=http://127.0.0.1:3000/
+## run: the local quick start: GDR_REGISTRATION_TOKEN=<token> make run GITEA_URL=http://127.0.0.1:3000/
 ##      (the token comes from the environment, never a command line: ps shows every argument)
 run:
 	$(GO) run -ldflags "$(LDFLAGS)" ./functions/local --gitea-url "$(GITEA_URL)" $(if $(LABELS),--labels "$(LABELS)")

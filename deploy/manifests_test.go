@@ -433,18 +433,18 @@ func TestScaledJobContract(t *testing.T) {
 	}
 
 	// handle-setup creates the very consumer the trigger watches, and alone sets its capacity:
-	// job mode binds the consumer as it is and reads no GDR_CAPACITY, so a value on handle-pod
+	// job mode binds the consumer as it is and reads no GDR_MAX_IN_FLIGHT, so a value on handle-pod
 	// would look like a setting and change nothing.
 	setup := one(t, docs, "Job", "handle-setup")
 	senv := envOf(t, path(setup.obj, "spec", "template", "spec"))
 	if senv["GDR_MODE"] != "setup" || senv["GDR_BACKEND"] != backend {
 		t.Errorf("handle-setup: GDR_MODE %q GDR_BACKEND %q, want setup and %q", senv["GDR_MODE"], senv["GDR_BACKEND"], backend)
 	}
-	if senv["GDR_CAPACITY"] == "" {
-		t.Error("handle-setup sets no GDR_CAPACITY (the consumer's MaxAckPending)")
+	if senv["GDR_MAX_IN_FLIGHT"] == "" {
+		t.Error("handle-setup sets no GDR_MAX_IN_FLIGHT (the consumer's MaxAckPending)")
 	}
-	if v, ok := env["GDR_CAPACITY"]; ok {
-		t.Errorf("handle-pod sets GDR_CAPACITY %q, which job mode ignores; set it on handle-setup", v)
+	if v, ok := env["GDR_MAX_IN_FLIGHT"]; ok {
+		t.Errorf("handle-pod sets GDR_MAX_IN_FLIGHT %q, which job mode ignores; set it on handle-setup", v)
 	}
 	if senv["GDR_STREAM"] != "" && senv["GDR_STREAM"] != "CI_RUNNER" {
 		t.Errorf("handle-setup GDR_STREAM %q", senv["GDR_STREAM"])

@@ -86,7 +86,7 @@ INI
   echo "Repository:         ${URL}gdr/demo (a push runs its workflow)"
   echo "Registration token: $reg"
   echo
-  echo "Run:  GDR_LOCAL_REGISTRATION_TOKEN=$reg make run GITEA_URL=$URL"
+  echo "Run:  GDR_REGISTRATION_TOKEN=$reg make run GITEA_URL=$URL"
 }
 
 case "${1:-up}" in

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
 var update = flag.Bool("update", false, "rewrite dispatch's table in docs/CONFIGURATION.md (make docs)")
@@ -19,9 +19,15 @@ var update = flag.Bool("update", false, "rewrite dispatch's table in docs/CONFIG
 // TestConfigurationDoc keeps dispatch's table in docs/CONFIGURATION.md what
 // envdoc renders from Config; with -update it rewrites that table.
 func TestConfigurationDoc(t *testing.T) {
-	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "dispatch", function.EnvPrefix, &Config{}, *update); err != nil {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "dispatch", &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBareNamesIgnored: dispatch reads each setting from its GDR_ name only; a
+// bare MODE, BACKEND or CAPACITY in its environment changes nothing.
+func TestBareNamesIgnored(t *testing.T) {
+	functiontest.BareNamesIgnored(t, func() any { return &Config{} })
 }
 
 const testKey = "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=" // 32 bytes
@@ -49,7 +55,7 @@ func TestLoadConfig(t *testing.T) {
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},
 		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY: assignment signing key: 5 bytes"},
 		{"no signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": ""}, "GDR_ASSIGNMENT_SIGNING_KEY"},
-		{"negative busy interval", map[string]string{"GDR_BUSY_INTERVAL": "-1s"}, "GDR_BUSY_INTERVAL -1s"},
+		{"negative busy interval", map[string]string{"GDR_BUSY_POLL_INTERVAL": "-1s"}, "GDR_BUSY_POLL_INTERVAL -1s"},
 		{"negative busy window", map[string]string{"GDR_BUSY_WINDOW": "-1s"}, "none may be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,10 +77,10 @@ func TestLoadConfig(t *testing.T) {
 				// serve polls on its own, at the interval whose cost was
 				// measured, besides the webhook.
 				if cfg.Interval != dispatcher.DefaultPollInterval {
-					t.Fatalf("GDR_INTERVAL defaults to %v, want %v", cfg.Interval, dispatcher.DefaultPollInterval)
+					t.Fatalf("GDR_POLL_INTERVAL defaults to %v, want %v", cfg.Interval, dispatcher.DefaultPollInterval)
 				}
 				if cfg.BusyInterval != dispatcher.DefaultBusyInterval || cfg.BusyWindow != dispatcher.DefaultBusyWindow {
-					t.Fatalf("GDR_BUSY_INTERVAL, GDR_BUSY_WINDOW default to %v, %v, want %v, %v", cfg.BusyInterval, cfg.BusyWindow,
+					t.Fatalf("GDR_BUSY_POLL_INTERVAL, GDR_BUSY_WINDOW default to %v, %v, want %v, %v", cfg.BusyInterval, cfg.BusyWindow,
 						dispatcher.DefaultBusyInterval, dispatcher.DefaultBusyWindow)
 				}
 				return

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
 var update = flag.Bool("update", false, "rewrite gateway's table in docs/CONFIGURATION.md (make docs)")
@@ -17,9 +17,15 @@ var update = flag.Bool("update", false, "rewrite gateway's table in docs/CONFIGU
 // TestConfigurationDoc keeps gateway's table in docs/CONFIGURATION.md what
 // envdoc renders from Config; with -update it rewrites that table.
 func TestConfigurationDoc(t *testing.T) {
-	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "gateway", function.EnvPrefix, &Config{}, *update); err != nil {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "gateway", &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBareNamesIgnored: gateway reads each setting from its GDR_ name only; a
+// bare MODE, BACKEND or CAPACITY in its environment changes nothing.
+func TestBareNamesIgnored(t *testing.T) {
+	functiontest.BareNamesIgnored(t, func() any { return &Config{} })
 }
 
 func TestLoadConfig(t *testing.T) {

@@ -52,11 +52,11 @@ type Config struct {
 	assignmentqueue.PayloadSettings
 	actionscache.Settings
 
-	BootstrapKey secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	SVIDCert     string        `envconfig:"SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
-	SVIDKey      string        `envconfig:"SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
-	SVIDBundle   string        `envconfig:"SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
-	MetricsAddr  string        `envconfig:"METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
+	BootstrapKey secretkey.Key `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	SVIDCert     string        `envconfig:"GDR_SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
+	SVIDKey      string        `envconfig:"GDR_SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
+	SVIDBundle   string        `envconfig:"GDR_SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
+	MetricsAddr  string        `envconfig:"GDR_METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
 
 	pools runnerpool.Pools
 }

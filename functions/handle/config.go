@@ -34,15 +34,15 @@ type Config struct {
 	// Setup mode creates the streams with these replicas.
 	assignmentqueue.ReplicaSettings
 
-	Mode       string        `envconfig:"MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
-	Backend    string        `envconfig:"BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
-	Stream     string        `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	Capacity   int           `envconfig:"CAPACITY" default:"10" desc:"most assignments of the backend delivered and not yet settled (the consumer's MaxAckPending)"`
-	Batch      int           `envconfig:"BATCH" default:"1" desc:"job mode: most messages one run takes"`
-	FetchWait  time.Duration `envconfig:"FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
-	NakDelay   time.Duration `envconfig:"NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back, and the longest a held one waits between offers (they start at 250 ms)"`
-	ErrorDelay time.Duration `envconfig:"ERROR_DELAY" default:"15s" desc:"when an assignment that failed first comes back; doubled with every delivery, at most 5m"`
-	HoldFor    time.Duration `envconfig:"HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again (250 ms, growing to GDR_NAK_DELAY), before it hands it back"`
+	Mode        string        `envconfig:"GDR_MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
+	Backend     string        `envconfig:"GDR_BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
+	Stream      string        `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	MaxInFlight int           `envconfig:"GDR_MAX_IN_FLIGHT" default:"10" desc:"most assignments of the backend delivered and not yet acknowledged, across every handle of it (the consumer's MaxAckPending; a pool's capacity is its own, in the pools file)"`
+	Batch       int           `envconfig:"GDR_BATCH" default:"1" desc:"job mode: most messages one run takes"`
+	FetchWait   time.Duration `envconfig:"GDR_FETCH_WAIT" default:"2s" desc:"job mode: how long a run waits for its first message"`
+	NakDelay    time.Duration `envconfig:"GDR_NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back, and the longest a held one waits between offers (they start at 250 ms)"`
+	ErrorDelay  time.Duration `envconfig:"GDR_ERROR_DELAY" default:"15s" desc:"when an assignment that failed first comes back; doubled with every delivery, at most 5m"`
+	HoldFor     time.Duration `envconfig:"GDR_HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again (250 ms, growing to GDR_NAK_DELAY), before it hands it back"`
 
 	pools runnerpool.Pools
 }
@@ -68,8 +68,8 @@ func (c *Config) check(linked backend.Builders) error {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
 	errs = append(errs, c.NamingSettings.Check(), c.ReplicaSettings.Check())
-	if c.Capacity < 1 {
-		errs = append(errs, fmt.Errorf("GDR_CAPACITY %d: want at least 1", c.Capacity))
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("GDR_MAX_IN_FLIGHT %d: want at least 1", c.MaxInFlight))
 	}
 	if c.Batch < 1 {
 		errs = append(errs, fmt.Errorf("GDR_BATCH %d: want at least 1", c.Batch))

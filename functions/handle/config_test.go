@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 )
 
@@ -18,9 +18,15 @@ var update = flag.Bool("update", false, "rewrite handle's table in docs/CONFIGUR
 // TestConfigurationDoc keeps handle's table in docs/CONFIGURATION.md what
 // envdoc renders from Config; with -update it rewrites that table.
 func TestConfigurationDoc(t *testing.T) {
-	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "handle", function.EnvPrefix, &Config{}, *update); err != nil {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "handle", &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBareNamesIgnored: handle reads each setting from its GDR_ name only; a
+// bare MODE, BACKEND or CAPACITY in its environment changes nothing.
+func TestBareNamesIgnored(t *testing.T) {
+	functiontest.BareNamesIgnored(t, func() any { return &Config{} })
 }
 
 // A valid key, base64 of 32 bytes; tests check it never shows in an error.
@@ -49,7 +55,7 @@ func TestLoadConfig(t *testing.T) {
 		{"bad prefix", map[string]string{"GDR_METADATA_PREFIX": "Not_A_Domain"}, "metadata key prefix"},
 		{"short key", map[string]string{"GDR_BOOTSTRAP_KEY": "c2hvcnQ="}, "5 bytes, need at least 32"},
 		{"key not base64", map[string]string{"GDR_BOOTSTRAP_KEY": "not base64!"}, "not valid base64"},
-		{"zero capacity", map[string]string{"GDR_CAPACITY": "0"}, "GDR_CAPACITY 0"},
+		{"zero capacity", map[string]string{"GDR_MAX_IN_FLIGHT": "0"}, "GDR_MAX_IN_FLIGHT 0"},
 		{"zero batch", map[string]string{"GDR_BATCH": "0"}, "GDR_BATCH 0"},
 		{"bad duration", map[string]string{"GDR_FETCH_WAIT": "soon"}, "FETCH_WAIT"},
 		{"zero fetch wait", map[string]string{"GDR_FETCH_WAIT": "0s"}, "GDR_FETCH_WAIT 0s: want a positive duration"},

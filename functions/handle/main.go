@@ -77,10 +77,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := q.EnsureRejections(ctx); err != nil {
 			return err
 		}
-		if _, err := q.OpenConsumer(ctx, backend, cfg.Capacity); err != nil {
+		if _, err := q.OpenConsumer(ctx, backend, cfg.MaxInFlight); err != nil {
 			return err
 		}
-		log.Info("stream and consumer ready", slog.String("stream", q.Stream()), slog.Int("capacity", cfg.Capacity))
+		log.Info("stream and consumer ready", slog.String("stream", q.Stream()), slog.Int("max_in_flight", cfg.MaxInFlight))
 		return nil
 	}
 	// Job mode only binds the consumer setup made: its NATS user may

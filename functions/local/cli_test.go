@@ -19,7 +19,7 @@ import (
 // exits 2 and says so.
 func TestCommandLine(t *testing.T) {
 	functiontest.Run(t, "local", execute, append(functiontest.Conventions("local", true),
-		functiontest.Case{Name: "no configuration", Code: 2, Want: []string{"local: configuration: --gitea-url (GDR_LOCAL_GITEA_URL) is required"}}))
+		functiontest.Case{Name: "no configuration", Code: 2, Want: []string{"local: configuration: --gitea-url (GDR_GITEA_URL) is required"}}))
 }
 
 // A state directory another process holds is refused before anything else

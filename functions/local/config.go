@@ -14,26 +14,26 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 )
 
-// Config is local mode's configuration: GDR_LOCAL_* variables, each
+// Config is local mode's configuration: GDR_* variables, each
 // overridden by its flag.
 type Config struct {
 	function.CommonSettings
 	actionscache.Settings
 
-	GiteaURL          string        `envconfig:"LOCAL_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
-	RegistrationToken string        `envconfig:"LOCAL_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (or flag --registration-token-file; never on a command line)"`
-	Labels            string        `envconfig:"LOCAL_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
-	StateDir          string        `envconfig:"LOCAL_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors, actions cache (flag --state-dir)"`
-	Capacity          int           `envconfig:"LOCAL_CAPACITY" default:"2" desc:"local: jobs run at once (flag --capacity)"`
-	GatewayAddr       string        `envconfig:"LOCAL_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
-	WebhookAddr       string        `envconfig:"LOCAL_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
-	WebhookSecret     string        `envconfig:"WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
-	PollInterval      time.Duration `envconfig:"LOCAL_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
-	BusyPollInterval  time.Duration `envconfig:"LOCAL_BUSY_POLL_INTERVAL" default:"200ms" desc:"local: how often Gitea is asked while busy: for GDR_LOCAL_BUSY_WINDOW after a job was claimed or ended, or a webhook came (not below GDR_LOCAL_POLL_INTERVAL: never busy)"`
-	BusyWindow        time.Duration `envconfig:"LOCAL_BUSY_WINDOW" default:"30s" desc:"local: how long the pool stays busy after its last sign of work"`
-	MetricsAddr       string        `envconfig:"LOCAL_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
-	RecoverInterval   time.Duration `envconfig:"LOCAL_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
-	LogFormatName     string        `envconfig:"LOCAL_LOG_FORMAT" default:"text" desc:"local: text (for a person) or json (one JSON object a line, for machines) (flag --log-format)"`
+	GiteaURL          string        `envconfig:"GDR_GITEA_URL" desc:"local: Gitea's root URL (flag --gitea-url)"`
+	RegistrationToken string        `envconfig:"GDR_REGISTRATION_TOKEN" desc:"local: runner registration token, needed on the first start only (or flag --registration-token-file; never on a command line)"`
+	Labels            string        `envconfig:"GDR_LABELS" default:"ubuntu-latest" desc:"local: comma-separated runner labels (flag --labels)"`
+	StateDir          string        `envconfig:"GDR_STATE_DIR" default:"./.gdr" desc:"local: state directory: queue, keys, credentials, executors, actions cache (flag --state-dir)"`
+	Capacity          int           `envconfig:"GDR_CAPACITY" default:"2" desc:"local: the capacity of its one pool: jobs run at once (flag --capacity)"`
+	GatewayAddr       string        `envconfig:"GDR_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
+	WebhookAddr       string        `envconfig:"GDR_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
+	WebhookSecret     string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
+	PollInterval      time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
+	BusyPollInterval  time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"local: how often Gitea is asked while busy: for GDR_BUSY_WINDOW after a job was claimed or ended, or a webhook came (not below GDR_POLL_INTERVAL: never busy)"`
+	BusyWindow        time.Duration `envconfig:"GDR_BUSY_WINDOW" default:"30s" desc:"local: how long the pool stays busy after its last sign of work"`
+	MetricsAddr       string        `envconfig:"GDR_METRICS_ADDR" desc:"local: serve /metrics, /healthz and /livez at http://<addr>/ (plain HTTP: keep it on 127.0.0.1); empty: none (flag --metrics-addr)"`
+	RecoverInterval   time.Duration `envconfig:"GDR_RECOVER_INTERVAL" default:"30s" desc:"local: how often recover's safety-net pass runs (an executor is finished as soon as its process ends; the pass catches those started before a restart)"`
+	LogFormatName     string        `envconfig:"GDR_LOG_FORMAT" default:"text" desc:"local: text (for a person) or json (one JSON object a line, for machines) (flag --log-format)"`
 
 	// tokenFile is --registration-token-file: a token is never given on the
 	// command line, where every user's ps shows it.
@@ -43,7 +43,7 @@ type Config struct {
 // Flags defines the flags that override the environment.
 func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GiteaURL, "gitea-url", c.GiteaURL, "Gitea's root URL")
-	fs.StringVar(&c.tokenFile, "registration-token-file", "", "file holding the runner registration token (first start only); or GDR_LOCAL_REGISTRATION_TOKEN")
+	fs.StringVar(&c.tokenFile, "registration-token-file", "", "file holding the runner registration token (first start only); or GDR_REGISTRATION_TOKEN")
 	fs.StringVar(&c.Labels, "labels", c.Labels, "comma-separated runner labels")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory")
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "jobs run at once")
@@ -68,7 +68,7 @@ func (c *Config) Check() error {
 		}
 	}
 	if c.GiteaURL == "" {
-		errs = append(errs, errors.New("--gitea-url (GDR_LOCAL_GITEA_URL) is required"))
+		errs = append(errs, errors.New("--gitea-url (GDR_GITEA_URL) is required"))
 	} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, errors.New("--gitea-url is not an http(s) URL")) // not quoted: a URL may carry user info
 	} else if !strings.HasSuffix(c.GiteaURL, "/") {
@@ -87,10 +87,10 @@ func (c *Config) Check() error {
 		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormatName))
 	}
 	if c.PollInterval <= 0 || c.RecoverInterval <= 0 {
-		errs = append(errs, errors.New("GDR_LOCAL_POLL_INTERVAL and GDR_LOCAL_RECOVER_INTERVAL must be positive"))
+		errs = append(errs, errors.New("GDR_POLL_INTERVAL and GDR_RECOVER_INTERVAL must be positive"))
 	}
 	if c.BusyPollInterval < 0 || c.BusyWindow < 0 {
-		errs = append(errs, fmt.Errorf("GDR_LOCAL_BUSY_POLL_INTERVAL %v, GDR_LOCAL_BUSY_WINDOW %v: neither may be negative", c.BusyPollInterval, c.BusyWindow))
+		errs = append(errs, fmt.Errorf("GDR_BUSY_POLL_INTERVAL %v, GDR_BUSY_WINDOW %v: neither may be negative", c.BusyPollInterval, c.BusyWindow))
 	}
 	if err := c.Settings.Check(); err != nil {
 		errs = append(errs, err)

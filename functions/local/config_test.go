@@ -10,7 +10,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
 
 var update = flag.Bool("update", false, "rewrite local's table in docs/CONFIGURATION.md (make docs)")
@@ -18,13 +18,19 @@ var update = flag.Bool("update", false, "rewrite local's table in docs/CONFIGURA
 // TestConfigurationDoc keeps local's table in docs/CONFIGURATION.md what
 // envdoc renders from Config; with -update it rewrites that table.
 func TestConfigurationDoc(t *testing.T) {
-	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "local", function.EnvPrefix, &Config{}, *update); err != nil {
+	if err := envdoc.Sync("../../docs/CONFIGURATION.md", "local", &Config{}, *update); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// TestBareNamesIgnored: local reads each setting from its GDR_ name only; a
+// bare MODE, BACKEND or CAPACITY in its environment changes nothing.
+func TestBareNamesIgnored(t *testing.T) {
+	functiontest.BareNamesIgnored(t, func() any { return &Config{} })
+}
+
 func TestLoadConfig(t *testing.T) {
-	t.Setenv("GDR_LOCAL_CAPACITY", "3")
+	t.Setenv("GDR_CAPACITY", "3")
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -64,10 +70,10 @@ func TestLoadConfig(t *testing.T) {
 				}
 				// Gitea is polled at the interval whose cost was measured.
 				if c.PollInterval != dispatcher.DefaultPollInterval {
-					t.Fatalf("GDR_LOCAL_POLL_INTERVAL defaults to %v, want %v", c.PollInterval, dispatcher.DefaultPollInterval)
+					t.Fatalf("GDR_POLL_INTERVAL defaults to %v, want %v", c.PollInterval, dispatcher.DefaultPollInterval)
 				}
 				if c.BusyPollInterval != dispatcher.DefaultBusyInterval || c.BusyWindow != dispatcher.DefaultBusyWindow {
-					t.Fatalf("GDR_LOCAL_BUSY_POLL_INTERVAL, GDR_LOCAL_BUSY_WINDOW default to %v, %v, want %v, %v", c.BusyPollInterval, c.BusyWindow,
+					t.Fatalf("GDR_BUSY_POLL_INTERVAL, GDR_BUSY_WINDOW default to %v, %v, want %v, %v", c.BusyPollInterval, c.BusyWindow,
 						dispatcher.DefaultBusyInterval, dispatcher.DefaultBusyWindow)
 				}
 				return
@@ -77,8 +83,8 @@ func TestLoadConfig(t *testing.T) {
 			}
 		})
 	}
-	t.Setenv("GDR_LOCAL_BUSY_WINDOW", "-1s")
-	if _, err := program.Load(&c, []string{"--gitea-url", "http://x"}, io.Discard); err == nil || !strings.Contains(err.Error(), "GDR_LOCAL_BUSY_WINDOW -1s") {
+	t.Setenv("GDR_BUSY_WINDOW", "-1s")
+	if _, err := program.Load(&c, []string{"--gitea-url", "http://x"}, io.Discard); err == nil || !strings.Contains(err.Error(), "GDR_BUSY_WINDOW -1s") {
 		t.Fatalf("a negative busy window: error %v, want it named", err)
 	}
 }

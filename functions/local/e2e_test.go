@@ -101,7 +101,7 @@ func startBench(b *testing.B, bin string, args ...string) *exec.Cmd {
 func startLocal(t *testing.T, out *syncBuffer, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(localBinary(t), args...)
-	cmd.Env = append([]string{"GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=2s", "GDR_LOG_LEVEL=debug"}, os.Environ()...)
+	cmd.Env = append([]string{"GDR_POLL_INTERVAL=500ms", "GDR_RECOVER_INTERVAL=2s", "GDR_LOG_LEVEL=debug"}, os.Environ()...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -336,7 +336,7 @@ func (s setup) checkJobEvents(t *testing.T, output, format, job, result string) 
 // process ends, not on recover's next tick. It logs in JSON: each job's
 // event lines parse.
 func TestE2ELocalFreesAFinishedJobsSlotAtOnce(t *testing.T) {
-	t.Setenv("GDR_LOCAL_RECOVER_INTERVAL", "10m")
+	t.Setenv("GDR_RECOVER_INTERVAL", "10m")
 	t.Setenv("GDR_LOG_LEVEL", "info")
 	s := newSetup(t)
 	var out syncBuffer

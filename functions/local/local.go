@@ -311,7 +311,7 @@ func (l *local) registration(ctx context.Context) (*gitea.Client, error) {
 	switch {
 	case errors.Is(err, gitea.ErrNoCredentials):
 		if l.cfg.RegistrationToken == "" {
-			return nil, fmt.Errorf("this is the first start with state directory %s: a registration token is required (GDR_LOCAL_REGISTRATION_TOKEN or --registration-token-file)", l.cfg.StateDir)
+			return nil, fmt.Errorf("this is the first start with state directory %s: a registration token is required (GDR_REGISTRATION_TOKEN or --registration-token-file)", l.cfg.StateDir)
 		}
 		creds, err = gitea.Register(ctx, l.cfg.GiteaURL, hc, gitea.Registration{
 			Token: l.cfg.RegistrationToken, Name: "gitea-dynamic-runner-local", Labels: l.cfg.labels(),

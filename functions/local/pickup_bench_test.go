@@ -19,7 +19,7 @@ import (
 // real Gitea (default queue, as in production): from a push (the contents
 // API call returning) to Gitea showing the job's first step running, b.N
 // jobs one after another, with local mode's default polling
-// (GDR_LOCAL_POLL_INTERVAL), at capacity GDR_BENCH_CAPACITY (default 4). Each job is pushed once the one before
+// (GDR_POLL_INTERVAL), at capacity GDR_BENCH_CAPACITY (default 4). Each job is pushed once the one before
 // runs, so a capacity below b.N shows how soon a finished job's slot is
 // used again.
 //

@@ -74,7 +74,7 @@ func removeStatus(dir string) {
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("local status", flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	dir := fset.String("state-dir", envOr("GDR_LOCAL_STATE_DIR", "./.gdr"), "state directory of the local mode to report on")
+	dir := fset.String("state-dir", envOr("GDR_STATE_DIR", "./.gdr"), "state directory of the local mode to report on")
 	format := function.OutputFlag(fset)
 	switch err := fset.Parse(args); {
 	case errors.Is(err, flag.ErrHelp):

@@ -67,16 +67,16 @@ type Config struct {
 	backend.BuildSettings
 	assignmentevents.PublishSettings
 
-	Stream      string `envconfig:"STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	Mode        string `envconfig:"RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
-	Concurrency int    `envconfig:"RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
+	Stream      string `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	Mode        string `envconfig:"GDR_RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
+	Concurrency int    `envconfig:"GDR_RECOVER_CONCURRENCY" default:"8" desc:"recover: assignments handled at once"`
 	// OrphanGrace is the Knative path's orphan rule (recoverer.Recoverer).
-	OrphanGrace time.Duration `envconfig:"ORPHAN_GRACE" default:"30m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago (a send lost between dispatch and the channel); a repeat of a message the channel still offers is harmless"`
+	OrphanGrace time.Duration `envconfig:"GDR_ORPHAN_GRACE" default:"30m" desc:"cloudevents (Knative): a payload without an executor is re-sent once its assignment was last sent this long ago (a send lost between dispatch and the channel); a repeat of a message the channel still offers is harmless"`
 
 	// Finish mode.
-	Batch     int           `envconfig:"RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`
-	FetchWait time.Duration `envconfig:"RECOVER_FETCH_WAIT" default:"2s" desc:"recover finish mode: how long a run waits for notices"`
-	Retry     time.Duration `envconfig:"RECOVER_RETRY" default:"2s" desc:"recover finish mode: when a notice whose executor has not ended yet comes back (5 deliveries at most, then the periodic pass)"`
+	Batch     int           `envconfig:"GDR_RECOVER_BATCH" default:"8" desc:"recover finish mode: most finish notices one run takes from each backend's consumer"`
+	FetchWait time.Duration `envconfig:"GDR_RECOVER_FETCH_WAIT" default:"2s" desc:"recover finish mode: how long a run waits for notices"`
+	Retry     time.Duration `envconfig:"GDR_RECOVER_RETRY" default:"2s" desc:"recover finish mode: when a notice whose executor has not ended yet comes back (5 deliveries at most, then the periodic pass)"`
 
 	pools runnerpool.Pools
 }

@@ -188,10 +188,10 @@ func TestChaos(t *testing.T) {
 		"GDR_BOOTSTRAP_KEY=" + b64(bytes.Repeat([]byte{9}, 32)), "GDR_GATEWAY_URL=https://" + gatewayAddr, "GDR_CA_DIR=" + caDir,
 		"GDR_OPENSANDBOX_URL=" + osb.URL, "GDR_OPENSANDBOX_API_KEY=" + osbAPIKey,
 	}
-	dispatchEnv := []string{"GDR_INTERVAL=250ms", "GDR_KEEPALIVE=" + keepAlive.String(), "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
+	dispatchEnv := []string{"GDR_POLL_INTERVAL=250ms", "GDR_KEEPALIVE=" + keepAlive.String(), "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
 		"GDR_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}
 	handleEnv := []string{"GDR_MODE=job", "GDR_BACKEND=opensandbox", "GDR_BATCH=1", "GDR_FETCH_WAIT=1s",
-		"GDR_NAK_DELAY=250ms", "GDR_ERROR_DELAY=500ms", "GDR_HOLD_FOR=10s", "GDR_CAPACITY=" + strconv.Itoa(totalCapacity)}
+		"GDR_NAK_DELAY=250ms", "GDR_ERROR_DELAY=500ms", "GDR_HOLD_FOR=10s", "GDR_MAX_IN_FLIGHT=" + strconv.Itoa(totalCapacity)}
 	recoverEnv := []string{"GDR_RECOVER_MODE=once"}
 	gatewayEnv := append([]string{"GDR_HTTP_ADDR=" + gatewayAddr}, gatewaySVID...)
 
@@ -206,7 +206,7 @@ func TestChaos(t *testing.T) {
 		args      []string
 	}{
 		{"dispatch register", bins.Dispatch, []string{"GDR_REGISTRATION_TOKEN=" + gitea.RegistrationToken}, []string{"register"}},
-		{"handle setup", bins.Handle, []string{"GDR_MODE=setup", "GDR_BACKEND=opensandbox", "GDR_CAPACITY=" + strconv.Itoa(totalCapacity)}, nil},
+		{"handle setup", bins.Handle, []string{"GDR_MODE=setup", "GDR_BACKEND=opensandbox", "GDR_MAX_IN_FLIGHT=" + strconv.Itoa(totalCapacity)}, nil},
 		{"dispatch run", bins.Dispatch, dispatchEnv, []string{"run"}},
 	} {
 		if err := setup.Run("setup", step.bin, step.extra, step.args...); err != nil {

@@ -250,7 +250,7 @@ func (e *env) startGateway() {
 // extra environment over the common one, and returns it once it serves.
 func (e *env) startHandle(extra ...string) *proc {
 	p := e.start("handle", bins.handle, append([]string{
-		"GDR_MODE=http", "GDR_BACKEND=process", "GDR_CAPACITY=2", "GDR_HTTP_ADDR=" + strings.TrimPrefix(e.handleURL, "http://"),
+		"GDR_MODE=http", "GDR_BACKEND=process", "GDR_MAX_IN_FLIGHT=2", "GDR_HTTP_ADDR=" + strings.TrimPrefix(e.handleURL, "http://"),
 		e.secret("GDR_BOOTSTRAP_KEY"),
 	}, extra...))
 	p.url = e.handleURL
@@ -278,7 +278,7 @@ func (e *env) startRecover(extra ...string) *proc {
 func (e *env) startDispatch(extra ...string) *proc {
 	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(e.t))
 	p := e.start("dispatch", bins.dispatch, append([]string{
-		"GDR_HTTP_ADDR=" + addr, "GDR_INTERVAL=500ms", "GDR_KEEPALIVE=10s", "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
+		"GDR_HTTP_ADDR=" + addr, "GDR_POLL_INTERVAL=500ms", "GDR_KEEPALIVE=10s", "GDR_ALLOW_UNSIGNED_WEBHOOKS=true",
 		e.secret("GDR_TICK_TOKEN"), e.secret("GDR_PAYLOAD_KEY"), e.secret("GDR_ASSIGNMENT_SIGNING_KEY"),
 	}, extra...), "serve")
 	p.url = "http://" + addr

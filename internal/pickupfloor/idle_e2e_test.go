@@ -57,7 +57,7 @@ func BenchmarkE2EIdlePoll(b *testing.B) {
 			case "local":
 				var vars []string
 				if iv != "" {
-					vars = append(vars, "GDR_LOCAL_POLL_INTERVAL="+iv)
+					vars = append(vars, "GDR_POLL_INTERVAL="+iv)
 				}
 				lw, stop = e.startFor(b, "local", bins.local, append(vars, "GDR_LOG_LEVEL=debug"),
 					"--gitea-url", e.gitea.URL, "--registration-token-file", e.token, "--state-dir", b.TempDir(),
@@ -65,7 +65,7 @@ func BenchmarkE2EIdlePoll(b *testing.B) {
 			default:
 				vars := e.dispatchVars(b)
 				if iv != "" {
-					vars = append(vars, "GDR_INTERVAL="+iv)
+					vars = append(vars, "GDR_POLL_INTERVAL="+iv)
 				}
 				lw, stop = e.startFor(b, "dispatch", bins.dispatch, vars, "serve")
 				e.waitHTTP(b, "http://"+e.dispatchAddr+"/livez")

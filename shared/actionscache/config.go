@@ -8,12 +8,12 @@ import (
 // Settings are the cache service's configuration (GDR_CACHE_*), read by the
 // gateway and local mode.
 type Settings struct {
-	CacheDir            string        `envconfig:"CACHE_DIR" desc:"gateway and local: directory of the actions/cache service (a PersistentVolume in a cluster, shared by the gateway's replicas); gateway: empty serves no cache; local: empty is <state dir>/cache"`
-	CacheMaxBytes       int64         `envconfig:"CACHE_MAX_BYTES" default:"10737418240" desc:"gateway and local: most bytes per repository of cache entries and uploads under way (each counted at its announced size); the least recently used entries are evicted, an upload past it refused"`
-	CacheMaxEntries     int           `envconfig:"CACHE_MAX_ENTRIES" default:"1000" desc:"gateway and local: most cache entries per repository; the least recently used are evicted"`
-	CacheMaxAge         time.Duration `envconfig:"CACHE_MAX_AGE" default:"168h" desc:"gateway and local: a cache entry neither saved nor restored for this long is removed"`
-	CacheMaxTotalBytes  int64         `envconfig:"CACHE_MAX_TOTAL_BYTES" default:"42949672960" desc:"gateway and local: most bytes of the whole cache, across repositories, counted as GDR_CACHE_MAX_BYTES is; the least recently used entries of any repository are evicted; keep it below the volume's size (the default 40 GiB fits the 50 GiB claim of deploy/components/cache)"`
-	CacheReservationTTL time.Duration `envconfig:"CACHE_RESERVATION_TTL" default:"1h" desc:"gateway and local: an upload not committed this long after its reservation is abandoned: removed at the next reservation of any repository"`
+	CacheDir            string        `envconfig:"GDR_CACHE_DIR" desc:"gateway and local: directory of the actions/cache service (a PersistentVolume in a cluster, shared by the gateway's replicas); gateway: empty serves no cache; local: empty is <state dir>/cache"`
+	CacheMaxBytes       int64         `envconfig:"GDR_CACHE_MAX_BYTES" default:"10737418240" desc:"gateway and local: most bytes per repository of cache entries and uploads under way (each counted at its announced size); the least recently used entries are evicted, an upload past it refused"`
+	CacheMaxEntries     int           `envconfig:"GDR_CACHE_MAX_ENTRIES" default:"1000" desc:"gateway and local: most cache entries per repository; the least recently used are evicted"`
+	CacheMaxAge         time.Duration `envconfig:"GDR_CACHE_MAX_AGE" default:"168h" desc:"gateway and local: a cache entry neither saved nor restored for this long is removed"`
+	CacheMaxTotalBytes  int64         `envconfig:"GDR_CACHE_MAX_TOTAL_BYTES" default:"42949672960" desc:"gateway and local: most bytes of the whole cache, across repositories, counted as GDR_CACHE_MAX_BYTES is; the least recently used entries of any repository are evicted; keep it below the volume's size (the default 40 GiB fits the 50 GiB claim of deploy/components/cache)"`
+	CacheReservationTTL time.Duration `envconfig:"GDR_CACHE_RESERVATION_TTL" default:"1h" desc:"gateway and local: an upload not committed this long after its reservation is abandoned: removed at the next reservation of any repository"`
 }
 
 // Check checks the limits.

@@ -15,8 +15,8 @@ const (
 // their configurations: the JetStream queue (KEDA) or a CloudEvents sink
 // (Knative). Call Check with the value of K_SINK.
 type PublishSettings struct {
-	Publish   string `envconfig:"PUBLISH" default:"jetstream" desc:"where assignments go: jetstream (the queue stream GDR_STREAM; KEDA) or cloudevents (the CloudEvents sink GDR_EVENT_SINK: a NatsJetStreamChannel or a Broker; Knative)"`
-	EventSink string `envconfig:"EVENT_SINK" desc:"cloudevents: the sink's URL; empty: K_SINK, which a Knative SinkBinding injects"`
+	Publish   string `envconfig:"GDR_PUBLISH" default:"jetstream" desc:"where assignments go: jetstream (the queue stream GDR_STREAM; KEDA) or cloudevents (the CloudEvents sink GDR_EVENT_SINK: a NatsJetStreamChannel or a Broker; Knative)"`
+	EventSink string `envconfig:"GDR_EVENT_SINK" desc:"cloudevents: the sink's URL; empty: K_SINK, which a Knative SinkBinding injects"`
 }
 
 // Check refuses an unknown GDR_PUBLISH, and in cloudevents mode a sink that

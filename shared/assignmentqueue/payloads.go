@@ -297,13 +297,13 @@ func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
 // or writes payloads.
 type PayloadSettings struct {
 	PayloadBucketSettings
-	PayloadKey secretkey.Key `envconfig:"PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	PayloadKey secretkey.Key `envconfig:"GDR_PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
 }
 
 // PayloadBucketSettings names the payload bucket; handle embeds it alone, for the end
 // marks (Endings), never holding the payload key.
 type PayloadBucketSettings struct {
-	PayloadBucket string `envconfig:"PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
+	PayloadBucket string `envconfig:"GDR_PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 }
 
 // Check reports a payload key that is not exactly 32 bytes, naming the

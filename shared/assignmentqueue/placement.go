@@ -42,7 +42,7 @@ import (
 // create or converge the queue's streams and buckets (dispatch, and handle in
 // setup mode).
 type ReplicaSettings struct {
-	Replicas int `envconfig:"NATS_REPLICAS" default:"1" desc:"copies JetStream keeps of every stream and bucket dispatch and handle-setup create or converge: 1 on a single server, 3 on a 3-node cluster (1 to 5); dispatch and handle need the same value, or each converges them back to its own"`
+	Replicas int `envconfig:"GDR_NATS_REPLICAS" default:"1" desc:"copies JetStream keeps of every stream and bucket dispatch and handle-setup create or converge: 1 on a single server, 3 on a 3-node cluster (1 to 5); dispatch and handle need the same value, or each converges them back to its own"`
 }
 
 // MaxReplicas is the most replicas JetStream keeps of a stream.

@@ -166,7 +166,7 @@ func checkBackend(b taskassignment.BackendKind) error {
 
 // consumerConfig is the configuration OpenConsumer converges a backend's
 // consumer to.
-func consumerConfig(b taskassignment.BackendKind, capacity int) jetstream.ConsumerConfig {
+func consumerConfig(b taskassignment.BackendKind, maxInFlight int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       string(b),
 		FilterSubject: Subject(b),
@@ -174,26 +174,26 @@ func consumerConfig(b taskassignment.BackendKind, capacity int) jetstream.Consum
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       AckWait,
 		MaxDeliver:    taskassignment.MaxDeliver,
-		MaxAckPending: capacity,
+		MaxAckPending: maxInFlight,
 	}
 }
 
 // OpenConsumer creates the durable pull consumer of backend b, named after b
 // and filtered to Subject(b), or brings an existing one back to that
-// configuration. At most capacity messages are delivered and unacknowledged
-// at once; the server holds back the rest. Every message is delivered, from
+// configuration. At most maxInFlight messages are delivered and
+// unacknowledged at once; the server holds back the rest. Every message is delivered, from
 // the oldest in the stream; an unacknowledged one comes back after AckWait, up
-// to MaxDeliver times. capacity below 1 is an error. It is idempotent; calling
-// it with another capacity changes the limit in place without losing messages
+// to MaxDeliver times. maxInFlight below 1 is an error. It is idempotent; calling
+// it with another maxInFlight changes the limit in place without losing messages
 // or deliveries in flight.
-func (q *Queue) OpenConsumer(ctx context.Context, b taskassignment.BackendKind, capacity int) (jetstream.Consumer, error) {
+func (q *Queue) OpenConsumer(ctx context.Context, b taskassignment.BackendKind, maxInFlight int) (jetstream.Consumer, error) {
 	if err := checkBackend(b); err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: consumer: %w", q.stream, err)
 	}
-	if capacity < 1 {
-		return nil, fmt.Errorf("assignment queue: stream %q: consumer %q: capacity %d is below 1", q.stream, b, capacity)
+	if maxInFlight < 1 {
+		return nil, fmt.Errorf("assignment queue: stream %q: consumer %q: max in flight %d is below 1", q.stream, b, maxInFlight)
 	}
-	c, err := q.js.CreateOrUpdateConsumer(ctx, q.stream, consumerConfig(b, capacity))
+	c, err := q.js.CreateOrUpdateConsumer(ctx, q.stream, consumerConfig(b, maxInFlight))
 	if err != nil {
 		return nil, fmt.Errorf("assignment queue: stream %q: open consumer %q: %w", q.stream, b, err)
 	}
@@ -257,7 +257,8 @@ func (q *Queue) Send(ctx context.Context, a taskassignment.Assignment) error {
 
 // Outstanding returns how many messages backend b's consumer has not yet
 // finished: those not yet delivered plus those delivered and not yet
-// acknowledged. Capacity minus Outstanding is what the backend can still take.
+// acknowledged. The consumer's max in flight minus Outstanding is what the backend
+// can still take.
 // A message past MaxDeliver is in neither count. The figure may lag a publish
 // by a moment (the consumer counts a stored message asynchronously), so it can
 // understate use for an instant; the consumer's MaxAckPending is what enforces

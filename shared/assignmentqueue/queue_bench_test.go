@@ -15,15 +15,15 @@ import (
 
 // The publish/pull/ack benchmark shape, shared with its counterparts in other
 // packages so their figures compare: one embedded server, the queue stream,
-// one backend consumer of capacity benchCapacity; b.N distinct assignments
+// one backend consumer of max in flight benchMaxInFlight; b.N distinct assignments
 // published one by one (each waiting for its PubAck), then all pulled in
 // Fetch batches of benchBatch and each acknowledged; the timer stops once the
 // stream is empty, i.e. every ack has been applied. Building the assignments
 // and starting the server are not timed.
 const (
-	benchBatch    = 100
-	benchCapacity = 1000
-	benchBackend  = taskassignment.BackendPod
+	benchBatch       = 100
+	benchMaxInFlight = 1000
+	benchBackend     = taskassignment.BackendPod
 	// benchFetchWait bounds one Fetch; a full batch normally returns at once.
 	benchFetchWait = 5 * time.Second
 )
@@ -39,7 +39,7 @@ func BenchmarkPublishPullAck(b *testing.B) {
 	if err := q.EnsureStream(ctx); err != nil {
 		b.Fatalf("EnsureStream: %v", err)
 	}
-	c, err := q.OpenConsumer(ctx, benchBackend, benchCapacity)
+	c, err := q.OpenConsumer(ctx, benchBackend, benchMaxInFlight)
 	if err != nil {
 		b.Fatalf("OpenConsumer: %v", err)
 	}

@@ -167,8 +167,8 @@ func TestEnsureStreamRefusesUncorrectableDrift(t *testing.T) {
 func TestOpenConsumerConfig(t *testing.T) {
 	ctx, js, q := newQueue(t)
 	for i, b := range taskassignment.BackendKinds() {
-		capacity := 3 + i
-		c, err := q.OpenConsumer(ctx, b, capacity)
+		maxInFlight := 3 + i
+		c, err := q.OpenConsumer(ctx, b, maxInFlight)
 		if err != nil {
 			t.Fatalf("OpenConsumer(%s): %v", b, err)
 		}
@@ -190,8 +190,8 @@ func TestOpenConsumerConfig(t *testing.T) {
 		if cfg.AckWait != 5*time.Minute {
 			t.Errorf("%s: AckWait = %v, want 5m", b, cfg.AckWait)
 		}
-		if cfg.MaxAckPending != capacity {
-			t.Errorf("%s: MaxAckPending = %d, want %d", b, cfg.MaxAckPending, capacity)
+		if cfg.MaxAckPending != maxInFlight {
+			t.Errorf("%s: MaxAckPending = %d, want %d", b, cfg.MaxAckPending, maxInFlight)
 		}
 		if cfg.MaxDeliver != 1000 {
 			t.Errorf("%s: MaxDeliver = %d, want 1000", b, cfg.MaxDeliver)
@@ -227,7 +227,7 @@ func TestOpenConsumerUpdatesInPlace(t *testing.T) {
 		t.Fatalf("fetched %d, want 1", n)
 	}
 
-	// Reopening with another capacity changes only the limit: the delivery
+	// Reopening with another max in flight changes only the limit: the delivery
 	// in flight and the pending messages stay.
 	if _, err := q.OpenConsumer(ctx, taskassignment.BackendPod, 7); err != nil {
 		t.Fatalf("reopen: %v", err)
@@ -274,18 +274,18 @@ func TestOpenConsumerCorrectsDrift(t *testing.T) {
 func TestOpenConsumerRefuses(t *testing.T) {
 	ctx, js, q := newQueue(t)
 	for _, tc := range []struct {
-		name     string
-		backend  taskassignment.BackendKind
-		capacity int
-		want     string
+		name        string
+		backend     taskassignment.BackendKind
+		maxInFlight int
+		want        string
 	}{
-		{"zero capacity", taskassignment.BackendPod, 0, "capacity 0"},
-		{"negative capacity", taskassignment.BackendPod, -1, "capacity -1"},
+		{"zero max in flight", taskassignment.BackendPod, 0, "max in flight 0"},
+		{"negative max in flight", taskassignment.BackendPod, -1, "max in flight -1"},
 		{"unknown backend", "gpu", 1, `"gpu"`},
 		{"wildcard backend", ">", 1, `">"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := q.OpenConsumer(ctx, tc.backend, tc.capacity)
+			_, err := q.OpenConsumer(ctx, tc.backend, tc.maxInFlight)
 			if err == nil {
 				t.Fatal("OpenConsumer succeeded")
 			}

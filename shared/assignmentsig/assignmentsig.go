@@ -248,7 +248,7 @@ func (k *Keyring) open(sealed []byte) ([]byte, error) {
 // SigningSettings is embedded in the configuration of the functions that
 // publish assignments (dispatch, recover).
 type SigningSettings struct {
-	SigningKey secretkey.Key `envconfig:"ASSIGNMENT_SIGNING_KEY" required:"true" desc:"base64 Ed25519 private key seed (32 bytes) that signs every published assignment; dispatch and recover"`
+	SigningKey secretkey.Key `envconfig:"GDR_ASSIGNMENT_SIGNING_KEY" required:"true" desc:"base64 Ed25519 private key seed (32 bytes) that signs every published assignment; dispatch and recover"`
 }
 
 // Signer returns the signer of the configured key; its error names the
@@ -270,7 +270,7 @@ func (s SigningSettings) Check() error {
 // VerifySettings is embedded in the configuration of the functions that
 // take assignments (handle).
 type VerifySettings struct {
-	VerifyKeys string `envconfig:"ASSIGNMENT_VERIFY_KEYS" desc:"comma-separated base64 Ed25519 public keys an assignment's signature is checked with (several during a rotation); handle, required but in setup mode"`
+	VerifyKeys string `envconfig:"GDR_ASSIGNMENT_VERIFY_KEYS" desc:"comma-separated base64 Ed25519 public keys an assignment's signature is checked with (several during a rotation); handle, required but in setup mode"`
 }
 
 // Keyring returns the keyring of the configured keys; its error names the

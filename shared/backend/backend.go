@@ -35,18 +35,18 @@ type Backend interface {
 
 // BuildSettings is embedded in the configuration of handle and recover: how to reach each backend.
 type BuildSettings struct {
-	ProcessDir     string `envconfig:"PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
-	RunnerBin      string `envconfig:"RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
-	CADir          string `envconfig:"CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
-	OpenSandboxURL string `envconfig:"OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
-	OpenSandboxKey string `envconfig:"OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
+	ProcessDir     string `envconfig:"GDR_PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
+	RunnerBin      string `envconfig:"GDR_RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
+	CADir          string `envconfig:"GDR_CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
+	OpenSandboxURL string `envconfig:"GDR_OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
+	OpenSandboxKey string `envconfig:"GDR_OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
 	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
-	OpenSandboxSPIRE string `envconfig:"OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
+	OpenSandboxSPIRE string `envconfig:"GDR_OPENSANDBOX_SPIRE_SERVER" desc:"opensandbox backend: the SPIRE Server API that mints sandbox SVIDs, so that the gateway's SPIRE bundle verifies them: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET, which must be one of the server's admin_ids) or unix:<socket path> (a local, hence admin, caller); connected on the first mint (recover never mints); not together with GDR_CA_DIR"`
 	// OpenSandboxMaxTimeout is the server's max_sandbox_timeout_seconds.
-	OpenSandboxMaxTimeout time.Duration `envconfig:"OPENSANDBOX_MAX_TIMEOUT" default:"24h" desc:"opensandbox backend: the server's max_sandbox_timeout_seconds (its default: 86400 s); a pool whose job timeout is longer gets sandboxes of this timeout, with a warning when the backend starts (the server refuses a longer one)"`
-	KubeNamespace         string        `envconfig:"KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
-	SPIREServer           string        `envconfig:"SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
-	ClusterName           string        `envconfig:"CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
+	OpenSandboxMaxTimeout time.Duration `envconfig:"GDR_OPENSANDBOX_MAX_TIMEOUT" default:"24h" desc:"opensandbox backend: the server's max_sandbox_timeout_seconds (its default: 86400 s); a pool whose job timeout is longer gets sandboxes of this timeout, with a warning when the backend starts (the server refuses a longer one)"`
+	KubeNamespace         string        `envconfig:"GDR_KUBE_NAMESPACE" default:"gitea-dynamic-runner" desc:"pod backend: the namespace of executor Pods (the API server comes from KUBECONFIG, else the in-cluster config)"`
+	SPIREServer           string        `envconfig:"GDR_SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
+	ClusterName           string        `envconfig:"GDR_CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
 // Check reports the settings backend kind needs and lacks, or holds in a

@@ -202,9 +202,9 @@ func Read(getenv func(string) string) (Values, error) {
 // Settings is embedded in the configuration of every function that issues or
 // checks capabilities.
 type Settings struct {
-	Key        secretkey.Key `envconfig:"BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	GatewayURL string        `envconfig:"GATEWAY_URL" required:"true" desc:"https URL at which executors reach the gateway"`
-	GatewayID  string        `envconfig:"GATEWAY_SPIFFE_ID" desc:"SPIFFE ID executors require of the gateway; empty: spiffe://<trust domain>/gateway"`
+	Key        secretkey.Key `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	GatewayURL string        `envconfig:"GDR_GATEWAY_URL" required:"true" desc:"https URL at which executors reach the gateway"`
+	GatewayID  string        `envconfig:"GDR_GATEWAY_SPIFFE_ID" desc:"SPIFFE ID executors require of the gateway; empty: spiffe://<trust domain>/gateway"`
 }
 
 // New returns the Bootstrap of s for executors of trust domain td. Its

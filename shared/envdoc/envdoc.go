@@ -28,39 +28,52 @@ type Var struct {
 }
 
 var listing = template.Must(template.New("vars").Parse(
-	"{{range .}}{{.Key}}\t{{.Tags.Get \"default\"}}\t{{.Tags.Get \"required\"}}\t{{.Tags.Get \"desc\"}}\n{{end}}"))
+	"{{range .}}{{.Key}}\t{{.Alt}}\t{{.Name}}\t{{.Tags.Get \"default\"}}\t{{.Tags.Get \"required\"}}\t{{.Tags.Get \"desc\"}}\n{{end}}"))
 
-// Vars lists the variables of spec (a pointer to an envconfig struct) under
-// prefix, as envconfig itself resolves their names.
-func Vars(prefix string, spec any) ([]Var, error) {
+// Every field of a specification names its variable in full in its envconfig
+// tag (`envconfig:"GDR_MODE"`), and specifications are read with an empty
+// prefix. envconfig reads a tagged field from "<prefix>_<tag>" and, when that
+// is unset, from the bare tag as well: with a prefix, a MODE or CAPACITY
+// already in a container's environment would be taken silently. With the
+// full name as the tag and no prefix, both lookups are of the same name, and
+// nothing else is read. Vars refuses a field without a tag, which envconfig
+// would read from its bare field name.
+
+// Vars lists the variables of spec (a pointer to an envconfig struct), as
+// envconfig itself resolves their names. A field without an envconfig tag
+// is an error naming it.
+func Vars(spec any) ([]Var, error) {
 	var out bytes.Buffer
-	if err := envconfig.Usaget(prefix, spec, &out, listing); err != nil {
+	if err := envconfig.Usaget("", spec, &out, listing); err != nil {
 		return nil, err
 	}
 	var vars []Var
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
-		f := strings.SplitN(sc.Text(), "\t", 4)
-		if len(f) != 4 {
+		f := strings.SplitN(sc.Text(), "\t", 6)
+		if len(f) != 6 {
 			continue
 		}
-		vars = append(vars, Var{Name: f[0], Default: f[1], Required: f[2] == "true", Desc: f[3]})
+		if f[1] == "" {
+			return nil, fmt.Errorf("field %s has no envconfig tag naming its variable", f[2])
+		}
+		vars = append(vars, Var{Name: f[0], Default: f[3], Required: f[4] == "true", Desc: f[5]})
 	}
 	return vars, sc.Err()
 }
 
-// Process fills spec from the environment with envconfig.Process. A missing
-// required variable is reported by its full prefixed name, all of them at
-// once, before any value that does not parse. Only when envconfig.Process
-// fails are the variables listed (Vars renders a template over every field:
-// a cost every start would pay otherwise); on error spec may be partly
-// filled.
-func Process(prefix string, spec any) error {
-	perr := envconfig.Process(prefix, spec)
+// Process fills spec from the environment with envconfig.Process, each
+// field from the one variable its tag names. A missing required variable is
+// reported by name, all of them at once, before any value that does not
+// parse. Only when envconfig.Process fails are the variables listed (Vars
+// renders a template over every field: a cost every start would pay
+// otherwise); on error spec may be partly filled.
+func Process(spec any) error {
+	perr := envconfig.Process("", spec)
 	if perr == nil {
 		return nil
 	}
-	vars, err := Vars(prefix, spec)
+	vars, err := Vars(spec)
 	if err != nil {
 		return err
 	}
@@ -95,8 +108,8 @@ func redact(err error) error {
 }
 
 // Usage writes a plain table of the variables of spec.
-func Usage(w io.Writer, prefix string, spec any) error {
-	vars, err := Vars(prefix, spec)
+func Usage(w io.Writer, spec any) error {
+	vars, err := Vars(spec)
 	if err != nil {
 		return err
 	}
@@ -197,15 +210,15 @@ func bounds(doc []byte, name string) (start, stop int, err error) {
 }
 
 // Sync keeps the section name of the Markdown file at path equal, byte for
-// byte, to the table of spec's variables under prefix between two empty lines
+// byte, to the table of spec's variables between two empty lines
 // (so that the markers stand apart from the table). With update false it
 // only reads, and returns an error listing the rows that differ; with update
 // true it rewrites that section, and nothing else of the file, when it
 // differs. Each function's configuration test calls it for its own section
 // (with update from its -update flag); run those tests one at a time when
 // updating, as they write one file.
-func Sync(path, name, prefix string, spec any, update bool) error {
-	vars, err := Vars(prefix, spec)
+func Sync(path, name string, spec any, update bool) error {
+	vars, err := Vars(spec)
 	if err != nil {
 		return err
 	}

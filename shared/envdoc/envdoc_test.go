@@ -6,22 +6,24 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kelseyhightower/envconfig"
 )
 
 type Inner struct {
-	URL string `envconfig:"NATS_URL" default:"nats://x:4222" desc:"where NATS is"`
+	URL string `envconfig:"GDR_NATS_URL" default:"nats://x:4222" desc:"where NATS is"`
 }
 
 type spec struct {
 	Inner
-	Mode  string        `envconfig:"MODE" default:"job" desc:"job or http"`
-	Key   string        `envconfig:"KEY" required:"true" desc:"a key"`
-	Wait  time.Duration `envconfig:"WAIT" default:"2s" desc:"how long"`
-	Plain string        `envconfig:"PLAIN" desc:"no default"`
+	Mode  string        `envconfig:"GDR_MODE" default:"job" desc:"job or http"`
+	Key   string        `envconfig:"GDR_KEY" required:"true" desc:"a key"`
+	Wait  time.Duration `envconfig:"GDR_WAIT" default:"2s" desc:"how long"`
+	Plain string        `envconfig:"GDR_PLAIN" desc:"no default"`
 }
 
 func TestVars(t *testing.T) {
-	vars, err := Vars("GDR", &spec{})
+	vars, err := Vars(&spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func TestVars(t *testing.T) {
 }
 
 func TestTable(t *testing.T) {
-	vars, err := Vars("GDR", &spec{})
+	vars, err := Vars(&spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +59,7 @@ func TestTable(t *testing.T) {
 		t.Fatalf("table() =\n%s\nwant\n%s", got, want)
 	}
 	var usage strings.Builder
-	if err := Usage(&usage, "GDR", &spec{}); err != nil || !strings.Contains(usage.String(), "GDR_KEY") || !strings.Contains(usage.String(), "(required)") {
+	if err := Usage(&usage, &spec{}); err != nil || !strings.Contains(usage.String(), "GDR_KEY") || !strings.Contains(usage.String(), "(required)") {
 		t.Fatalf("Usage() = %q, %v", usage.String(), err)
 	}
 }
@@ -90,7 +92,7 @@ func TestSection(t *testing.T) {
 // Sync fails on a stale section, naming the row, and with update rewrites
 // that section alone; then it passes.
 func TestSync(t *testing.T) {
-	vars, err := Vars("GDR", &spec{})
+	vars, err := Vars(&spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,20 +103,20 @@ func TestSync(t *testing.T) {
 	if err := os.WriteFile(path, []byte(head+stale+tail), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = Sync(path, "f", "GDR", &spec{}, false)
+	err = Sync(path, "f", &spec{}, false)
 	if err == nil || !strings.Contains(err.Error(), "+ | `GDR_WAIT` | `2s` |") || !strings.Contains(err.Error(), "- | `GDR_WAIT` | `5s` |") {
 		t.Fatalf("Sync() of a stale section = %v", err)
 	}
-	if err := Sync(path, "f", "GDR", &spec{}, true); err != nil {
+	if err := Sync(path, "f", &spec{}, true); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(path); string(got) != head+want+tail {
 		t.Fatalf("after the update the file reads\n%s", got)
 	}
-	if err := Sync(path, "f", "GDR", &spec{}, false); err != nil {
+	if err := Sync(path, "f", &spec{}, false); err != nil {
 		t.Fatalf("Sync() after the update = %v", err)
 	}
-	if err := Sync(path, "g", "GDR", &spec{}, true); err == nil {
+	if err := Sync(path, "g", &spec{}, true); err == nil {
 		t.Fatal("Sync() wrote a section the file does not mark")
 	}
 }
@@ -122,12 +124,12 @@ func TestSync(t *testing.T) {
 func TestProcessNamesMissingVariables(t *testing.T) {
 	t.Setenv("GDR_MODE", "http")
 	var s spec
-	err := Process("GDR", &s)
+	err := Process(&s)
 	if err == nil || !strings.Contains(err.Error(), "GDR_KEY") {
 		t.Fatalf("Process() error = %v, want it to name GDR_KEY", err)
 	}
 	t.Setenv("GDR_KEY", "k")
-	if err := Process("GDR", &s); err != nil {
+	if err := Process(&s); err != nil {
 		t.Fatal(err)
 	}
 	if s.Mode != "http" || s.Key != "k" || s.Wait != 2*time.Second || s.URL != "nats://x:4222" {
@@ -139,12 +141,12 @@ func TestProcessNamesMissingVariables(t *testing.T) {
 // does not parse (which envconfig alone would report first, or alone).
 func TestProcessReportsMissingBeforeMalformed(t *testing.T) {
 	type twoRequired struct {
-		Count int    `envconfig:"COUNT" default:"1"`
-		A     string `envconfig:"A" required:"true"`
-		B     string `envconfig:"B" required:"true"`
+		Count int    `envconfig:"GDR_COUNT" default:"1"`
+		A     string `envconfig:"GDR_A" required:"true"`
+		B     string `envconfig:"GDR_B" required:"true"`
 	}
 	t.Setenv("GDR_COUNT", "not a number")
-	if err := Process("GDR", &twoRequired{}); err == nil || err.Error() != "required variables not set: GDR_A, GDR_B" {
+	if err := Process(&twoRequired{}); err == nil || err.Error() != "required variables not set: GDR_A, GDR_B" {
 		t.Fatalf("Process() error = %v, want both missing variables named", err)
 	}
 }
@@ -153,9 +155,9 @@ func TestProcessReportsMissingBeforeMalformed(t *testing.T) {
 // a key or a token.
 func TestProcessNeverEchoesAValue(t *testing.T) {
 	type withNumbers struct {
-		Count int           `envconfig:"COUNT" default:"1"`
-		Wait  time.Duration `envconfig:"WAIT" default:"2s"`
-		On    bool          `envconfig:"ON" default:"false"`
+		Count int           `envconfig:"GDR_COUNT" default:"1"`
+		Wait  time.Duration `envconfig:"GDR_WAIT" default:"2s"`
+		On    bool          `envconfig:"GDR_ON" default:"false"`
 	}
 	const secret = "hunter2-secret-value"
 	for _, tc := range []struct{ name, variable, value, want string }{
@@ -166,10 +168,43 @@ func TestProcessNeverEchoesAValue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(tc.variable, tc.value)
-			err := Process("GDR", &withNumbers{})
+			err := Process(&withNumbers{})
 			if err == nil || err.Error() != tc.want || strings.Contains(err.Error(), tc.value) {
 				t.Fatalf("Process() error = %v, want %q (and never the value)", err, tc.want)
 			}
 		})
+	}
+}
+
+// envconfig under a prefix falls back to a tagged field's bare name (the
+// fault), and Process, which reads each field's full name with no prefix,
+// never does (the outcome).
+func TestProcessIgnoresBareNames(t *testing.T) {
+	type prefixed struct {
+		Mode string `envconfig:"MODE" default:"job"`
+	}
+	t.Setenv("MODE", "x")
+	t.Setenv("GDR_KEY", "k")
+	var old prefixed
+	if err := envconfig.Process("GDR", &old); err != nil || old.Mode != "x" {
+		t.Fatalf("envconfig.Process(\"GDR\") read Mode %q (err %v): the bare-name fallback this guards against is gone", old.Mode, err)
+	}
+	var s spec
+	if err := Process(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Mode != "job" {
+		t.Fatalf("Mode = %q with MODE=x set, want the default job", s.Mode)
+	}
+}
+
+// A field without a tag would be read from its bare field name: Vars
+// refuses it, naming the field.
+func TestVarsRefusesUntaggedField(t *testing.T) {
+	type untagged struct {
+		Capacity int `default:"1"`
+	}
+	if _, err := Vars(&untagged{}); err == nil || !strings.Contains(err.Error(), "field Capacity has no envconfig tag") {
+		t.Fatalf("Vars() error = %v, want the untagged field named", err)
 	}
 }

@@ -28,9 +28,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 )
 
-// EnvPrefix prefixes every variable of every function.
-const EnvPrefix = "GDR"
-
 // Exit codes of every function.
 const (
 	// ExitOK: everything asked for was done.
@@ -43,7 +40,7 @@ const (
 
 // CommonSettings is embedded in every function's configuration.
 type CommonSettings struct {
-	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogLevel slog.Level `envconfig:"GDR_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 // Level is the configured log level.
@@ -51,7 +48,7 @@ func (c CommonSettings) Level() slog.Level { return c.LogLevel }
 
 // HTTPSettings is embedded in the configuration of every function that listens.
 type HTTPSettings struct {
-	HTTPAddr string `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (dispatch: serve; handle and recover: http mode; gateway: always)"`
+	HTTPAddr string `envconfig:"GDR_HTTP_ADDR" default:":8080" desc:"listen address of the HTTP server (dispatch: serve; handle and recover: http mode; gateway: always)"`
 }
 
 // Checker is implemented by a configuration (its pointer) that checks what
@@ -109,13 +106,17 @@ type Program struct {
 var ErrVersion = errors.New("version requested")
 
 // Load fills cfg (a pointer to an envconfig struct) from the GDR_*
-// environment, parses args as flags over it (when cfg is a Flagger), then
-// checks it (when cfg is a Checker). It returns the arguments left after the
+// environment, refusing a renamed variable still set (RenamedVars), parses
+// args as flags over it (when cfg is a Flagger), then checks it (when cfg is
+// a Checker). It returns the arguments left after the
 // flags; flag.ErrHelp when help was asked for (the usage is printed);
 // ErrVersion for --version; a UsageError for an argument that is not one of
 // p.Commands, before any configuration error.
 func (p Program) Load(cfg any, args []string, stderr io.Writer) ([]string, error) {
-	envErr := envdoc.Process(EnvPrefix, cfg)
+	envErr := envdoc.Process(cfg)
+	if err := refuseRenamed(cfg); err != nil {
+		envErr = err
+	}
 	fs := p.flagSet(cfg, stderr)
 	version := fs.Bool("version", false, "print the version (module version, commit, Go version) and exit")
 	if err := fs.Parse(args); err != nil {
@@ -184,7 +185,7 @@ func (p Program) usage(fs *flag.FlagSet, cfg any) {
 		fs.PrintDefaults()
 	}
 	fmt.Fprintf(w, "\nConfigured by environment variables:\n")
-	_ = envdoc.Usage(w, EnvPrefix, cfg)
+	_ = envdoc.Usage(w, cfg)
 }
 
 // Logger returns the logger of the function at level, writing to w.

@@ -22,9 +22,9 @@ import (
 type testConfig struct {
 	CommonSettings
 	HTTPSettings
-	Key   string `envconfig:"TEST_KEY" required:"true" desc:"a secret"`
-	Count int    `envconfig:"TEST_COUNT" default:"1" desc:"how many"`
-	Name  string `envconfig:"TEST_NAME" default:"env" desc:"a name, also a flag"`
+	Key   string `envconfig:"GDR_TEST_KEY" required:"true" desc:"a secret"`
+	Count int    `envconfig:"GDR_TEST_COUNT" default:"1" desc:"how many"`
+	Name  string `envconfig:"GDR_TEST_NAME" default:"env" desc:"a name, also a flag"`
 }
 
 func (c *testConfig) Check() error {

@@ -14,7 +14,7 @@ const HeaderTickToken = "Ce-Gdrtoken"
 // TickSettings is embedded in the configuration of the functions a schedule ticks
 // over HTTP (dispatch serve, recover in http mode).
 type TickSettings struct {
-	TickToken string `envconfig:"TICK_TOKEN" desc:"bearer token a schedule tick (POST /) must carry; empty: ticks are refused"`
+	TickToken string `envconfig:"GDR_TICK_TOKEN" desc:"bearer token a schedule tick (POST /) must carry; empty: ticks are refused"`
 }
 
 // Authorized admits a tick that carries the token, as "Authorization:

@@ -113,5 +113,5 @@ func PoolClients(rootURL string, hc *http.Client, pools runnerpool.Pools) (map[s
 // InstanceSettings is embedded in the configuration of every function that talks to
 // Gitea.
 type InstanceSettings struct {
-	GiteaURL string `envconfig:"GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
+	GiteaURL string `envconfig:"GDR_GITEA_URL" required:"true" desc:"Gitea's root URL, e.g. https://gitea.example.com/"`
 }

@@ -16,12 +16,12 @@ import (
 
 // ConnSettings is embedded in each function's configuration.
 type ConnSettings struct {
-	URL     string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
-	Creds   string `envconfig:"NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
-	NKey    string `envconfig:"NATS_NKEY" desc:"path of an nkey seed file (NATS users with nkeys); empty for none"`
-	TLSCA   string `envconfig:"NATS_TLS_CA" desc:"PEM file of the CA that signs the NATS server's certificate; empty: the system roots (tls:// URLs)"`
-	TLSCert string `envconfig:"NATS_TLS_CERT" desc:"PEM file of the client certificate for NATS mutual TLS (with GDR_NATS_TLS_KEY)"`
-	TLSKey  string `envconfig:"NATS_TLS_KEY" desc:"PEM file of the client key for NATS mutual TLS (with GDR_NATS_TLS_CERT)"`
+	URL     string `envconfig:"GDR_NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL(s), comma-separated"`
+	Creds   string `envconfig:"GDR_NATS_CREDS" desc:"path of a NATS credentials file; empty for none"`
+	NKey    string `envconfig:"GDR_NATS_NKEY" desc:"path of an nkey seed file (NATS users with nkeys); empty for none"`
+	TLSCA   string `envconfig:"GDR_NATS_TLS_CA" desc:"PEM file of the CA that signs the NATS server's certificate; empty: the system roots (tls:// URLs)"`
+	TLSCert string `envconfig:"GDR_NATS_TLS_CERT" desc:"PEM file of the client certificate for NATS mutual TLS (with GDR_NATS_TLS_KEY)"`
+	TLSKey  string `envconfig:"GDR_NATS_TLS_KEY" desc:"PEM file of the client key for NATS mutual TLS (with GDR_NATS_TLS_CERT)"`
 }
 
 // options are the authentication and TLS options of c.

@@ -40,8 +40,8 @@ import (
 type Config struct {
 	function.CommonSettings
 
-	WorkDir    string `envconfig:"WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
-	StatusFile string `envconfig:"STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
+	WorkDir    string `envconfig:"GDR_WORK_DIR" default:"/tmp/gitea-dynamic-runner" desc:"runner: where tasks run and actions are cached"`
+	StatusFile string `envconfig:"GDR_STATUS_FILE" desc:"runner: file the exit status is written to before exit (the process backend reads it)"`
 }
 
 // program is the runner's command line.
@@ -87,7 +87,7 @@ func Main(self []string, args []string) int {
 	version := fs.Bool("version", false, "print the version (module version, commit, Go version) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: runner\n       runner install <path>   copy this runner to <path> (mode 0755) and exit\n\nStarted by a backend with the CI_* bootstrap variables. Also configured by:\n")
-		_ = envdoc.Usage(fs.Output(), function.EnvPrefix, &Config{})
+		_ = envdoc.Usage(fs.Output(), &Config{})
 	}
 	switch err := fs.Parse(args); {
 	case errors.Is(err, flag.ErrHelp):
@@ -111,7 +111,7 @@ func Main(self []string, args []string) int {
 		return 2
 	}
 	var cfg Config
-	if err := envdoc.Process(function.EnvPrefix, &cfg); err != nil {
+	if err := envdoc.Process(&cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: configuration: %v\n", err)
 		return 2
 	}

@@ -209,8 +209,8 @@ func (p Pool) validate() error {
 // PoolSettings is embedded in the configuration of every function that reads the
 // pools: where the file is, and where credentials live by default.
 type PoolSettings struct {
-	PoolsFile string `envconfig:"POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile)"`
-	StateDir  string `envconfig:"STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
+	PoolsFile string `envconfig:"GDR_POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile)"`
+	StateDir  string `envconfig:"GDR_STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 }
 
 // Load reads the pools of s.

@@ -149,8 +149,8 @@ func (k Keys) FromMetadata(labels, annotations map[string]string, td spiffeid.Tr
 
 // NamingSettings is the installation-wide naming every function must agree on.
 type NamingSettings struct {
-	TrustDomain    string `envconfig:"TRUST_DOMAIN" required:"true" desc:"SPIFFE trust domain of executor identities"`
-	MetadataPrefix string `envconfig:"METADATA_PREFIX" default:"gitea-dynamic-runner.io" desc:"key prefix of executor labels and annotations"`
+	TrustDomain    string `envconfig:"GDR_TRUST_DOMAIN" required:"true" desc:"SPIFFE trust domain of executor identities"`
+	MetadataPrefix string `envconfig:"GDR_METADATA_PREFIX" default:"gitea-dynamic-runner.io" desc:"key prefix of executor labels and annotations"`
 }
 
 // Check reports what Parse would fail on.

@@ -10,8 +10,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 )
 
 // Exec is a function's command line run in process: its arguments (without
@@ -66,6 +69,42 @@ func Run(t *testing.T, name string, exec Exec, cases []Case) {
 				if strings.Contains(stderr.String(), w) {
 					t.Errorf("stderr shows %q:\n%s", w, stderr.String())
 				}
+			}
+		})
+	}
+}
+
+// BareNamesIgnored checks that every variable of the configuration newCfg
+// returns (a new pointer to an envconfig struct each call) is named under
+// GDR_ and is read under that name only: its bare name (MODE for GDR_MODE,
+// which envconfig would fall back to under a prefix) set to "x", a value
+// that every type but a string refuses, changes neither the configuration
+// read nor the error reading it.
+func BareNamesIgnored(t *testing.T, newCfg func() any) {
+	t.Helper()
+	vars, err := envdoc.Vars(newCfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vars) == 0 {
+		t.Fatal("the configuration has no variables")
+	}
+	want := newCfg()
+	wantErr := fmt.Sprint(envdoc.Process(want))
+	for _, v := range vars {
+		bare, ok := strings.CutPrefix(v.Name, "GDR_")
+		if !ok {
+			t.Errorf("variable %s is not under GDR_", v.Name)
+			continue
+		}
+		t.Run(bare, func(t *testing.T) {
+			t.Setenv(bare, "x")
+			got := newCfg()
+			if gotErr := fmt.Sprint(envdoc.Process(got)); gotErr != wantErr {
+				t.Errorf("with %s=x set, reading the configuration fails with %s, want %s", bare, gotErr, wantErr)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("with %s=x set, the configuration is %+v, want %+v", bare, got, want)
 			}
 		})
 	}
