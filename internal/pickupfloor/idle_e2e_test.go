@@ -53,20 +53,17 @@ func BenchmarkE2EIdlePoll(b *testing.B) {
 			load := loadavg()
 			var lw *logWatch
 			var stop func()
+			var pace []string // both read the same name
+			if iv != "" {
+				pace = []string{"GDR_POLL_INTERVAL=" + iv}
+			}
 			switch path {
 			case "local":
-				var vars []string
-				if iv != "" {
-					vars = append(vars, "GDR_POLL_INTERVAL="+iv)
-				}
-				lw, stop = e.startFor(b, "local", bins.local, append(vars, "GDR_LOG_LEVEL=debug"),
+				lw, stop = e.startFor(b, "local", bins.local, append(pace, "GDR_LOG_LEVEL=debug"),
 					"--gitea-url", e.gitea.URL, "--registration-token-file", e.token, "--state-dir", b.TempDir(),
 					"--gateway-addr", freeAddr(b), "--labels", "gdr-local", "--log-format", "json")
 			default:
-				vars := e.dispatchVars(b)
-				if iv != "" {
-					vars = append(vars, "GDR_POLL_INTERVAL="+iv)
-				}
+				vars := append(e.dispatchVars(b), pace...)
 				lw, stop = e.startFor(b, "dispatch", bins.dispatch, vars, "serve")
 				e.waitHTTP(b, "http://"+e.dispatchAddr+"/livez")
 			}
