@@ -286,7 +286,7 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"replicas", map[string]any{"nats": map[string]any{"replicas": 2}}, "replicas"},
 		{"nats url scheme", map[string]any{"nats": map[string]any{"url": "http://nats:4222"}}, "url"},
 		{"gitea url", map[string]any{"gitea": map[string]any{"url": ""}}, "url"},
-		{"capacity", map[string]any{"handle": map[string]any{"capacity": 0}}, "capacity"},
+		{"max in flight", map[string]any{"handle": map[string]any{"maxInFlight": 0}}, "maxInFlight"},
 		{"pull policy", map[string]any{"images": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
 		{"pool without a name", map[string]any{"pools": []any{map[string]any{"labels": []any{"x"}, "backend": "pod"}}}, "name"},
 		{"pool backend", map[string]any{"pools": []any{map[string]any{"name": "a", "labels": []any{"x"}, "backend": "vm"}}}, "backend"},
@@ -342,7 +342,7 @@ func TestHelmChartLints(t *testing.T) {
 
 // TestHelmValuesRender checks what the values without a kustomize counterpart in the in-step
 // cases render: NATS TLS' files in gdr-config, the Workload API from the agent's socket
-// folder, the pull policy, the gateway's address, the handle's capacity and Jobs, Prometheus'
+// folder, the pull policy, the gateway's address, the handle's max in flight and Jobs, Prometheus'
 // and Gitea's selectors, the cache claim.
 func TestHelmValuesRender(t *testing.T) {
 	const tlsDir = "/var/run/secrets/gitea-dynamic-runner/nats/"
@@ -369,8 +369,8 @@ func TestHelmValuesRender(t *testing.T) {
 			"CronJob dispatch-run", []string{"spec", "jobTemplate", "spec", "template", "spec", "containers", "dispatch", "imagePullPolicy"}, "IfNotPresent"},
 		{"gateway clusterIP", map[string]any{"gateway": map[string]any{"service": map[string]any{"clusterIP": "10.0.0.9"}}},
 			"Service gateway", []string{"spec", "clusterIP"}, "10.0.0.9"},
-		{"handle capacity", map[string]any{"handle": map[string]any{"capacity": 4}},
-			"Job handle-setup", []string{"spec", "template", "spec", "containers", "handle", "env", "GDR_CAPACITY", "value"}, "4"},
+		{"handle max in flight", map[string]any{"handle": map[string]any{"maxInFlight": 4}},
+			"Job handle-setup", []string{"spec", "template", "spec", "containers", "handle", "env", "GDR_MAX_IN_FLIGHT", "value"}, "4"},
 		{"handle jobs", map[string]any{"handle": map[string]any{"maxReplicas": 3}},
 			"ScaledJob handle-pod", []string{"spec", "maxReplicaCount"}, float64(3)},
 		{"prometheus", map[string]any{"metrics": map[string]any{"prometheus": map[string]any{"namespace": "obs", "podLabels": map[string]any{"app": "prom"}}}},
