@@ -336,7 +336,7 @@ func TestChaosGitea(t *testing.T) {
 	gw := net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 	lm := &localMode{bin: bin, logs: logs,
 		args: []string{"--gitea-url", g.URL, "--state-dir", state, "--gateway-addr", gw, "--capacity", strconv.Itoa(s.Capacity), "--log-format", "json"},
-		env:  append(os.Environ(), "GDR_LOCAL_POLL_INTERVAL=500ms", "GDR_LOCAL_RECOVER_INTERVAL=5s")}
+		env:  append(os.Environ(), "GDR_POLL_INTERVAL=500ms", "GDR_RECOVER_INTERVAL=5s")}
 	t.Cleanup(lm.stop)
 	defer func() {
 		if t.Failed() {
