@@ -106,7 +106,7 @@ type Program struct {
 var ErrVersion = errors.New("version requested")
 
 // Load fills cfg (a pointer to an envconfig struct) from the GDR_*
-// environment, refusing a renamed variable still set (RenamedVars), parses
+// environment, refusing a renamed variable still set (renamedVars), parses
 // args as flags over it (when cfg is a Flagger), then checks it (when cfg is
 // a Checker). It returns the arguments left after the
 // flags; flag.ErrHelp when help was asked for (the usage is printed);

@@ -36,7 +36,7 @@ func TestRefuseRenamed(t *testing.T) {
 			[]string{"GDR_LOCAL_CAPACITY is no longer read: it was renamed GDR_CAPACITY"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, r := range RenamedVars {
+			for _, r := range renamedVars() {
 				unsetenv(t, r.Old)
 			}
 			for k, v := range tc.env {
@@ -64,7 +64,7 @@ func TestRefuseRenamed(t *testing.T) {
 // A function whose environment holds a renamed variable exits 2 before it
 // runs, naming the new name; the value is never shown.
 func TestExecRefusesRenamed(t *testing.T) {
-	for _, r := range RenamedVars {
+	for _, r := range renamedVars() {
 		unsetenv(t, r.Old)
 	}
 	t.Setenv("GDR_TEST_KEY", "k")
@@ -102,10 +102,10 @@ func TestRenamedVarsDocumented(t *testing.T) {
 			rows++
 		}
 	}
-	if rows != len(RenamedVars) {
-		t.Errorf("the section has %d rows, RenamedVars %d entries", rows, len(RenamedVars))
+	if rows != len(renamedVars()) {
+		t.Errorf("the section has %d rows, renamedVars %d entries", rows, len(renamedVars()))
 	}
-	for _, r := range RenamedVars {
+	for _, r := range renamedVars() {
 		if !strings.Contains(section, "| `"+r.Old+"`") || !strings.Contains(section, "| `"+r.New+"` |") {
 			t.Errorf("the section lacks the row %s -> %s", r.Old, r.New)
 		}
