@@ -635,7 +635,9 @@ jobs:
 // handleKilled force-deletes the handle Pod (SIGKILL, no chance to ack)
 // once it has created the executor Pod and holds the assignment until that
 // Pod is scheduled (to register its SPIRE entry on the node's agent): the
-// crash window between an executor's creation and its identity. The
+// crash window between an executor's creation and its identity. A taint only
+// handle Pods tolerate keeps the executor unscheduled until the kill has
+// landed (asserted), so the window is open whatever the node's speed. The
 // message comes back (AckWait), another handle Job finds the executor,
 // registers its entry, and the job must still succeed, with its executor
 // created once.
@@ -654,6 +656,7 @@ func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo str
 		}
 		close(created)
 	}()
+	in.holdExecutors(ctx, t)
 	in.g.PushWorkflow(t, repo, ".gitea/workflows/crash.yml", `on: push
 jobs:
   crash:
@@ -690,6 +693,12 @@ jobs:
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The fault landed in the window: the executor was still unscheduled, so
+	// the killed handle could not have bound its identity and settled.
+	if ep.Spec.NodeName != "" {
+		t.Fatalf("no fault: executor %s was scheduled to %s before its handle was killed", executor, ep.Spec.NodeName)
+	}
+	in.releaseExecutors(ctx, t)
 	assignment := ep.Labels["gitea-dynamic-runner.io/assignment-id"]
 	// Watched from now on: a finished handle Job's Pod is removed with the
 	// ScaledJob's history.
@@ -724,6 +733,58 @@ jobs:
 		t.Logf("assignment %s delivered again and accepted by %s", assignment, by)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no handle started after the kill accepted %s: the killed handle had settled it, the fault tested nothing", assignment)
+	}
+}
+
+// holdTaint keeps executor Pods unscheduled while handleKilled kills their
+// handle: handle Pods tolerate it, executors do not.
+const holdTaint = "gitea-dynamic-runner.io/e2e-hold"
+
+// holdExecutors makes the handle ScaledJob's Pods tolerate holdTaint and
+// taints the node with it, so that an executor created from now on stays
+// unscheduled, and its handle holds the assignment unsettled, until
+// releaseExecutors. Without it a quiet node schedules the executor, and the
+// handle settles, before the test's kill can land.
+func (in *installation) holdExecutors(ctx context.Context, t *testing.T) {
+	dyn, err := dynamic.NewForConfig(in.c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Appendf(nil, `{"spec":{"jobTargetRef":{"template":{"spec":{"tolerations":[{"key":%q,"operator":"Exists","effect":"NoSchedule"}]}}}}}`, holdTaint)
+	sj := schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledjobs"}
+	if _, err := dyn.Resource(sj).Namespace(installNamespace).Patch(ctx, "handle-pod", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("handle-pod ScaledJob: tolerate %s: %v", holdTaint, err)
+	}
+	t.Cleanup(func() { in.releaseExecutors(context.WithoutCancel(ctx), t) })
+	// KEDA's scale loop takes the changed template on its next reconcile; a
+	// handle Job made from the old one would wait behind the taint (and the
+	// test would fail with no executor, not pass).
+	time.Sleep(5 * time.Second)
+	in.setHoldTaint(ctx, t, true)
+}
+
+// releaseExecutors removes holdTaint from the nodes (idempotent).
+func (in *installation) releaseExecutors(ctx context.Context, t *testing.T) {
+	in.setHoldTaint(ctx, t, false)
+}
+
+func (in *installation) setHoldTaint(ctx context.Context, t *testing.T, on bool) {
+	nodes, err := in.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		taints := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(tn corev1.Taint) bool { return tn.Key == holdTaint })
+		if on {
+			taints = append(taints, corev1.Taint{Key: holdTaint, Effect: corev1.TaintEffectNoSchedule})
+		}
+		if len(taints) == len(n.Spec.Taints) && !on {
+			continue
+		}
+		n.Spec.Taints = taints
+		if _, err := in.cs.CoreV1().Nodes().Update(ctx, &n, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("node %s: taint %s=%v: %v", n.Name, holdTaint, on, err)
+		}
 	}
 }
 
