@@ -353,8 +353,10 @@ func runPod(ctx context.Context, t *testing.T, c *Cluster, cs kubernetes.Interfa
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pod.Spec.Containers[0].Name == "hello" && !strings.HasPrefix(string(b), "hello go") {
-		t.Fatalf("log %q, want hello go...", b)
+	// hello answers --version as every function does: its name, then the
+	// build's version (a stamped commit or "(devel)"), then the toolchain.
+	if pod.Spec.Containers[0].Name == "hello" && (!strings.HasPrefix(string(b), "hello ") || !strings.Contains(string(b), " go1.")) {
+		t.Fatalf("log %q, want \"hello <version> go1...\"", b)
 	}
 	t.Logf("log through the API server: %q", strings.TrimSpace(string(b)))
 	return string(b)
