@@ -37,10 +37,34 @@ type Config struct {
 	Interval          time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
 	BusyInterval      time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"serve: dispatch a busy pool this often instead: for GDR_BUSY_WINDOW after a round claimed or dropped a task, a task of the pool ended, or a webhook named one of its jobs (0, or not below GDR_POLL_INTERVAL: never busy)"`
 	BusyWindow        time.Duration `envconfig:"GDR_BUSY_WINDOW" default:"30s" desc:"serve: how long a pool stays busy after its last sign of work"`
-	RegistrationToken string        `envconfig:"GDR_REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
-	RunnerName        string        `envconfig:"GDR_RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
+	RegisterSettings
 
 	pools runnerpool.Pools
+}
+
+// RegisterSettings are what `dispatch register` adds to the pools and Gitea's address.
+type RegisterSettings struct {
+	RegistrationToken string `envconfig:"GDR_REGISTRATION_TOKEN" desc:"register: Gitea runner registration token"`
+	RunnerName        string `envconfig:"GDR_RUNNER_NAME" default:"gitea-dynamic-runner" desc:"register: runner name prefix; a pool registers as <name>-<pool>"`
+}
+
+// RegisterConfig is the configuration of `dispatch register`: Gitea, the pools and the token,
+// nothing else. It runs on the operator's machine once, before any key reaches the cluster, so
+// it must not ask for the keys, NATS or SPIRE that serve and run need.
+type RegisterConfig struct {
+	function.CommonSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	RegisterSettings
+
+	pools runnerpool.Pools
+}
+
+// Check loads the pools file.
+func (c *RegisterConfig) Check() error {
+	pools, err := c.PoolSettings.Load()
+	c.pools = pools
+	return err
 }
 
 // Check checks what envconfig cannot, and loads the pools file. Its errors

@@ -64,6 +64,15 @@ func executeTo(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if len(args) > 0 && args[0] == "keygen" {
 		return keygen(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "register" {
+		var cfg RegisterConfig
+		return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
+			if len(args) > 1 {
+				return function.Usage(fmt.Errorf("register takes no arguments, got %q", args[1:]))
+			}
+			return register(ctx, cfg, &http.Client{Timeout: 30 * time.Second}, log)
+		})
+	}
 	var cfg Config
 	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
 		return run(ctx, cfg, log, args, stdout)
@@ -107,11 +116,6 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 			return function.Usage(fmt.Errorf("status takes -o table or -o json only, got %q", args[1:]))
 		}
 		return status(ctx, cfg, pools, *format, stdout)
-	case "register":
-		if len(args) > 1 {
-			return function.Usage(fmt.Errorf("register takes no arguments, got %q", args[1:]))
-		}
-		return register(ctx, cfg, pools, hc, log)
 	case "run", "serve":
 		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
@@ -148,9 +152,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 
 // register registers every pool that has no credentials yet. A pool that
 // has them is left alone, so it is safe to run again.
-func register(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *http.Client, log *slog.Logger) error {
+func register(ctx context.Context, cfg RegisterConfig, hc *http.Client, log *slog.Logger) error {
 	var errs []error
-	for _, p := range pools {
+	for _, p := range cfg.pools {
 		store := gitea.FileStore{Path: p.Credentials}
 		_, err := store.Load()
 		if err == nil {
