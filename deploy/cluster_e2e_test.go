@@ -248,7 +248,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 		}
 	}
 
-	// deploy/README.md's "Secrets and keys" and the runner registration.
+	// The keys and Secrets (deploy/README.md, install step 1) and the runner registration.
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: installNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -94,6 +94,15 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 		}
 		srv.seeds[u] = file
 	}
+	srv.url = runAuthorizedNATS(t, dir, conf, extra)
+	return srv
+}
+
+// runAuthorizedNATS runs nats-server (embedded, 127.0.0.1, JetStream in dir) with conf as its
+// included authorization.conf and extra lines of configuration; the users' public keys come
+// from the environment (NKEY_<USER>), as the shipped file reads them. It returns the client URL.
+func runAuthorizedNATS(t testing.TB, dir, conf, extra string) string {
+	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +130,7 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 	if !s.JetStreamEnabled() {
 		t.Fatal("nats-server without JetStream")
 	}
-	srv.url = s.ClientURL()
-	return srv
+	return s.ClientURL()
 }
 
 // natsClient is one function's connection, recording the permissions violations the server

@@ -3,7 +3,7 @@
 // for an executor alive in Gitea.
 //
 //	dispatch keygen DIR        write the install's keys and secrets into DIR, each file 0600
-//	                           (deploy/README.md, "Secrets and keys"); needs no configuration
+//	                           (deploy/README.md, install step 1); needs no configuration
 //	dispatch register          register every pool that has no credentials yet
 //	dispatch run [-pool NAME]  one round for every pool (or one): a CronJob, a manual run
 //	dispatch status [-o json]  per pool: capacity, tasks in flight, started, waiting

@@ -1,5 +1,5 @@
-// Package installkeys makes the keys and secrets of a cluster install (deploy/README.md,
-// "Secrets and keys") as files, in the forms the functions read them: base64 of random bytes for
+// Package installkeys makes the keys and secrets of a cluster install (deploy/README.md, install
+// step 1) as files, in the forms the functions read them: base64 of random bytes for
 // the symmetric keys and tokens (secretkey.Key), the Ed25519 seed that signs assignments
 // (assignmentsig.NewSigner) and its public key as the verification list
 // (assignmentsig.ParseKeyring).

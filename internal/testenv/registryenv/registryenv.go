@@ -42,8 +42,9 @@ type Registry struct {
 	// Password is User's, random per registry.
 	Password string
 
-	mu       sync.Mutex
-	requests []ManifestRequest
+	anonymous bool
+	mu        sync.Mutex
+	requests  []ManifestRequest
 }
 
 // ManifestRequest is one request for a manifest (a pull resolves one first).
@@ -55,9 +56,25 @@ type ManifestRequest struct {
 // Start starts a registry, stopped when the test ends.
 func Start(t testing.TB) *Registry {
 	t.Helper()
+	return start(t, false)
+}
+
+// StartAnonymous starts a registry that lets anyone push and pull without credentials (Password
+// is empty), as a registry the nodes pull from without them does (deploy/README.md's install
+// pushes there with crane). Manifest requests are recorded as Start's are.
+func StartAnonymous(t testing.TB) *Registry {
+	t.Helper()
+	return start(t, true)
+}
+
+func start(t testing.TB, anonymous bool) *Registry {
+	t.Helper()
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
-	r := &Registry{Password: hex.EncodeToString(b)}
+	r := &Registry{Password: hex.EncodeToString(b), anonymous: anonymous}
+	if anonymous {
+		r.Password = ""
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +89,7 @@ func Start(t testing.TB) *Registry {
 func (r *Registry) auth(next http.Handler) http.Handler {
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(User+":"+r.Password))
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		ok := subtle.ConstantTimeCompare([]byte(req.Header.Get("Authorization")), []byte(want)) == 1
+		ok := r.anonymous || subtle.ConstantTimeCompare([]byte(req.Header.Get("Authorization")), []byte(want)) == 1
 		if strings.Contains(req.URL.Path, "/manifests/") {
 			r.mu.Lock()
 			r.requests = append(r.requests, ManifestRequest{Path: req.URL.Path, Authenticated: ok})
