@@ -147,7 +147,7 @@ func TestE2EClusterReadme(t *testing.T) {
 			case "overlay":
 				sh.run(ctx, t, readmeBlock{name: "the test's additions", text: readmeHook}, "")
 				built := sh.output(ctx, t, "kubectl", "kustomize", "my-deploy")
-				if strings.Contains(built, "csi.spiffe.io") {
+				if strings.Contains(built, "driver: csi.spiffe.io") {
 					t.Fatal("the overlay still mounts the SPIFFE CSI driver: deploy/testdata/readme-e2e's volume indexes are stale")
 				}
 			}
