@@ -407,12 +407,12 @@ func ours(o unstructured.Unstructured) bool {
 	return strings.HasPrefix(o.GetName(), "gitea-dynamic-runner") && o.GetKind() != "Event"
 }
 
-// waitNoExecutors waits until the executors' namespace holds no Pod (recover has finished
+// waitNoExecutors waits until the executors' namespace holds no executor Pod (recover has finished
 // every job's executor, its SPIRE entry with it).
 func (in *installation) waitNoExecutors(ctx context.Context, t *testing.T) {
 	t.Helper()
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
-		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{})
+		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 		if err != nil {
 			t.Fatal(err)
 		}
