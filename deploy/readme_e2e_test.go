@@ -123,18 +123,20 @@ func TestE2EClusterReadme(t *testing.T) {
 	}}
 	stdin := map[string]string{"registration-token": g.RegistrationToken(t), "gitea-token": g.AdminToken}
 	in := &installation{c: c, cs: cs, g: g}
+	top := t
 
 	ok := t.Run("Install", func(t *testing.T) {
 		for _, b := range readmePhase(t, "install") {
 			sh.run(ctx, t, b, stdin[b.name])
 			switch b.name {
 			case "nats-users":
-				// The prerequisite: nats-server with these users, as the skipped chart block runs it.
+				// The prerequisite: nats-server with these users, as the skipped chart block runs
+				// it, for the whole test (top: not stopped when Install ends).
 				conf, err := os.ReadFile(authorizationFile)
 				if err != nil {
 					t.Fatal(err)
 				}
-				nats := startNATSWithUsers(t, string(conf), "http: "+monitor, filepath.Join(work, "gdr-keys", "nats-users.env"))
+				nats := startNATSWithUsers(top, string(conf), "http: "+monitor, filepath.Join(work, "gdr-keys", "nats-users.env"))
 				u, err := url.Parse(nats)
 				if err != nil {
 					t.Fatal(err)
@@ -279,7 +281,7 @@ func cloneCheckout(t *testing.T) string {
 // startNATSWithUsers runs nats-server (embedded, 127.0.0.1) with the authorization conf and
 // the users' public keys of envFile (NKEY_<USER>=<public key> lines, what the install's
 // nats-users block writes), and returns its client URL.
-func startNATSWithUsers(t *testing.T, conf, extra, envFile string) string {
+func startNATSWithUsers(t testing.TB, conf, extra, envFile string) string {
 	t.Helper()
 	data, err := os.ReadFile(envFile)
 	if err != nil {
