@@ -9,8 +9,10 @@
 #   - data.gitea_dynamic_runner.registrars (handle and recover of the pod
 #     backend) may create, read and delete task registration entries only:
 #     entry IDs under entry_id_prefix, SPIFFE IDs spiffe://<trust_domain>/repo/...,
-#     parented by an agent of the trust domain, selected by one k8s pod-uid
-#     selector, never admin or downstream, with no DNS names or federation.
+#     parented by an agent of the trust domain, selected by exactly two k8s
+#     selectors, a pod-uid and the namespace, one of executor_namespaces
+#     (where the pod backend runs executors), never admin or downstream,
+#     with no DNS names or federation.
 # Neither can mint or register any other identity (not the gateway's), touch
 # an entry the operator made, write a bundle or call any other admin API.
 # GetBundle is open to any caller by the default policy. See deploy/README.md.
@@ -122,7 +124,10 @@ task_entry(e, gdr) if {
     not e.downstream
     object.get(e, "dns_names", []) == []
     object.get(e, "federates_with", []) == []
-    count(e.selectors) == 1
-    e.selectors[0].type == "k8s"
-    startswith(e.selectors[0].value, "pod-uid:")
+    count(e.selectors) == 2
+    every s in e.selectors {
+        s.type == "k8s"
+    }
+    count([s | s := e.selectors[_]; startswith(s.value, "pod-uid:")]) == 1
+    count([s | s := e.selectors[_]; s.value == concat("", ["ns:", gdr.executor_namespaces[_]])]) == 1
 }

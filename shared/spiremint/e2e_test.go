@@ -210,7 +210,8 @@ func TestE2EShippedPolicyLetsHandleMintTaskIDsOnly(t *testing.T) {
 // pod backend does (ClientConn over TCP, with its own SVID): handle's and
 // recover's IDs, which are not admins, may create, read and delete task
 // entries (entry ID under the prefix, a /repo/ ID of the trust domain, an
-// agent parent, one pod-uid selector), and nothing else: not an entry for the
+// agent parent, a pod-uid selector and the executors' namespace), and nothing
+// else: not an entry for a Pod of another namespace, not an entry for the
 // gateway's ID or another trust domain, not an admin entry, not an entry the
 // operator made, no bundle write, no mint. Another caller may do none of it.
 func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
@@ -218,6 +219,7 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 	handleID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/handle-pod")
 	spire := spireenv.Start(t, spireenv.WithShippedPolicy(t, "../../deploy/spire", map[string]any{"registrars": []string{handleID.String()}}))
 	prefix := shippedEntryIDPrefix(t)
+	jobsNS := shippedExecutorNamespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	local := spiremint.New(spire.Conn())
@@ -227,7 +229,7 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 	agent := &types.SPIFFEID{TrustDomain: trust.Name(), Path: "/spire/agent/k8s_psat/gdr/node-1"}
 	entry := func(id string, spiffeID *types.SPIFFEID, edit ...func(*types.Entry)) *types.Entry {
 		e := &types.Entry{Id: id, SpiffeId: spiffeID, ParentId: agent,
-			Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:0f8e"}}}
+			Selectors: []*types.Selector{{Type: "k8s", Value: "ns:" + jobsNS}, {Type: "k8s", Value: "pod-uid:0f8e"}}}
 		for _, f := range edit {
 			f(e)
 		}
@@ -290,9 +292,18 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 			{"an admin entry", entry(prefix+"4", task, func(e *types.Entry) { e.Admin = true })},
 			{"a downstream entry", entry(prefix+"5", task, func(e *types.Entry) { e.Downstream = true })},
 			{"a parent that is no agent", entry(prefix+"6", task, func(e *types.Entry) { e.ParentId = &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()} })},
-			{"a selector other than pod-uid", entry(prefix+"7", task, func(e *types.Entry) { e.Selectors = []*types.Selector{{Type: "k8s", Value: "sa:gateway"}} })},
-			{"a second selector", entry(prefix+"8", task, func(e *types.Entry) {
+			{"a selector other than pod-uid", entry(prefix+"7", task, func(e *types.Entry) {
+				e.Selectors = []*types.Selector{{Type: "k8s", Value: "ns:" + jobsNS}, {Type: "k8s", Value: "sa:gateway"}}
+			})},
+			{"a third selector", entry(prefix+"8", task, func(e *types.Entry) {
 				e.Selectors = append(e.Selectors, &types.Selector{Type: "unix", Value: "uid:0"})
+			})},
+			{"no namespace selector", entry(prefix+"12", task, func(e *types.Entry) { e.Selectors = e.Selectors[1:] })},
+			{"another namespace (the control plane's)", entry(prefix+"13", task, func(e *types.Entry) {
+				e.Selectors[0].Value = "ns:gitea-dynamic-runner"
+			})},
+			{"two pod-uid selectors", entry(prefix+"14", task, func(e *types.Entry) {
+				e.Selectors = []*types.Selector{{Type: "k8s", Value: "pod-uid:0f8e"}, {Type: "k8s", Value: "pod-uid:0f8f"}}
 			})},
 			{"DNS names", entry(prefix+"9", task, func(e *types.Entry) { e.DnsNames = []string{"gateway"} })},
 		} {
@@ -352,4 +363,15 @@ func shippedMaxTTL(t *testing.T) time.Duration {
 func shippedEntryIDPrefix(t *testing.T) string {
 	t.Helper()
 	return shippedData(t)["entry_id_prefix"].(string)
+}
+
+// shippedExecutorNamespace is the one namespace of the shipped policy data's
+// executor_namespaces, where the shipped manifests run executors.
+func shippedExecutorNamespace(t *testing.T) string {
+	t.Helper()
+	ns, _ := shippedData(t)["executor_namespaces"].([]any)
+	if len(ns) != 1 {
+		t.Fatalf("policy_data.json executor_namespaces = %v, want one namespace", ns)
+	}
+	return ns[0].(string)
 }

@@ -4,6 +4,7 @@ package pod
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,10 +66,10 @@ func TestE2EBindIdentity(t *testing.T) {
 	if got.Id != EntryID(DefaultEntryIDPrefix, a.ID) ||
 		spiffeString(got.SpiffeId) != a.Identity.SPIFFEID ||
 		spiffeString(got.ParentId) != wantParent ||
-		len(got.Selectors) != 1 || got.Selectors[0].Type != "k8s" || got.Selectors[0].Value != "pod-uid:"+string(pod.UID) ||
+		!slices.Equal(selectorStrings(got.Selectors), []string{"k8s:ns:" + env.ns, "k8s:pod-uid:" + string(pod.UID)}) ||
 		got.ExpiresAt != now.Add(90*time.Minute+DefaultExpiryMargin).Unix() {
-		t.Fatalf("entry %v\nwant ID %s, SPIFFE ID %s, parent %s, selector k8s:pod-uid:%s, expiry now+105m",
-			got, EntryID(DefaultEntryIDPrefix, a.ID), a.Identity.SPIFFEID, wantParent, pod.UID)
+		t.Fatalf("entry %v\nwant ID %s, SPIFFE ID %s, parent %s, selectors k8s:ns:%s and k8s:pod-uid:%s, expiry now+105m",
+			got, EntryID(DefaultEntryIDPrefix, a.ID), a.Identity.SPIFFEID, wantParent, env.ns, pod.UID)
 	}
 
 	// Binding again later (a redelivery) keeps the entry as it is.
@@ -130,7 +131,7 @@ func TestE2EBindConflicts(t *testing.T) {
 	t.Run("entry ID taken by another identity", func(t *testing.T) {
 		a, e := env.scheduled(t, b, 1)
 		other := spiffeid.RequireFromString("spiffe://ci.example.org/repo/someone/else/task/77")
-		create(podEntry(EntryID(DefaultEntryIDPrefix, a.ID), other, parentOf(e), "some-pod", 0))
+		create(podEntry(EntryID(DefaultEntryIDPrefix, a.ID), other, parentOf(e), env.ns, "some-pod", 0))
 		err := b.BindIdentity(ctx, e, a.Identity)
 		if !errors.Is(err, ErrEntryConflict) {
 			t.Fatalf("BindIdentity over a foreign entry: %v; want ErrEntryConflict", err)
@@ -148,7 +149,7 @@ func TestE2EBindConflicts(t *testing.T) {
 			t.Fatal(err)
 		}
 		sid := spiffeid.RequireFromString(a.Identity.SPIFFEID)
-		create(podEntry("someone-elses-entry", sid, parentOf(e), string(pod.UID), 0))
+		create(podEntry("someone-elses-entry", sid, parentOf(e), env.ns, string(pod.UID), 0))
 		if err := b.BindIdentity(ctx, e, a.Identity); !errors.Is(err, ErrEntryConflict) || !strings.Contains(err.Error(), "someone-elses-entry") {
 			t.Fatalf("BindIdentity with a similar entry under another ID: %v; want ErrEntryConflict naming it", err)
 		}
@@ -157,7 +158,7 @@ func TestE2EBindConflicts(t *testing.T) {
 	t.Run("stale entry of an earlier Pod is replaced", func(t *testing.T) {
 		a, e := env.scheduled(t, b, 3)
 		sid := spiffeid.RequireFromString(a.Identity.SPIFFEID)
-		create(podEntry(EntryID(DefaultEntryIDPrefix, a.ID), sid, parentOf(e), "uid-of-an-earlier-pod", 0))
+		create(podEntry(EntryID(DefaultEntryIDPrefix, a.ID), sid, parentOf(e), env.ns, "uid-of-an-earlier-pod", 0))
 		if err := b.BindIdentity(ctx, e, a.Identity); err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +167,7 @@ func TestE2EBindConflicts(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := entries.GetEntry(ctx, &entryv1.GetEntryRequest{Id: EntryID(DefaultEntryIDPrefix, a.ID)})
-		if err != nil || got.Selectors[0].Value != "pod-uid:"+string(pod.UID) || got.ExpiresAt == 0 {
+		if err != nil || !slices.Contains(selectorStrings(got.Selectors), "k8s:pod-uid:"+string(pod.UID)) || got.ExpiresAt == 0 {
 			t.Fatalf("entry after the replacement: %v %v", got, err)
 		}
 	})

@@ -81,13 +81,19 @@ func agentID(td spiffeid.TrustDomain, cluster, nodeUID string) (spiffeid.ID, err
 }
 
 // podEntry is the registration entry of a pod: its SPIFFE ID, issued to the
-// workload with pod UID podUID, through the agent of its node.
-func podEntry(entryID string, id, parent spiffeid.ID, podUID string, expiresAt int64) *types.Entry {
+// workload with pod UID podUID in namespace ns, through the agent of its node.
+// Both selectors must match (SPIRE ANDs them): the UID names the one Pod, the
+// namespace lets the server's authorization policy confine task entries to
+// the executors' namespace (deploy/spire/policy.rego).
+func podEntry(entryID string, id, parent spiffeid.ID, ns, podUID string, expiresAt int64) *types.Entry {
 	return &types.Entry{
-		Id:        entryID,
-		SpiffeId:  &types.SPIFFEID{TrustDomain: id.TrustDomain().Name(), Path: id.Path()},
-		ParentId:  &types.SPIFFEID{TrustDomain: parent.TrustDomain().Name(), Path: parent.Path()},
-		Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:" + podUID}},
+		Id:       entryID,
+		SpiffeId: &types.SPIFFEID{TrustDomain: id.TrustDomain().Name(), Path: id.Path()},
+		ParentId: &types.SPIFFEID{TrustDomain: parent.TrustDomain().Name(), Path: parent.Path()},
+		Selectors: []*types.Selector{
+			{Type: "k8s", Value: "ns:" + ns},
+			{Type: "k8s", Value: "pod-uid:" + podUID},
+		},
 		ExpiresAt: expiresAt,
 	}
 }

@@ -25,8 +25,8 @@
 //     it with envFrom, and the Secret's owner reference names the Pod, so the
 //     garbage collector deletes it with the Pod;
 //   - the SPIRE entry is EntryID(EntryIDPrefix, <id>): SPIFFE ID = the task's,
-//     parent = the k8s_psat agent of the Pod's node, selector
-//     k8s:pod-uid:<Pod UID>.
+//     parent = the k8s_psat agent of the Pod's node, selectors
+//     k8s:ns:<namespace> and k8s:pod-uid:<Pod UID>.
 //
 // Ordering and crash windows. The Pod is created first and the Secret second,
 // with its owner reference already set (an owner reference needs the Pod's
@@ -609,7 +609,7 @@ func (b *Backend) BindIdentity(ctx context.Context, e *executor.Executor, id tas
 		timeout = time.Duration(*d) * time.Second
 	}
 	expires := b.now().Add(timeout + b.margin).Unix()
-	entry := podEntry(EntryID(b.entryPrefix, assignmentID), sid, parent, string(pod.UID), expires)
+	entry := podEntry(EntryID(b.entryPrefix, assignmentID), sid, parent, pod.Namespace, string(pod.UID), expires)
 	if err := ensureEntry(ctx, b.entries, entry); err != nil {
 		return fmt.Errorf("pod backend: bind identity of Pod %s: %w", e.Name, err)
 	}

@@ -191,7 +191,7 @@ func TestCompareEntry(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
 	id := spiffeid.RequireFromPath(td, "/repo/o/r/task/1")
 	parent, _ := agentID(td, "c1", "node-1")
-	want := podEntry("gdr-x", id, parent, "uid-1", 100)
+	want := podEntry("gdr-x", id, parent, "jobs", "uid-1", 100)
 	other := spiffeid.RequireFromPath(td, "/repo/o/r/task/2")
 	parent2, _ := agentID(td, "c1", "node-2")
 	for _, tc := range []struct {
@@ -199,11 +199,12 @@ func TestCompareEntry(t *testing.T) {
 		got  *types.Entry
 		want entryMatch
 	}{
-		{"same", podEntry("gdr-x", id, parent, "uid-1", 100), entrySame},
-		{"same but expiry", podEntry("gdr-x", id, parent, "uid-1", 999), entrySame},
-		{"other pod", podEntry("gdr-x", id, parent, "uid-2", 100), entryStale},
-		{"other node", podEntry("gdr-x", id, parent2, "uid-1", 100), entryStale},
-		{"other identity", podEntry("gdr-x", other, parent, "uid-1", 100), entryForeign},
+		{"same", podEntry("gdr-x", id, parent, "jobs", "uid-1", 100), entrySame},
+		{"same but expiry", podEntry("gdr-x", id, parent, "jobs", "uid-1", 999), entrySame},
+		{"other pod", podEntry("gdr-x", id, parent, "jobs", "uid-2", 100), entryStale},
+		{"other namespace", podEntry("gdr-x", id, parent, "elsewhere", "uid-1", 100), entryStale},
+		{"other node", podEntry("gdr-x", id, parent2, "jobs", "uid-1", 100), entryStale},
+		{"other identity", podEntry("gdr-x", other, parent, "jobs", "uid-1", 100), entryForeign},
 	} {
 		if got := compareEntry(tc.got, want); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
