@@ -168,7 +168,8 @@ func stepProblems(t testing.TB, chart, kustomize []doc) []string {
 // same objects, and each one the same (RBAC rules, containers, security contexts, volumes,
 // network policies, ...) but for Helm's labels and the pools file's comments (comparable). The
 // default values give deploy/keda as shipped; the other cases set, in both, what an installer
-// sets: the namespace and images, the cache component, the Knative path.
+// sets: the namespace and images, the executors' namespace, the cache component, the Knative
+// path.
 func TestHelmChartMatchesKustomize(t *testing.T) {
 	cases := []struct {
 		name string
@@ -177,13 +178,19 @@ func TestHelmChartMatchesKustomize(t *testing.T) {
 		components []string
 		// namespace, registry and tag: override() in the kustomization ("": as shipped).
 		namespace, registry, tag string
-		vals                     map[string]any
+		// executors: setExecutorsNamespace() in the kustomization ("": as shipped).
+		executors string
+		vals      map[string]any
 	}{
 		{name: "keda", dir: "keda"},
 		{name: "keda/cache", dir: "keda", components: []string{"cache"}, vals: map[string]any{"cache": map[string]any{"enabled": true}}},
 		{
 			name: "keda/namespace-and-images", dir: "keda", namespace: "ci-runners", registry: "registry.example.net/gdr", tag: "v1.2.3",
 			vals: map[string]any{"images": map[string]any{"registry": "registry.example.net/gdr", "tag": "v1.2.3"}},
+		},
+		{
+			name: "keda/executors-namespace", dir: "keda", namespace: "ci-runners", executors: "ci-runners-executors",
+			vals: map[string]any{"executors": map[string]any{"namespace": "ci-runners-executors"}},
 		},
 		{
 			// The kustomize install leaves the token to envsubst: the chart's value stands in
@@ -205,13 +212,18 @@ func TestHelmChartMatchesKustomize(t *testing.T) {
 				ns = c.namespace
 				override(t, dir, c.namespace, c.registry, c.tag)
 			}
+			jobs := jobsNamespace
+			if c.executors != "" {
+				jobs = c.executors
+				setExecutorsNamespace(t, dir, c.executors)
+			}
 			for _, comp := range c.components {
 				enableComponent(t, dir, comp)
 			}
 			kustomize := buildKustomization(t, dir)
 			chart := mustRenderChart(t, ns, c.vals)
-			if probs := namespaceProblems(chart, ns); len(probs) > 0 {
-				t.Errorf("namespace %s:\n%s", ns, strings.Join(probs, "\n"))
+			if probs := namespaceProblems(chart, ns, jobs); len(probs) > 0 {
+				t.Errorf("namespaces %s and %s:\n%s", ns, jobs, strings.Join(probs, "\n"))
 			}
 			if probs := stepProblems(t, chart, kustomize); len(probs) > 0 {
 				t.Errorf("the chart and %s are out of step:\n%s", c.name, strings.Join(probs, "\n"))
@@ -292,6 +304,9 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"pool backend", map[string]any{"pools": []any{map[string]any{"name": "a", "labels": []any{"x"}, "backend": "vm"}}}, "backend"},
 		{"knative without its token", map[string]any{"scaler": "knative"}, "knative.tickToken"},
 		{"both workload API sources", map[string]any{"spire": map[string]any{"workloadAPI": map[string]any{"hostPath": "/run/spire"}}}, "workloadAPI"},
+		{"executors in the release's namespace", map[string]any{"executors": map[string]any{"namespace": installNamespace}}, "executors.namespace"},
+		{"executors' namespace not a name", map[string]any{"executors": map[string]any{"namespace": "CI_Jobs"}}, "namespace"},
+		{"executors' namespace empty", map[string]any{"executors": map[string]any{"namespace": ""}}, "namespace"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

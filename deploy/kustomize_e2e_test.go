@@ -23,7 +23,7 @@ import (
 // tickToken stands in for the tick token envsubst fills in (deploy/README.md).
 const tickToken = "e2e-tick-token"
 
-// TestE2EKustomizeDryRun builds keda and knative with kustomize, with the namespace and the
+// TestE2EKustomizeDryRun builds keda and knative with kustomize, with both namespaces and the
 // images overridden in kustomization.yaml, and server-side applies every object in dry-run mode
 // to a real API server with the KEDA, Knative and eventing-natss CRDs installed: the API server
 // validates each one (built-in types, CRD schemas, RBAC) as kubectl apply -k would send it.
@@ -45,12 +45,13 @@ func TestE2EKustomizeDryRun(t *testing.T) {
 	}
 	for _, dir := range kustomizations {
 		t.Run(dir, func(t *testing.T) {
-			ns := p.Namespace(t)
+			ns, jobs := p.Namespace(t), p.Namespace(t)
 			root := copyDeploy(t)
 			override(t, filepath.Join(root, dir), ns, "registry.example.net/gdr", "v1.2.3")
+			setExecutorsNamespace(t, filepath.Join(root, dir), jobs)
 			docs := buildKustomization(t, filepath.Join(root, dir))
-			if probs := namespaceProblems(docs, ns); len(probs) > 0 {
-				t.Fatalf("namespace %s:\n%s", ns, strings.Join(probs, "\n"))
+			if probs := namespaceProblems(docs, ns, jobs); len(probs) > 0 {
+				t.Fatalf("namespaces %s and %s:\n%s", ns, jobs, strings.Join(probs, "\n"))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

@@ -27,8 +27,12 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
-// installNamespace is the namespace the manifests are applied to (deploy/README.md).
+// installNamespace is the control plane's namespace, the one the manifests are applied to
+// (deploy/README.md).
 const installNamespace = "gitea-dynamic-runner"
+
+// jobsNamespace is the executors' namespace (GDR_KUBE_NAMESPACE of base/00-config.yaml).
+const jobsNamespace = installNamespace + "-jobs"
 
 // noEntries is the SPIRE entry client pod.New requires. An executor whose Pod is not
 // scheduled never reaches SPIRE, so no call is expected.
@@ -92,7 +96,11 @@ func executorPodFor(t *testing.T, docs []doc, task taskassignment.Task) *corev1.
 	cfg := shippedPodConfig(t, docs)
 	td, keys := cfg.TrustDomain, cfg.Keys
 	client := fake.NewClientset()
-	cfg.Client, cfg.Namespace, cfg.Entries = client, installNamespace, noEntries{}
+	ns := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))["GDR_KUBE_NAMESPACE"]
+	if ns == "" {
+		t.Fatal("gdr-config: no GDR_KUBE_NAMESPACE, the executors' namespace")
+	}
+	cfg.Client, cfg.Namespace, cfg.Entries = client, ns, noEntries{}
 	backend, err := pod.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +117,7 @@ func executorPodFor(t *testing.T, docs []doc, task taskassignment.Task) *corev1.
 	if ok, err := w.Accept(context.Background(), a); err != nil || ok {
 		t.Fatalf("Accept = %v, %v; want the executor created and waiting to be scheduled", ok, err)
 	}
-	list, err := client.CoreV1().Pods(installNamespace).List(context.Background(), metav1.ListOptions{})
+	list, err := client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil || len(list.Items) != 1 {
 		t.Fatalf("executor Pods: %v, %v", list, err)
 	}
@@ -254,6 +262,8 @@ func (ps policySet) ruleMatches(t *testing.T, ns string, peers []networkingv1.Ne
 	return slices.ContainsFunc(peers, func(p networkingv1.NetworkPolicyPeer) bool { return ps.peerMatches(t, ns, p, e) })
 }
 
+// loadPolicies decodes the NetworkPolicies of a built install (buildKustomization), each in the
+// namespace the build gave it.
 func loadPolicies(t *testing.T, docs []doc) policySet {
 	t.Helper()
 	var ps policySet
@@ -262,19 +272,21 @@ func loadPolicies(t *testing.T, docs []doc) policySet {
 		if err := strict(d.raw, &p); err != nil {
 			t.Fatalf("%s: %v", d, err)
 		}
-		p.Namespace = installNamespace // applied with kubectl -n
+		if p.Namespace == "" {
+			t.Fatalf("%s: no namespace (a kustomize build sets it)", d)
+		}
 		ps = append(ps, p)
 	}
 	return ps
 }
 
 // TestNetworkPolicies builds a model cluster: the executor Pod the pod backend really creates,
-// the control plane's Pods from the manifests, NATS, DNS, SPIRE, the API server, Knative, Gitea
-// and the internet; then checks who may connect to whom under the shipped policies.
+// in the executors' namespace, the control plane's Pods from the manifests in theirs, NATS,
+// DNS, SPIRE, the API server, Knative, Gitea and the internet; then checks who may connect to
+// whom under the shipped policies, each in the namespace kustomize puts it in.
 func TestNetworkPolicies(t *testing.T) {
-	docs := loadManifests(t)
-	t.Run("keda", func(t *testing.T) { checkNetwork(t, installed(docs, "keda"), false) })
-	t.Run("knative", func(t *testing.T) { checkNetwork(t, installed(docs, "knative"), true) })
+	t.Run("keda", func(t *testing.T) { checkNetwork(t, buildKustomization(t, "keda"), false) })
+	t.Run("knative", func(t *testing.T) { checkNetwork(t, buildKustomization(t, "knative"), true) })
 }
 
 func checkNetwork(t *testing.T, docs []doc, knative bool) {
@@ -283,7 +295,10 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		t.Fatal("no NetworkPolicy")
 	}
 	pod := executorPod(t, docs)
-	executor := endpoint{name: "executor " + pod.Name, namespace: installNamespace, labels: pod.Labels, ip: netip.MustParseAddr("10.244.1.10")}
+	if pod.Namespace != jobsNamespace {
+		t.Fatalf("executor Pod %s in namespace %q, want %q", pod.Name, pod.Namespace, jobsNamespace)
+	}
+	executor := endpoint{name: "executor " + pod.Name, namespace: pod.Namespace, labels: pod.Labels, ip: netip.MustParseAddr("10.244.1.10")}
 
 	// The control plane, from the manifests.
 	control := map[string]endpoint{}
@@ -292,7 +307,8 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		if p.pool != "" {
 			continue
 		}
-		e := endpoint{name: p.String(), namespace: installNamespace, labels: p.labels, ip: netip.MustParseAddr(fmt.Sprintf("10.244.1.%d", ip)), ports: map[string]int32{}}
+		ns, _ := path(p.doc.obj, "metadata", "namespace").(string)
+		e := endpoint{name: p.String(), namespace: ns, labels: p.labels, ip: netip.MustParseAddr(fmt.Sprintf("10.244.1.%d", ip)), ports: map[string]int32{}}
 		ip++
 		for _, c := range p.spec.Containers {
 			for _, cp := range c.Ports {
@@ -304,7 +320,8 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		control[p.String()] = e
 		// The executor policy must not select any control-plane Pod: it would cut them off.
 		for _, pol := range ps {
-			if selects(t, &pol.Spec.PodSelector, e.labels) && selects(t, &pol.Spec.PodSelector, executor.labels) && hasType(pol, networkingv1.PolicyTypeEgress) {
+			if pol.Namespace == e.namespace && selects(t, &pol.Spec.PodSelector, e.labels) && hasType(pol, networkingv1.PolicyTypeEgress) &&
+				selects(t, &pol.Spec.PodSelector, executor.labels) {
 				t.Errorf("NetworkPolicy %s selects both the executor and %s", pol.Name, e.name)
 			}
 		}
@@ -335,6 +352,10 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 	otherMonitor := other("another Pod of the monitoring namespace", "monitoring", map[string]string{"app": "grafana"}, "10.244.5.10")
 	anotherExecutor := executor
 	anotherExecutor.ip = netip.MustParseAddr("10.244.1.11")
+	// Pods of the executors' namespace that are no executor, and executor-labelled Pods elsewhere.
+	jobsCurious := other("another Pod of the executors' namespace", jobsNamespace, map[string]string{"app": "curious"}, "10.244.1.98")
+	disguised := other("a Pod labelled as an executor in the control plane's namespace", installNamespace, executor.labels, "10.244.1.97")
+	foreign := other("a Pod labelled as an executor in another namespace", "elsewhere", executor.labels, "10.244.6.2")
 	address := func(name, addr string) endpoint { return endpoint{name: name, ip: netip.MustParseAddr(addr)} }
 
 	type conn struct {
@@ -364,6 +385,12 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		{curious, gateway, 8443, tcp, false},
 		{gitea, gateway, 8443, tcp, false},
 		{curious, executor, 22, tcp, false},
+		{jobsCurious, gateway, 8443, tcp, false},
+		{jobsCurious, dns, 53, udp, false},
+		{jobsCurious, address("the internet (github.com)", "140.82.112.3"), 443, tcp, false},
+		{jobsCurious, executor, 8080, tcp, false},
+		{disguised, gateway, 8443, tcp, false},
+		{foreign, gateway, 8443, tcp, false},
 		// Metrics: Prometheus scrapes the gateway's plain-HTTP metrics port, and nothing else
 		// of the gateway; nobody else reaches that port.
 		{prometheus, gateway, 9090, tcp, true},

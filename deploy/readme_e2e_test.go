@@ -35,9 +35,6 @@ import (
 // kubectlVersion is the kubectl scripts/peers/kubectl.sh builds, the test cluster's version.
 const kubectlVersion = "v1.37.2"
 
-// jobsNamespace is where the README's install runs the executors.
-const jobsNamespace = installNamespace + "-jobs"
-
 // readmeHook is what TestE2EClusterReadme adds after the install block of that name, because
 // the test cluster has no DNS and no SPIFFE CSI driver (docs/CLUSTER.md, "The README's
 // install", shows it): the component deploy/testdata/readme-e2e, the pools' Workload API by

@@ -38,3 +38,16 @@ csi:
 {{- end -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+gdr.executorsNamespace: the executors' namespace (GDR_KUBE_NAMESPACE): their Pods, Secrets,
+Events, handle's and recover's Roles and the executors' network policies. Never the release's:
+the control plane's Secrets stay out of those Roles' reach.
+*/}}
+{{- define "gdr.executorsNamespace" -}}
+{{- $ns := required "executors.namespace: the executors' namespace" .Values.executors.namespace -}}
+{{- if eq $ns .Release.Namespace -}}
+{{- fail (printf "executors.namespace: %q is the release's namespace; executors need one of their own (their Roles read and write its Secrets)" $ns) -}}
+{{- end -}}
+{{- $ns -}}
+{{- end }}
