@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,9 +118,19 @@ func buildInNamespace(t *testing.T, dir, ns string) []doc {
 	return buildKustomization(t, filepath.Join(root, dir))
 }
 
-// applyRBAC creates the RBAC objects as the cluster admin and deletes the cluster-scoped ones
-// when the test ends (the namespace takes the others).
-func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface, ns string, objs rbacObjects) {
+// buildInNamespaces builds the kustomization dir with the control plane in ns and the executors
+// in jobs.
+func buildInNamespaces(t *testing.T, dir, ns, jobs string) []doc {
+	t.Helper()
+	root := copyDeploy(t)
+	override(t, filepath.Join(root, dir), ns, "", "")
+	setExecutorsNamespace(t, filepath.Join(root, dir), jobs)
+	return buildKustomization(t, filepath.Join(root, dir))
+}
+
+// applyRBAC creates the RBAC objects as the cluster admin, each in the namespace the build gave
+// it, and deletes the cluster-scoped ones when the test ends (the namespaces take the others).
+func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface, objs rbacObjects) {
 	t.Helper()
 	create := func(what string, err error) {
 		t.Helper()
@@ -128,15 +139,15 @@ func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface, ns
 		}
 	}
 	for _, o := range objs.accounts {
-		_, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &o, metav1.CreateOptions{})
+		_, err := admin.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
 		create("ServiceAccount "+o.Name, err)
 	}
 	for _, o := range objs.roles {
-		_, err := admin.RbacV1().Roles(ns).Create(ctx, &o, metav1.CreateOptions{})
+		_, err := admin.RbacV1().Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
 		create("Role "+o.Name, err)
 	}
 	for _, o := range objs.roleBindings {
-		_, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &o, metav1.CreateOptions{})
+		_, err := admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
 		create("RoleBinding "+o.Name, err)
 	}
 	for _, o := range objs.clusterRoles {
@@ -244,10 +255,10 @@ func parseAudit(t *testing.T, file string) []auditEvent {
 	return out
 }
 
-// usedBy returns what the user's calls used, namespaced and cluster-wide, and the calls the API
-// server refused as forbidden.
-func usedBy(events []auditEvent, user, ns string) (namespaced, cluster map[permission]bool, forbidden []string) {
-	namespaced, cluster = map[permission]bool{}, map[permission]bool{}
+// usedBy returns what the user's calls used, by namespace and cluster-wide, and the calls the
+// API server refused as forbidden.
+func usedBy(events []auditEvent, user string) (namespaced map[string]map[permission]bool, cluster map[permission]bool, forbidden []string) {
+	namespaced, cluster = map[string]map[permission]bool{}, map[permission]bool{}
 	for _, e := range events {
 		if e.ImpersonatedUser == nil || e.ImpersonatedUser.Username != user {
 			continue
@@ -264,39 +275,41 @@ func usedBy(events []auditEvent, user, ns string) (namespaced, cluster map[permi
 			res += "/" + e.ObjectRef.Subresource
 		}
 		p := permission{e.ObjectRef.APIGroup, res, e.Verb}
-		switch e.ObjectRef.Namespace {
-		case "":
+		if ns := e.ObjectRef.Namespace; ns == "" {
 			cluster[p] = true
-		case ns:
-			namespaced[p] = true
-		default:
-			forbidden = append(forbidden, "outside the namespace: "+e.Verb+" "+e.RequestURI)
+		} else {
+			if namespaced[ns] == nil {
+				namespaced[ns] = map[permission]bool{}
+			}
+			namespaced[ns][p] = true
 		}
 	}
 	return namespaced, cluster, forbidden
 }
 
-// TestE2ERBAC applies the shipped RBAC (keda built by kustomize into a fresh namespace) to a real
-// API server and runs the pod backend as handle's and as recover's ServiceAccount, through
+// TestE2ERBAC applies the shipped RBAC (keda built by kustomize: the control plane in a fresh
+// namespace, the executors in another) to a real API server and runs the pod backend, in the
+// executors' namespace, as handle's and as recover's ServiceAccount, through
 // every path their code takes: handle's Accept (create, wait for scheduling, bind, complete a
 // Pod whose Secret is stale), recover's pass (a corrupt Pod's Event; a succeeded, a failed and a
 // stuck executor reported and deleted; a missing executor re-created; a stale Secret repaired; a
 // cancelled task's executor deleted). A verb missing from a Role fails a step (403); the audit
 // log then shows that every call was allowed and that each ServiceAccount used every verb it is
-// granted, and nothing else.
+// granted, and nothing else, namespace by namespace: nothing at all in the control plane's,
+// where neither holds any grant (its Secrets are out of their reach).
 func TestE2ERBAC(t *testing.T) {
 	p := plane.Plane(t)
 	if p.AuditLog() == "" {
 		t.Fatal("the control plane runs without an audit log")
 	}
-	ns := p.Namespace(t)
+	controlNS, ns := p.Namespace(t), p.Namespace(t) // ns: the executors'
 	admin := p.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	built := buildInNamespace(t, "keda", ns)
+	built := buildInNamespaces(t, "keda", controlNS, ns)
 	objs := rbacDocs(t, built)
-	applyRBAC(ctx, t, admin, ns, objs)
+	applyRBAC(ctx, t, admin, objs)
 	handleSA := serviceAccountOf(t, built, "ScaledJob", "handle-pod")
 	recoverSA := serviceAccountOf(t, built, "CronJob", "recover")
 
@@ -313,9 +326,12 @@ func TestE2ERBAC(t *testing.T) {
 		}
 		return b
 	}
-	handleBackend := backend(impersonating(t, p, ns, handleSA), time.Now)
+	if cfgNS := stringMap(path(one(t, built, "ConfigMap", "gdr-config").obj, "data"))["GDR_KUBE_NAMESPACE"]; cfgNS != ns {
+		t.Fatalf("gdr-config: GDR_KUBE_NAMESPACE %q, want the executors' namespace %q", cfgNS, ns)
+	}
+	handleBackend := backend(impersonating(t, p, controlNS, handleSA), time.Now)
 	// recover's clock runs an hour ahead, so that a Pod waiting on an image is stuck at once.
-	recoverBackend := backend(impersonating(t, p, ns, recoverSA), func() time.Time { return time.Now().Add(time.Hour) })
+	recoverBackend := backend(impersonating(t, p, controlNS, recoverSA), func() time.Time { return time.Now().Add(time.Hour) })
 	boot, err := bootstrap.New(secretkey.Key(strings.Repeat("k", bootstrap.MinKeyLength)), "https://gateway:443",
 		spiffeid.RequireFromPath(td, "/gateway"))
 	if err != nil {
@@ -481,30 +497,37 @@ func TestE2ERBAC(t *testing.T) {
 	events := readAudit(ctx, t, p, admin, ns)
 	for _, sa := range []string{handleSA, recoverSA} {
 		t.Run(sa, func(t *testing.T) {
-			usedNS, usedCluster, forbidden := usedBy(events, serviceAccountUser(ns, sa), ns)
-			if len(usedNS)+len(usedCluster) == 0 {
+			usedNS, usedCluster, forbidden := usedBy(events, serviceAccountUser(controlNS, sa))
+			if len(usedNS[ns])+len(usedCluster) == 0 {
 				t.Fatal("no call in the audit log")
 			}
 			if len(forbidden) > 0 {
 				t.Errorf("calls the API server refused (a verb missing from the shipped RBAC):\n  %s", strings.Join(forbidden, "\n  "))
 			}
-			grantedNS, grantedCluster, problems := objs.granted(ns, sa)
+			grantedNS, grantedCluster, problems := objs.granted(controlNS, sa)
 			if len(problems) > 0 {
 				t.Errorf("grants: %s", strings.Join(problems, "; "))
 			}
-			if u := unusedGrants(grantedNS, usedNS); len(u) > 0 {
-				t.Errorf("granted in the namespace, never used by any path: %v", u)
+			if len(grantedNS[controlNS]) > 0 {
+				t.Errorf("granted in the control plane's namespace %s: %v", controlNS, keysOf(grantedNS[controlNS]))
+			}
+			for _, n := range slices.Sorted(maps.Keys(grantedNS)) {
+				if u := unusedGrants(grantedNS[n], usedNS[n]); len(u) > 0 {
+					t.Errorf("granted in namespace %s, never used by any path: %v", n, u)
+				}
+			}
+			for _, n := range slices.Sorted(maps.Keys(usedNS)) {
+				if u := unusedGrants(usedNS[n], grantedNS[n]); len(u) > 0 {
+					t.Errorf("used in namespace %s without a grant: %v", n, u)
+				}
 			}
 			if u := unusedGrants(grantedCluster, usedCluster); len(u) > 0 {
 				t.Errorf("granted cluster-wide, never used by any path: %v", u)
 			}
-			if u := unusedGrants(usedNS, grantedNS); len(u) > 0 {
-				t.Errorf("used in the namespace without a grant: %v", u)
-			}
 			if u := unusedGrants(usedCluster, grantedCluster); len(u) > 0 {
 				t.Errorf("used cluster-wide without a grant: %v", u)
 			}
-			t.Logf("%s used: namespace %v, cluster %v", sa, keysOf(usedNS), keysOf(usedCluster))
+			t.Logf("%s used: namespace %s %v, cluster %v", sa, ns, keysOf(usedNS[ns]), keysOf(usedCluster))
 		})
 	}
 }

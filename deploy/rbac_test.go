@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // serviceAccounts are the ServiceAccount of each function (deploy/README.md, "Hardened Pods").
@@ -90,11 +91,18 @@ func bindsAccount(subjects []rbacv1.Subject, ns, account string) bool {
 	return false
 }
 
-// granted returns what the ServiceAccount ns/account may do under objs, namespaced (Roles) and
+// granted returns what the ServiceAccount ns/account may do under objs, by namespace (Roles,
+// bound in the RoleBinding's namespace; "" for the files' documents, which carry none) and
 // cluster-wide (ClusterRoles), and problems: wildcards, resourceNames, non-resource URLs, a
 // missing role, which least privilege has no use for here.
-func (objs rbacObjects) granted(ns, account string) (namespaced, cluster map[permission]bool, problems []string) {
-	namespaced, cluster = map[permission]bool{}, map[permission]bool{}
+func (objs rbacObjects) granted(ns, account string) (namespaced map[string]map[permission]bool, cluster map[permission]bool, problems []string) {
+	namespaced, cluster = map[string]map[permission]bool{}, map[permission]bool{}
+	in := func(ns string) map[permission]bool {
+		if namespaced[ns] == nil {
+			namespaced[ns] = map[permission]bool{}
+		}
+		return namespaced[ns]
+	}
 	expand := func(where string, rules []rbacv1.PolicyRule, into map[permission]bool) {
 		for _, r := range rules {
 			if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
@@ -121,15 +129,15 @@ func (objs rbacObjects) granted(ns, account string) (namespaced, cluster map[per
 		switch b.RoleRef.Kind {
 		case "Role":
 			for _, r := range objs.roles {
-				if r.Name == b.RoleRef.Name {
-					expand(where+" -> Role "+r.Name, r.Rules, namespaced)
+				if r.Name == b.RoleRef.Name && r.Namespace == b.Namespace {
+					expand(where+" -> Role "+r.Name, r.Rules, in(b.Namespace))
 					found = true
 				}
 			}
 		case "ClusterRole":
 			for _, r := range objs.clusterRoles {
 				if r.Name == b.RoleRef.Name {
-					expand(where+" -> ClusterRole "+r.Name, r.Rules, namespaced)
+					expand(where+" -> ClusterRole "+r.Name, r.Rules, in(b.Namespace))
 					found = true
 				}
 			}
@@ -190,8 +198,8 @@ func TestServiceAccounts(t *testing.T) {
 			t.Errorf("ServiceAccount %s: automountServiceAccountToken must be false (%s does not use the Kubernetes API)", name, fn)
 		}
 		namespaced, cluster, problems := objs.granted(installNamespace, name)
-		if api != (len(namespaced)+len(cluster) > 0) {
-			t.Errorf("ServiceAccount %s (%s): %d grants, want some only for %v", name, fn, len(namespaced)+len(cluster), apiAccess)
+		if api != (len(namespaced[""])+len(cluster) > 0) {
+			t.Errorf("ServiceAccount %s (%s): %d grants, want some only for %v", name, fn, len(namespaced[""])+len(cluster), apiAccess)
 		}
 		if len(problems) > 0 {
 			t.Errorf("ServiceAccount %s: %s", name, strings.Join(problems, "; "))
@@ -243,12 +251,15 @@ func TestUnusedGrantsBites(t *testing.T) {
 		{"exact", objs("get", "list"), nil, 0},
 		{"one verb too many", objs("get", "list", "watch"), []string{"watch pods"}, 0},
 		{"wildcard", objs("*"), []string{"* pods"}, 1},
+		{"a Role of another namespace", rbacObjects{roles: []rbacv1.Role{{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}}}},
+			roleBindings: objs().roleBindings}, nil, 1},
 		{"another account's binding", rbacObjects{roles: objs("patch").roles,
 			roleBindings: []rbacv1.RoleBinding{{Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "other"}}}}}, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			namespaced, _, problems := tc.objs.granted(ns, sa)
-			if got := unusedGrants(namespaced, used); !slices.Equal(got, tc.unused) {
+			if got := unusedGrants(namespaced[""], used); !slices.Equal(got, tc.unused) {
 				t.Errorf("unused %v, want %v", got, tc.unused)
 			}
 			if len(problems) != tc.problems {
