@@ -97,7 +97,7 @@ func BenchmarkE2EClusterPickup(b *testing.B) {
 		// The next job starts from an idle installation.
 		in.waitCompleted(ctx, b, repo, name, 3*time.Minute)
 		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
-			pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+			pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -210,7 +210,7 @@ func (s *sightings) watchJobs(ctx context.Context, tb testing.TB, in *installati
 // watchPods notes when each executor Pod is first seen and when its runner
 // container is first seen running.
 func (s *sightings) watchPods(ctx context.Context, tb testing.TB, in *installation) {
-	w, err := in.cs.CoreV1().Pods(installNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+	w, err := in.cs.CoreV1().Pods(jobsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 	if err != nil {
 		tb.Errorf("watch executor Pods: %v", err)
 		return

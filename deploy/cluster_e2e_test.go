@@ -253,6 +253,12 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 		t.Fatal(err)
 	}
 	c.WaitServiceAccount(ctx, t, installNamespace)
+	// The executors' namespace: not restricted here, the pools' Workload API being a hostPath
+	// (no CSI driver; TestE2EExecutorPodRestricted checks the shipped template under restricted).
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitServiceAccount(ctx, t, jobsNamespace)
 	key := func(n int) []byte {
 		b := make([]byte, n)
 		_, _ = rand.Read(b)
@@ -282,7 +288,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 			t.Fatal(err)
 		}
 	}
-	if _, err := cs.CoreV1().Secrets(installNamespace).Create(ctx, &corev1.Secret{
+	if _, err := cs.CoreV1().Secrets(jobsNamespace).Create(ctx, &corev1.Secret{ // the executors' pull Secret
 		ObjectMeta: metav1.ObjectMeta{Name: registrySecret}, Type: corev1.SecretTypeDockerConfigJson,
 		Data: map[string][]byte{corev1.DockerConfigJsonKey: registry.DockerConfigJSON(registryHost)},
 	}, metav1.CreateOptions{}); err != nil {
@@ -642,7 +648,7 @@ jobs:
 // registers its entry, and the job must still succeed, with its executor
 // created once.
 func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo string) {
-	w, err := in.cs.CoreV1().Pods(installNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+	w, err := in.cs.CoreV1().Pods(jobsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,7 +695,7 @@ jobs:
 	if len(killed) == 0 {
 		t.Fatal("no fault: no handle Pod was running to kill")
 	}
-	ep, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, executor, metav1.GetOptions{})
+	ep, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, executor, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -833,12 +839,12 @@ jobs:
 `)
 	in.g.WaitJob(t, repo, func(j giteaenv.Job) bool { return j.Name == "evicted" && stepRunning(j) }, 3*time.Minute)
 	pod := in.executorPod(ctx, t, repo)
-	p, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, pod, metav1.GetOptions{})
+	p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	assignment := p.Labels["gitea-dynamic-runner.io/assignment-id"]
-	if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+	if err := in.cs.CoreV1().Pods(jobsNamespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	job := in.waitCompleted(ctx, t, repo, "evicted", 2*time.Minute)
@@ -939,12 +945,16 @@ func (in *installation) recoverCronJob(ctx context.Context, t *testing.T) {
 func (in *installation) nothingLeft(ctx context.Context, t *testing.T) {
 	t1 := time.Now()
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
+		var pods []corev1.Pod
+		for _, ns := range []string{installNamespace, jobsNamespace} {
+			list, err := in.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pods = append(pods, list.Items...)
 		}
 		var left []string
-		for _, p := range pods.Items {
+		for _, p := range pods {
 			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 				continue // a finished Job's Pod, kept as history
 			}
@@ -1008,7 +1018,7 @@ const (
 func (in *installation) executorPod(ctx context.Context, t *testing.T, repo string) string {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1027,11 +1037,11 @@ func (in *installation) executorPod(ctx context.Context, t *testing.T, repo stri
 	}
 }
 
-// waitPodGone waits until the Pod name no longer exists.
+// waitPodGone waits until the executor Pod name no longer exists.
 func (in *installation) waitPodGone(ctx context.Context, t *testing.T, name string, timeout time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
-		_, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, name, metav1.GetOptions{})
+		_, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return
 		}
@@ -1300,16 +1310,18 @@ func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs 
 
 func dumpPods(ctx context.Context, t testing.TB, cs kubernetes.Interface) {
 	t.Helper()
-	pods, err := cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Logf("list pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
-		t.Logf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
-		for _, ctr := range append(p.Spec.InitContainers, p.Spec.Containers...) {
-			b, err := cs.CoreV1().Pods(installNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ctr.Name, TailLines: ptrTo(int64(30))}).DoRaw(ctx)
-			t.Logf("--- %s/%s log (%v):\n%s", p.Name, ctr.Name, err, b)
+	for _, ns := range []string{installNamespace, jobsNamespace} {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Logf("list pods of %s: %v", ns, err)
+			continue
+		}
+		for _, p := range pods.Items {
+			t.Logf("pod %s/%s: %s %+v", ns, p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+			for _, ctr := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+				b, err := cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ctr.Name, TailLines: ptrTo(int64(30))}).DoRaw(ctx)
+				t.Logf("--- %s/%s log (%v):\n%s", p.Name, ctr.Name, err, b)
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ package deploy
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -11,14 +12,24 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
-// TestE2EExecutorPodRestricted creates the executor Pods of the shipped pool linux (a plain job
-// and a `container:` job), with the runner and the Workload API injected by the pod backend, in
-// a namespace that enforces Pod Security's restricted level on the real API server: the shipped
-// template and what the backend adds to it pass.
+// podSecurityRestricted are the labels of the executors' namespace (deploy/README.md,
+// "Namespaces"): Pod Security's restricted level enforced, audited and warned.
+var podSecurityRestricted = map[string]string{
+	"pod-security.kubernetes.io/enforce": "restricted",
+	"pod-security.kubernetes.io/audit":   "restricted",
+	"pod-security.kubernetes.io/warn":    "restricted",
+}
+
+// TestE2EExecutorPodRestricted creates the executor Pods of the shipped pool linux (a plain job,
+// a `container:` job and one with `services:` sidecars), with the runner and the Workload API
+// injected by the pod backend, in a namespace labelled as the executors' namespace is
+// (podSecurityRestricted: Pod Security's restricted level enforced, audited and warned) on the
+// real API server: the shipped template and what the backend adds to it pass.
 func TestE2EExecutorPodRestricted(t *testing.T) {
 	p := plane.Plane(t)
 	admin := p.Client(t)
@@ -29,7 +40,7 @@ func TestE2EExecutorPodRestricted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	maps.Copy(n.Labels, podSecurityRestricted)
 	if _, err := admin.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -39,29 +50,38 @@ func TestE2EExecutorPodRestricted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for task, image := range map[int64]string{1: "", 2: "docker.io/library/node:22-bookworm"} {
-		id, err := taskidentity.New(cfg.TrustDomain, "owner/repo", "build", task)
+	services := []jobservices.Service{
+		{ID: "db", Image: "postgres:17", Ports: []string{"5432"}, Volumes: []string{"/var/lib/postgresql/data"}, Options: "--user 999:999 --memory 1g"},
+		{ID: "cache", Image: "redis:7", Ports: []string{"6379"}},
+	}
+	for _, task := range []taskassignment.Task{
+		{ID: 1, Pool: "linux"},
+		{ID: 2, Pool: "linux", Image: "docker.io/library/node:22-bookworm"},
+		{ID: 3, Pool: "linux", Image: "docker.io/library/node:22-bookworm", Services: services},
+	} {
+		image := task.Image
+		id, err := taskidentity.New(cfg.TrustDomain, "owner/repo", "build", task.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := taskassignment.New(taskassignment.BackendPod, taskassignment.Task{ID: task, Pool: "linux", Image: image}, id)
+		a, err := taskassignment.New(taskassignment.BackendPod, task, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		w := executor.Worker{Backend: b, Bootstrap: fixedEnvironment{}, Keys: cfg.Keys}
 		if ok, err := w.Accept(ctx, a); err != nil || ok {
-			t.Fatalf("Accept of task %d (image %q) = %v, %v; want the executor created and waiting to be scheduled", task, image, ok, err)
+			t.Fatalf("Accept of task %d (image %q) = %v, %v; want the executor created and waiting to be scheduled", task.ID, image, ok, err)
 		}
 		pod, err := admin.CoreV1().Pods(ns).Get(ctx, b.PodName(a.ID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(pod.Spec.InitContainers) != 1 || pod.Spec.InitContainers[0].Name != "gdr-install-runner" ||
+		if len(pod.Spec.InitContainers) != 1+len(task.Services) || pod.Spec.InitContainers[0].Name != "gdr-install-runner" ||
 			len(pod.Spec.Containers[0].Command) != 1 || pod.Spec.Containers[0].Command[0] != "/gdr/bin/runner" {
-			t.Errorf("task %d: init containers %d, runner command %q: want the injected runner", task, len(pod.Spec.InitContainers), pod.Spec.Containers[0].Command)
+			t.Errorf("task %d: init containers %d, runner command %q: want the injected runner", task.ID, len(pod.Spec.InitContainers), pod.Spec.Containers[0].Command)
 		}
 		if image != "" && pod.Spec.Containers[0].Image != image {
-			t.Errorf("task %d: runner image %q, want the job's %q", task, pod.Spec.Containers[0].Image, image)
+			t.Errorf("task %d: runner image %q, want the job's %q", task.ID, pod.Spec.Containers[0].Image, image)
 		}
 	}
 }

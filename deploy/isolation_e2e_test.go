@@ -31,7 +31,7 @@ type isolationTarget struct {
 // whole of deploy/keda) with a real dataplane, kube-router's network policy
 // controller on the node (clusterenv.StartNetworkPolicy), and checks what an
 // executor Pod reaches: a probe Pod with the labels the pod backend gives
-// its executors, in the install's namespace, connects every second to NATS,
+// its executors, in the executors' namespace, connects every second to NATS,
 // the API server (the "kubernetes" Service and the node's address), the
 // kubelet, the SPIRE server, the gateway's metrics port and another executor
 // Pod (all refused), and to the gateway's 8443, directly and through its
@@ -50,24 +50,23 @@ func TestE2EClusterIsolation(t *testing.T) {
 	defer cancel()
 	in := installKEDA(ctx, t, 0)
 	np := in.c.StartNetworkPolicy(ctx, t)
-	ns := installNamespace
 
 	// The labels of a real executor Pod: the pod backend's, for the shipped pool.
-	docs := installed(loadManifests(t), "keda")
+	docs := buildKustomization(t, "keda")
 	executorLabels := executorPod(t, docs).Labels
 	if executorLabels["gitea-dynamic-runner.io/runner"] != "true" {
 		t.Fatalf("executor labels %v lack gitea-dynamic-runner.io/runner=true", executorLabels)
 	}
 	policies := loadPolicies(t, docs)
-	selecting := func(lbls map[string]string) []string {
+	selecting := func(p *corev1.Pod) []string {
 		var names []string
-		for _, p := range policies {
-			if selects(t, &p.Spec.PodSelector, lbls) {
-				names = append(names, p.Name)
+		for _, pol := range policies {
+			if pol.Namespace == p.Namespace && selects(t, &pol.Spec.PodSelector, p.Labels) {
+				names = append(names, pol.Name)
 			}
 		}
 		if len(names) == 0 {
-			t.Fatalf("no shipped NetworkPolicy selects labels %v", lbls)
+			t.Fatalf("no shipped NetworkPolicy selects Pod %s/%s (labels %v)", p.Namespace, p.Name, p.Labels)
 		}
 		return names
 	}
@@ -136,8 +135,8 @@ func TestE2EClusterIsolation(t *testing.T) {
 	// through the policies that select it), then the outcome.
 	var enforced time.Time
 	for _, p := range []*corev1.Pod{probe, other, gateway} {
-		want := selecting(p.Labels)
-		at := np.WaitPodPolicies(ctx, t, ns, p.Name, want, 2*time.Minute)
+		want := selecting(p)
+		at := np.WaitPodPolicies(ctx, t, p.Namespace, p.Name, want, 2*time.Minute)
 		t.Logf("kube-router: Pod %s runs through %v", p.Name, want)
 		enforced = later(enforced, at)
 	}
@@ -178,7 +177,7 @@ jobs:
 	for time.Since(enforced) < 35*time.Second {
 		time.Sleep(time.Second)
 	}
-	g, err := in.cs.CoreV1().Pods(ns).Get(ctx, gateway.Name, metav1.GetOptions{})
+	g, err := in.cs.CoreV1().Pods(gateway.Namespace).Get(ctx, gateway.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,14 +190,16 @@ jobs:
 		t.FailNow()
 	}
 
-	// Removed: every NetworkPolicy of the namespace deleted; the condition
+	// Removed: every NetworkPolicy of both namespaces deleted; the condition
 	// (no rule of a policy left for those Pods), then the same probes.
-	if err := in.cs.NetworkingV1().NetworkPolicies(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
+	for _, ns := range []string{installNamespace, jobsNamespace} {
+		if err := in.cs.NetworkingV1().NetworkPolicies(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var removed time.Time
 	for _, p := range []*corev1.Pod{probe, other, gateway} {
-		removed = later(removed, np.WaitPodPolicies(ctx, t, ns, p.Name, nil, 2*time.Minute))
+		removed = later(removed, np.WaitPodPolicies(ctx, t, p.Namespace, p.Name, nil, 2*time.Minute))
 	}
 	round = in.probeRound(ctx, t, probe.Name, removed)
 	for _, tg := range targets {
@@ -225,15 +226,15 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// runPod creates pod in the install's namespace and returns it once it runs
-// with an address.
+// runPod creates pod (an executor's stand-in) in the executors' namespace and
+// returns it once it runs with an address.
 func (in *installation) runPod(ctx context.Context, t *testing.T, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
-	if _, err := in.cs.CoreV1().Pods(installNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := in.cs.CoreV1().Pods(jobsNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create Pod %s: %v", pod.Name, err)
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		p, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -287,7 +288,7 @@ func (in *installation) spireServerAddr(ctx context.Context, t *testing.T) strin
 func (in *installation) probeRound(ctx context.Context, t *testing.T, name string, since time.Time) map[string]string {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
-		raw, err := in.cs.CoreV1().Pods(installNamespace).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		raw, err := in.cs.CoreV1().Pods(jobsNamespace).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
 		if err != nil {
 			t.Fatalf("probe %s's log: %v", name, err)
 		}
