@@ -258,6 +258,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, cadence, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
 	svc.metrics = reg
+	svc.receiver.Observer = dispatchmetrics.NewJobs(reg, pools)
 	return svc, closeNATS, nil
 }
 

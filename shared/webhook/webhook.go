@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // Headers of a Gitea delivery.
@@ -25,6 +26,11 @@ const (
 	EventWorkflowJob = "workflow_job"
 	// ActionQueued is the action of a job that became waiting.
 	ActionQueued = "queued"
+	// ActionInProgress is the action of a job a runner picked (and again
+	// of one being cancelled).
+	ActionInProgress = "in_progress"
+	// ActionCompleted is the action of a job that ended.
+	ActionCompleted = "completed"
 )
 
 // ErrSignature means a delivery's signature is missing or wrong.
@@ -52,13 +58,24 @@ func Sign(secret, body []byte) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// Job is what dispatch uses of a workflow_job delivery.
+// Job is what dispatch uses of a workflow_job delivery. The times are
+// Gitea's, to the second; a time Gitea has not set is the zero Time.
 type Job struct {
 	Action     string
 	JobID      int64
 	RunID      int64
 	Labels     []string
 	Repository string
+	// Conclusion is the result of a completed job: success, failure,
+	// cancelled, skipped.
+	Conclusion string
+	// CreatedAt is when Gitea created the job (the push, or the event
+	// that triggered its run); StartedAt when a runner picked it (the
+	// claim).
+	CreatedAt, StartedAt time.Time
+	// FirstStepAt is the earliest start of its steps, as its runner
+	// reported them: zero while (or if) no step started.
+	FirstStepAt time.Time
 }
 
 // Parse decodes a workflow_job delivery body.
@@ -66,9 +83,15 @@ func Parse(body []byte) (Job, error) {
 	var p struct {
 		Action      string `json:"action"`
 		WorkflowJob *struct {
-			ID     int64    `json:"id"`
-			RunID  int64    `json:"run_id"`
-			Labels []string `json:"labels"`
+			ID         int64     `json:"id"`
+			RunID      int64     `json:"run_id"`
+			Labels     []string  `json:"labels"`
+			Conclusion string    `json:"conclusion"`
+			CreatedAt  time.Time `json:"created_at"`
+			StartedAt  time.Time `json:"started_at"`
+			Steps      []struct {
+				StartedAt time.Time `json:"started_at"`
+			} `json:"steps"`
 		} `json:"workflow_job"`
 		Repository struct {
 			FullName string `json:"full_name"`
@@ -80,8 +103,24 @@ func Parse(body []byte) (Job, error) {
 	if p.Action == "" || p.WorkflowJob == nil || p.WorkflowJob.ID == 0 {
 		return Job{}, errors.New("workflow_job delivery has no action or job")
 	}
-	return Job{Action: p.Action, JobID: p.WorkflowJob.ID, RunID: p.WorkflowJob.RunID,
-		Labels: p.WorkflowJob.Labels, Repository: p.Repository.FullName}, nil
+	wj := p.WorkflowJob
+	job := Job{Action: p.Action, JobID: wj.ID, RunID: wj.RunID, Labels: wj.Labels, Repository: p.Repository.FullName,
+		Conclusion: wj.Conclusion, CreatedAt: set(wj.CreatedAt), StartedAt: set(wj.StartedAt)}
+	for _, st := range wj.Steps {
+		if at := set(st.StartedAt); !at.IsZero() && (job.FirstStepAt.IsZero() || at.Before(job.FirstStepAt)) {
+			job.FirstStepAt = at
+		}
+	}
+	return job, nil
+}
+
+// set is t, or the zero Time for a time Gitea has not set, which it sends
+// as the Unix epoch (a zero timestamp) or omits.
+func set(t time.Time) time.Time {
+	if t.Unix() <= 0 {
+		return time.Time{}
+	}
+	return t
 }
 
 // Dedup remembers the last Size (job, action) pairs it saw. Gitea repeats
@@ -125,12 +164,22 @@ const MaxDelivery = 1 << 20
 
 // Receiver reads deliveries at an HTTP endpoint: it checks the signature
 // (when Secret is set) and keeps only workflow_job deliveries of queued jobs
-// seen for the first time.
+// seen for the first time; its Observer hears of every job delivery seen
+// for the first time.
 type Receiver struct {
 	Secret []byte
 	Dedup  *Dedup
+	// Observer, if set, hears of every job delivery seen for the first
+	// time, whatever its action (metrics).
+	Observer Observer
 	// Log, if set, hears of refused deliveries.
 	Log *slog.Logger
+}
+
+// Observer hears of job deliveries (dispatchmetrics.Jobs). Quick, safe for
+// concurrent use.
+type Observer interface {
+	Delivered(job Job)
 }
 
 // Receive reads one delivery. With ok false it has answered already: 401 for
@@ -166,12 +215,15 @@ func (rc Receiver) Receive(w http.ResponseWriter, r *http.Request) (job Job, ok 
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return Job{}, false
 	}
-	if job.Action != ActionQueued {
-		http.Error(w, "ignored: action "+job.Action, http.StatusAccepted)
-		return Job{}, false
-	}
 	if !rc.Dedup.First(job.JobID, job.Action) {
 		http.Error(w, "ignored: duplicate delivery", http.StatusAccepted)
+		return Job{}, false
+	}
+	if rc.Observer != nil {
+		rc.Observer.Delivered(job)
+	}
+	if job.Action != ActionQueued {
+		http.Error(w, "ignored: action "+job.Action, http.StatusAccepted)
 		return Job{}, false
 	}
 	return job, true

@@ -2,12 +2,14 @@ package webhook
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const delivery = `{"action":"queued","workflow_job":{"id":17,"run_id":5,"name":"build","labels":["ubuntu-latest"],"status":"queued"},"repository":{"full_name":"alice/repo"}}`
@@ -49,6 +51,90 @@ func TestParse(t *testing.T) {
 		if _, err := Parse([]byte(bad)); err == nil {
 			t.Errorf("Parse(%s) succeeded", bad)
 		}
+	}
+}
+
+// The times of a delivery as Gitea 1.27.3 sends them: a time not set yet
+// is the Unix epoch, and the first step is the earliest started one, in
+// whatever order the steps come.
+func TestParseTimes(t *testing.T) {
+	at := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	const (
+		created = "2026-12-03T10:00:00Z"
+		picked  = "2026-12-03T10:00:04Z"
+		epoch   = "1970-01-01T00:00:00Z"
+	)
+	for _, tc := range []struct {
+		name                    string
+		job                     string
+		created, started, first time.Time
+		conclusion              string
+	}{
+		{"queued: nothing started", `"created_at":"` + created + `","started_at":"` + epoch + `","steps":[{"started_at":"` + epoch + `"}]`,
+			at(created), time.Time{}, time.Time{}, ""},
+		{"picked, no step yet", `"created_at":"` + created + `","started_at":"` + picked + `","steps":[{"started_at":"` + epoch + `"}]`,
+			at(created), at(picked), time.Time{}, ""},
+		{"completed: the earliest step", `"conclusion":"failure","created_at":"` + created + `","started_at":"` + picked +
+			`","steps":[{"started_at":"2026-12-03T10:00:09Z"},{"started_at":"2026-12-03T10:00:07Z"},{"started_at":"` + epoch + `"}]`,
+			at(created), at(picked), at("2026-12-03T10:00:07Z"), "failure"},
+		{"completed before it ran", `"conclusion":"cancelled","created_at":"` + created + `","started_at":"` + epoch + `","steps":[]`,
+			at(created), time.Time{}, time.Time{}, "cancelled"},
+		{"no times at all", `"steps":null`, time.Time{}, time.Time{}, time.Time{}, ""},
+	} {
+		j, err := Parse([]byte(`{"action":"completed","workflow_job":{"id":3,` + tc.job + `}}`))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !j.CreatedAt.Equal(tc.created) || !j.StartedAt.Equal(tc.started) || !j.FirstStepAt.Equal(tc.first) || j.Conclusion != tc.conclusion {
+			t.Errorf("%s: Parse() = created %v, started %v, first step %v, conclusion %q; want %v, %v, %v, %q", tc.name,
+				j.CreatedAt, j.StartedAt, j.FirstStepAt, j.Conclusion, tc.created, tc.started, tc.first, tc.conclusion)
+		}
+	}
+}
+
+type observed []Job
+
+func (o *observed) Delivered(j Job) { *o = append(*o, j) }
+
+// The Observer hears of every job delivery the first time, whatever its
+// action, and of no repeat; only a queued one goes on to the caller.
+func TestReceiveObserves(t *testing.T) {
+	var seen observed
+	rc := Receiver{Secret: []byte("s"), Dedup: &Dedup{Size: 8}, Observer: &seen}
+	for _, tc := range []struct {
+		action string
+		job    int
+		ok     bool
+		status int
+	}{
+		{ActionQueued, 1, true, 0},
+		{ActionInProgress, 1, false, http.StatusAccepted},
+		{ActionInProgress, 1, false, http.StatusAccepted}, // cancelling starts: a repeat
+		{ActionCompleted, 1, false, http.StatusAccepted},
+		{ActionCompleted, 1, false, http.StatusAccepted}, // a retried final report
+		{ActionQueued, 1, false, http.StatusAccepted},
+	} {
+		body := fmt.Sprintf(`{"action":%q,"workflow_job":{"id":%d}}`, tc.action, tc.job)
+		req := httptest.NewRequest(http.MethodPost, "/webhook", strings.NewReader(body))
+		req.Header.Set(HeaderEvent, EventWorkflowJob)
+		req.Header.Set(HeaderSignature, Sign([]byte("s"), []byte(body)))
+		w := httptest.NewRecorder()
+		if _, ok := rc.Receive(w, req); ok != tc.ok || (!ok && w.Code != tc.status) {
+			t.Errorf("%s of job %d: ok %v, status %d; want %v, %d", tc.action, tc.job, ok, w.Code, tc.ok, tc.status)
+		}
+	}
+	var actions []string
+	for _, j := range seen {
+		actions = append(actions, j.Action)
+	}
+	if want := []string{ActionQueued, ActionInProgress, ActionCompleted}; !slices.Equal(actions, want) {
+		t.Errorf("observed %v, want %v", actions, want)
 	}
 }
 
