@@ -24,7 +24,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/dispatchmetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics/recovermetrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
 // dashboardFile is the Grafana dashboard shipped in deploy/.
@@ -125,6 +127,7 @@ func components() (*prometheus.Registry, func()) {
 	requests := metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler())
 	started := metrics.NewStarted(reg)
 	r := recovermetrics.NewRecover(reg)
+	jobs := dispatchmetrics.NewJobs(reg, []runnerpool.Pool{{Name: "linux", Labels: []string{"linux"}}})
 	reg.MustRegister(metrics.NewConsumers(func(context.Context, string, string) (*jetstream.ConsumerInfo, error) {
 		return &jetstream.ConsumerInfo{}, nil
 	}, "CI_RUNNER", []string{"pod"}, nil))
@@ -138,6 +141,11 @@ func components() (*prometheus.Registry, func()) {
 		started.Started("linux", time.Second)
 		started.Finished("linux", runnerv1.Result_RESULT_SUCCESS, time.Minute)
 		r.Pass(recoverer.Summary{}, nil)
+		created := time.Now().Add(-time.Minute)
+		jobs.Delivered(webhook.Job{Action: webhook.ActionInProgress, Labels: []string{"linux"}, CreatedAt: created, StartedAt: created.Add(time.Second)})
+		jobs.Delivered(webhook.Job{Action: webhook.ActionCompleted, Labels: []string{"linux"}, Conclusion: "success",
+			CreatedAt: created, FirstStepAt: created.Add(5 * time.Second)})
+		jobs.Delivered(webhook.Job{Action: webhook.ActionCompleted, Labels: []string{"linux"}, Conclusion: "cancelled", CreatedAt: created})
 	}
 }
 
