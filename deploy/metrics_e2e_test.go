@@ -33,8 +33,8 @@ const gatewayMetricsNodePort = 30090
 // GDR_METRICS_ADDR; handle and recover are short-lived Jobs on the KEDA
 // path, which no Prometheus scrapes), twice, 20 s apart, after the jobs ran,
 // and evaluates every query of the shipped dashboard over what it read:
-// none may be empty. The jobs' own metrics (by result, their run) must
-// count the jobs Jobs ran to success.
+// none may be empty. The jobs' own metrics (by result, their run, their
+// queue wait and push to running) must count the jobs Jobs ran to success.
 func (in *installation) dashboardFed(ctx context.Context, t *testing.T) {
 	if _, err := in.cs.CoreV1().Services(installNamespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "gateway-metrics-e2e"},
@@ -80,6 +80,12 @@ func (in *installation) dashboardFed(ctx context.Context, t *testing.T) {
 	}
 	if v, ok := gw.Value("gdr_job_duration_seconds", "pool", "linux", "result", "success"); !ok || v < 1 {
 		t.Errorf("gdr_job_duration_seconds{pool=linux,result=success} count = %v (%v)", v, ok)
+	}
+	// dispatch timed the same jobs from Gitea's workflow_job webhook.
+	for _, name := range []string{"gdr_job_queue_wait_seconds", "gdr_job_push_to_running_seconds"} {
+		if v, ok := last["dispatch"].Value(name, "pool", "linux"); !ok || v < 3 {
+			t.Errorf("%s{pool=linux} count = %v (%v), want the 3 jobs of Jobs at least", name, v, ok)
+		}
 	}
 	assertDashboardFed(ctx, t, scrapes)
 }

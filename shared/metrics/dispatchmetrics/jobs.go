@@ -1,6 +1,7 @@
 package dispatchmetrics
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,8 +42,18 @@ func NewJobs(reg prometheus.Registerer, pools []runnerpool.Pool) *Jobs {
 			[]string{"pool", "result"}),
 	}
 	reg.MustRegister(m.queueWait, m.toRunning, m.unstarted)
+	// Every pool's count exists from the start, at 0, so that a query
+	// over it has a series before the first such job.
+	for _, p := range pools {
+		for _, r := range results {
+			m.unstarted.WithLabelValues(p.Name, r)
+		}
+	}
 	return m
 }
+
+// results are the conclusions of a job Gitea reports.
+var results = []string{"success", "failure", "cancelled", "skipped"}
 
 // Delivered observes one job delivery: its queue wait when a runner picked
 // it, its creation to first step (or, with none, its result) when it ended.
@@ -83,8 +94,7 @@ func since(from, to time.Time) (time.Duration, bool) {
 // resultLabel is a conclusion from Gitea as a label of gdr_jobs_total's
 // set: success, failure, cancelled, skipped, or unknown.
 func resultLabel(conclusion string) string {
-	switch conclusion {
-	case "success", "failure", "cancelled", "skipped":
+	if slices.Contains(results, conclusion) {
 		return conclusion
 	}
 	return "unknown"

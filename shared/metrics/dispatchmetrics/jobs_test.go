@@ -56,6 +56,11 @@ func TestJobs(t *testing.T) {
 			var obs webhook.Observer = NewJobs(reg, pools)
 			obs.Delivered(tc.job)
 			fams := metricsenv.Gather(t, reg)
+			for _, p := range pools {
+				if _, ok := fams.Value(ended, "pool", p.Name, "result", "failure"); !ok {
+					t.Errorf("%s{pool=%s,result=failure} does not exist", ended, p.Name)
+				}
+			}
 			for _, name := range []string{wait, running, ended} {
 				var n int
 				var value float64
