@@ -503,3 +503,66 @@ func TestHelmInstallStepsSetEveryValue(t *testing.T) {
 	// Step 7: the pools file out of helm template's output.
 	cutPools(t, section, "helm template gdr $CHART |", []byte(manifest), pools)
 }
+
+// TestHelmPrometheusRule: the chart ships no PrometheusRule by default (the kind needs the
+// Prometheus Operator); with metrics.prometheusRule.enabled it renders deploy/prometheus's rule
+// file as it is (the same name and groups, its {{ $labels }} templates left for Prometheus),
+// with Helm's labels and the selector labels and namespace it is given.
+func TestHelmPrometheusRule(t *testing.T) {
+	data, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file map[string]any
+	if err := yaml.Unmarshal(data, &file); err != nil {
+		t.Fatalf("%s: %v", rulesFile, err)
+	}
+	rule := func(vals map[string]any) map[string]any {
+		t.Helper()
+		var rules []doc
+		for _, d := range mustRenderChart(t, installNamespace, vals) {
+			if d.kind() == "PrometheusRule" {
+				rules = append(rules, d)
+			}
+		}
+		if len(rules) > 1 {
+			t.Fatalf("%d PrometheusRules rendered", len(rules))
+		}
+		if len(rules) == 0 {
+			return nil
+		}
+		return rules[0].obj
+	}
+	if got := rule(nil); got != nil {
+		t.Fatalf("the default values render a PrometheusRule: %v", got)
+	}
+	for _, c := range []struct {
+		name            string
+		ruleVals        map[string]any
+		namespace, pick string // pick: the selector label's value
+	}{
+		{"defaults", map[string]any{"enabled": true}, installNamespace, "prometheus"},
+		{"namespace and labels", map[string]any{"enabled": true, "namespace": "monitoring", "labels": map[string]any{"release": "kube-prom"}},
+			"monitoring", "kube-prom"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := rule(map[string]any{"metrics": map[string]any{"prometheusRule": c.ruleVals}})
+			if got == nil {
+				t.Fatal("no PrometheusRule rendered")
+			}
+			for _, at := range [][]string{{"apiVersion"}, {"kind"}, {"metadata", "name"}, {"spec"}} {
+				if g, w := lookup(got, at), lookup(file, at); !reflect.DeepEqual(g, w) {
+					t.Errorf("%v differs from %s:\n%s", at, rulesFile, diff.Diff(w, g))
+				}
+			}
+			if ns := lookup(got, []string{"metadata", "namespace"}); ns != c.namespace {
+				t.Errorf("namespace %v, want %s", ns, c.namespace)
+			}
+			for k, want := range map[string]any{"release": c.pick, "app.kubernetes.io/part-of": "gitea-dynamic-runner", "app.kubernetes.io/managed-by": "Helm"} {
+				if v := lookup(got, []string{"metadata", "labels", k}); v != want {
+					t.Errorf("label %s = %v, want %v", k, v, want)
+				}
+			}
+		})
+	}
+}
