@@ -566,3 +566,27 @@ func TestHelmPrometheusRule(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmRendersWhatRecoverStatusUses: deploy/keda/manual/recover-status.yaml runs on a Helm
+// install as it is (docs/OPERATIONS.md, "Metrics"): the chart renders the ServiceAccount and
+// the ConfigMaps it names.
+func TestHelmRendersWhatRecoverStatusUses(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("keda", "manual", "recover-status.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job map[string]any
+	if err := yaml.Unmarshal(data, &job); err != nil {
+		t.Fatal(err)
+	}
+	pod := []string{"spec", "template", "spec"}
+	want := []string{"ServiceAccount " + lookup(job, append(pod, "serviceAccountName")).(string),
+		"ConfigMap " + lookup(job, append(pod, "containers", "recover", "envFrom", "0", "configMapRef", "name")).(string),
+		"ConfigMap " + lookup(job, append(pod, "volumes", "pools", "configMap", "name")).(string)}
+	chart := byKey(mustRenderChart(t, installNamespace, nil))
+	for _, key := range want {
+		if _, ok := chart[key]; !ok {
+			t.Errorf("recover-status.yaml uses %s, which the chart does not render", key)
+		}
+	}
+}
