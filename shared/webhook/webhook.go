@@ -1,7 +1,8 @@
 // Package webhook reads Gitea's workflow_job webhook deliveries, which tell
-// dispatch that a job is waiting. A delivery is only a hint to poll: it can
-// arrive late (after the task was claimed), twice, or not at all, so nothing
-// depends on it but latency.
+// dispatch that a job is waiting, and when jobs were created, picked and
+// started their first step (metrics). A delivery is only a hint to poll: it
+// can arrive late (after the task was claimed), twice, or not at all, so
+// nothing depends on it but latency and those metrics.
 package webhook
 
 import (
