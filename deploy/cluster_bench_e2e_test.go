@@ -5,121 +5,284 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 )
 
 // BenchmarkE2EClusterPickup measures, on deploy/keda installed into the real
-// single-node cluster (installKEDA), the time from a push (the contents API
-// call returning) to the job's first step running in Gitea, for b.N jobs one
-// after another (each pushed once the one before has ended and its executor
-// Pod is gone), and splits it where the cluster shows a step:
+// single-node cluster (installKEDAWith), the time from a push (the contents
+// API call returning) to the job's first step running in Gitea, against
+// Gitea's floor for that very push: every job has a twin in the same
+// workflow, on a label no pool serves, which a bare FetchTask loop claims
+// (polling every 50 ms, at once again after a claim; Gitea creates a run's
+// jobs in one transaction, so both are fetchable at the same moment). Each
+// variant (how the executor gets its SVID, Gitea's webhook queue) installs a
+// cluster of its own and runs
+//
+//	single  GDR_BENCH_JOBS jobs (default 10) one after another, each pushed
+//	        once the one before has ended and its executor Pod is gone;
+//	burst   GDR_BENCH_JOBS jobs in one push.
+//
+// and prints, for each, `cluster pickup <variant>/<single|burst> p50 <s> p95
+// <s> floor p50 <s>`, and for single also where the time went:
 //
 //	queued  push -> the assignment waits on handle-pod's consumer (nats-server's /jsz, what KEDA reads)
-//	keda    -> KEDA's handle Job exists (its polling: pollingInterval 2 s)
+//	keda    -> KEDA's handle Job exists (its polling: pollingInterval 1 s)
 //	handle  -> the executor Pod exists (handle's Pod started, bound the consumer, Accept)
 //	pod     -> the runner container is running (scheduling, the install init container, containerd)
 //	runner  -> the first step is running in Gitea (runner start, SVID, gateway, first report)
 //
 // The test observes each itself: /jsz polled every 50 ms, watches on Jobs and
 // Pods (the arrival of the first event showing the object or the state),
-// Gitea's jobs API polled every 100 ms. It reports the p50 of each, in ms.
-// GDR_BENCH_SPIRE_SYNC sets the SPIRE agent's sync interval (SPIRE's default
-// and most: 5 s), which bounds how long a new executor waits for its SVID.
+// Gitea's jobs API polled every 100 ms. GDR_BENCH_SPIRE_SYNC sets the SPIRE
+// agent's sync interval (SPIRE's default and most: 5 s), which bounds how
+// long a workload-api executor waits for its SVID. The counts are fixed, so
+// run it once:
 //
-//	go test -tags e2e -run '^$' -bench E2EClusterPickup -benchtime 10x ./deploy/
-//	GDR_BENCH_SPIRE_SYNC=1s go test -tags e2e -run '^$' -bench E2EClusterPickup -benchtime 10x ./deploy/
+//	go test -tags e2e -run '^$' -bench E2EClusterPickup -benchtime 1x -timeout 90m ./deploy/
+//	GDR_BENCH_SPIRE_SYNC=1s go test -tags e2e -run '^$' -bench 'E2EClusterPickup/workload-api' -benchtime 1x ./deploy/
 func BenchmarkE2EClusterPickup(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	for _, v := range []struct {
+		name string
+		opts installOptions
+	}{
+		{"minted/channel", installOptions{}},
+		{"workload-api/channel", installOptions{podIdentity: "workload-api"}},
+		{"minted/default-queue", installOptions{defaultWebhookQueue: true}},
+	} {
+		b.Run(v.name, func(b *testing.B) { benchClusterPickup(b, v.name, v.opts) })
+	}
+}
+
+func benchClusterPickup(b *testing.B, variant string, o installOptions) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	var spireSync time.Duration
 	if v := os.Getenv("GDR_BENCH_SPIRE_SYNC"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			b.Fatalf("GDR_BENCH_SPIRE_SYNC: %v", err)
 		}
-		spireSync = d
+		o.spireSync = d
 	}
-	in := installKEDA(ctx, b, spireSync)
+	n := 10
+	if v := os.Getenv("GDR_BENCH_JOBS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("GDR_BENCH_JOBS %q: want a positive count", v)
+		}
+	}
+	in := installKEDAWith(ctx, b, o)
 	repo := in.g.CreateRepo(b, "bench")
+	floor := startFloor(ctx, b, in.g)
 	seen := newSightings()
 	go seen.pollQueue(ctx, in.monitor)
 	go seen.watchJobs(ctx, b, in)
 	go seen.watchPods(ctx, b, in)
 
-	var total, queued, keda, handle, pod, runner []time.Duration
+	var total, twin, queued, keda, handle, pod, runner []time.Duration
 	b.ResetTimer()
-	for i := range b.N {
-		name := fmt.Sprintf("b%d", i)
-		in.g.PushWorkflow(b, repo, ".gitea/workflows/bench.yml",
-			"on: push\njobs:\n  "+name+":\n    runs-on: ubuntu-latest\n    steps:\n      - run: sleep 1\n")
-		pushed := time.Now()
-		for deadline := pushed.Add(3 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-			running := false
-			for _, j := range in.g.Jobs(b, repo) {
-				if j.Name == name && stepRunning(j) {
-					running = true
-				}
-			}
-			if running {
-				break
-			}
-			if time.Now().After(deadline) {
-				in.dump(ctx, b)
-				b.Fatalf("job %s not running 3 minutes after its push", name)
-			}
-		}
-		started := time.Now()
+	for i := range n {
+		name := fmt.Sprintf("s%d", i)
+		pushed := pushWithTwins(b, in, repo, name)
+		started := in.waitRunning(ctx, b, repo, pushed, name)[name]
 		q, j, p, r := seen.after(pushed)
 		if q.IsZero() || j.IsZero() || p.IsZero() || r.IsZero() {
 			b.Fatalf("job %s: a step went unseen (queued %v, handle Job %v, Pod %v, running %v)", name, q, j, p, r)
 		}
 		total = append(total, started.Sub(pushed))
+		twin = append(twin, floor.claimed(b, twinJob(name)).Sub(pushed))
 		queued = append(queued, q.Sub(pushed))
 		keda = append(keda, j.Sub(q))
 		handle = append(handle, p.Sub(j))
 		pod = append(pod, r.Sub(p))
 		runner = append(runner, started.Sub(r))
-		b.Logf("%s: total %v = queued %v + keda %v + handle %v + pod %v + runner %v", name,
-			total[i].Round(time.Millisecond), queued[i].Round(time.Millisecond), keda[i].Round(time.Millisecond),
-			handle[i].Round(time.Millisecond), pod[i].Round(time.Millisecond), runner[i].Round(time.Millisecond))
-
-		// The next job starts from an idle installation.
-		in.waitCompleted(ctx, b, repo, name, 3*time.Minute)
-		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
-			pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if len(pods.Items) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("executor Pods left after job %s: %d", name, len(pods.Items))
-			}
-		}
+		b.Logf("%s: total %v (floor %v) = queued %v + keda %v + handle %v + pod %v + runner %v", name,
+			total[i].Round(time.Millisecond), twin[i].Round(time.Millisecond), queued[i].Round(time.Millisecond),
+			keda[i].Round(time.Millisecond), handle[i].Round(time.Millisecond), pod[i].Round(time.Millisecond),
+			runner[i].Round(time.Millisecond))
+		in.idle(ctx, b, repo, name)
 	}
+
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("b%d", i)
+	}
+	pushed := pushWithTwins(b, in, repo, names...)
+	started := in.waitRunning(ctx, b, repo, pushed, names...)
+	var burst, burstTwin []time.Duration
+	for _, name := range names {
+		burst = append(burst, started[name].Sub(pushed))
+		burstTwin = append(burstTwin, floor.claimed(b, twinJob(name)).Sub(pushed))
+	}
+	in.idle(ctx, b, repo, names...)
 	b.StopTimer()
+
+	sec := func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()) }
+	b.Logf("cluster pickup %s/single p50 %s p95 %s floor p50 %s", variant, sec(p50(total)), sec(p95(total)), sec(p50(twin)))
+	b.Logf("cluster pickup %s/single split p50: queued %s keda %s handle %s pod %s runner %s", variant,
+		sec(p50(queued)), sec(p50(keda)), sec(p50(handle)), sec(p50(pod)), sec(p50(runner)))
+	b.Logf("cluster pickup %s/burst p50 %s p95 %s floor p50 %s", variant, sec(p50(burst)), sec(p95(burst)), sec(p50(burstTwin)))
 	for _, m := range []struct {
 		unit string
-		d    []time.Duration
+		d    time.Duration
 	}{
-		{"total-p50-ms", total}, {"queued-p50-ms", queued}, {"keda-p50-ms", keda},
-		{"handle-p50-ms", handle}, {"pod-p50-ms", pod}, {"runner-p50-ms", runner},
+		{"single-p50-ms", p50(total)}, {"single-p95-ms", p95(total)}, {"single-floor-p50-ms", p50(twin)},
+		{"burst-p50-ms", p50(burst)}, {"burst-p95-ms", p95(burst)}, {"burst-floor-p50-ms", p50(burstTwin)},
 	} {
-		b.ReportMetric(float64(p50(m.d).Milliseconds()), m.unit)
+		b.ReportMetric(float64(m.d.Milliseconds()), m.unit)
 	}
-	b.ReportMetric(float64(p95(total).Milliseconds()), "total-p95-ms")
+}
+
+// twinLabel is the label of the twin jobs (no pool serves it), twinJob the
+// name of a job's twin.
+const twinLabel = "gdr-bench-twin"
+
+func twinJob(job string) string { return "twin-" + job }
+
+// pushWithTwins pushes one workflow with the jobs names (one `sleep 1` step
+// each, on the pool linux) and each one's twin, and returns when the push
+// returned.
+func pushWithTwins(tb testing.TB, in *installation, repo string, names ...string) time.Time {
+	tb.Helper()
+	var w strings.Builder
+	w.WriteString("on: push\njobs:\n")
+	for _, name := range names {
+		fmt.Fprintf(&w, "  %s:\n    runs-on: ubuntu-latest\n    steps:\n      - run: sleep 1\n", name)
+		fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: \"true\"\n", twinJob(name), twinLabel)
+	}
+	in.g.PushWorkflow(tb, repo, ".gitea/workflows/bench.yml", w.String())
+	return time.Now()
+}
+
+// waitRunning waits until each job of names has its first step running in
+// Gitea (polling every 100 ms, at most 3 minutes after pushed) and returns
+// when each was first seen so.
+func (in *installation) waitRunning(ctx context.Context, tb testing.TB, repo string, pushed time.Time, names ...string) map[string]time.Time {
+	tb.Helper()
+	started := map[string]time.Time{}
+	for deadline := pushed.Add(3 * time.Minute); len(started) < len(names); time.Sleep(100 * time.Millisecond) {
+		now := time.Now()
+		for _, j := range in.g.Jobs(tb, repo) {
+			if _, ok := started[j.Name]; !ok && slices.Contains(names, j.Name) && stepRunning(j) {
+				started[j.Name] = now
+			}
+		}
+		if len(started) < len(names) && (now.After(deadline) || ctx.Err() != nil) {
+			in.dump(ctx, tb)
+			tb.Fatalf("jobs running 3 minutes after their push: %d of %d", len(started), len(names))
+		}
+	}
+	return started
+}
+
+// idle waits until the jobs names have completed and no executor Pod is
+// left, so that the next push meets an idle installation.
+func (in *installation) idle(ctx context.Context, tb testing.TB, repo string, names ...string) {
+	tb.Helper()
+	for _, name := range names {
+		in.waitCompleted(ctx, tb, repo, name, 3*time.Minute)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
+		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if len(pods.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("executor Pods left after jobs %v: %d", names, len(pods.Items))
+		}
+	}
+}
+
+// floorLoop is a bare FetchTask loop, Gitea's floor: a runner of its own on
+// twinLabel that claims and at once finalizes every twin job.
+type floorLoop struct {
+	mu      sync.Mutex
+	claims  map[string]time.Time // by job name
+	changed chan struct{}
+}
+
+// startFloor registers the loop's runner and starts it until ctx ends. It
+// polls every 50 ms, and again at once after a claim (a burst's twins are
+// claimed one FetchTask each).
+func startFloor(ctx context.Context, tb testing.TB, g *giteaenv.Server) *floorLoop {
+	tb.Helper()
+	hc := &http.Client{Timeout: 30 * time.Second}
+	creds, err := gitea.Register(ctx, g.URL, hc, gitea.Registration{
+		Token: g.RegistrationToken(tb), Name: "bench-floor", Labels: []string{twinLabel}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	client, err := gitea.NewClient(g.URL, hc, creds)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := client.Declare(ctx, []string{twinLabel}); err != nil {
+		tb.Fatal(err)
+	}
+	f := &floorLoop{claims: map[string]time.Time{}, changed: make(chan struct{})}
+	tasks := gitea.TaskState{Client: client}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			task, err := client.FetchTask(ctx)
+			if err == nil && task != nil {
+				at := time.Now()
+				f.mu.Lock()
+				f.claims[task.GetContext().GetFields()["job"].GetStringValue()] = at
+				close(f.changed)
+				f.changed = make(chan struct{})
+				f.mu.Unlock()
+				_ = tasks.Finalize(ctx, task.GetId(), runnerv1.Result_RESULT_SUCCESS, "cluster pickup floor: claimed, not run")
+				continue
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	tb.Cleanup(func() { <-done })
+	return f
+}
+
+// claimed is when job was claimed by the loop, waiting at most a minute.
+func (f *floorLoop) claimed(tb testing.TB, job string) time.Time {
+	tb.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		f.mu.Lock()
+		at, changed := f.claims[job], f.changed
+		f.mu.Unlock()
+		if !at.IsZero() {
+			return at
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			tb.Fatalf("%s was never claimed by the floor loop", job)
+		}
+	}
 }
 
 // sightings are the times the benchmark saw each step, in order.

@@ -96,7 +96,22 @@ type installation struct {
 // spireSync is the SPIRE agent's sync interval (zero: SPIRE's default).
 func installKEDA(ctx context.Context, t testing.TB, spireSync time.Duration) *installation {
 	t.Helper()
-	return installKEDAWith(ctx, t, spireSync, installKustomize)
+	return installKEDAWith(ctx, t, installOptions{spireSync: spireSync})
+}
+
+// installOptions are what installKEDAWith varies; the zero value is
+// installKEDA's.
+type installOptions struct {
+	// spireSync is the SPIRE agent's sync interval (zero: SPIRE's default).
+	spireSync time.Duration
+	// how puts the control plane into the cluster.
+	how installMethod
+	// defaultWebhookQueue leaves Gitea's webhook_sender queue as Gitea
+	// ships it (level, with its backoff) instead of the channel queue
+	// deploy/README.md advises.
+	defaultWebhookQueue bool
+	// podIdentity is GDR_POD_IDENTITY (empty: the shipped default).
+	podIdentity string
 }
 
 // installMethod is how installKEDAWith puts the control plane into the cluster.
@@ -109,8 +124,8 @@ const (
 	installHelm
 )
 
-// installKEDAWith is installKEDA, the control plane installed by how.
-func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration, how installMethod) *installation {
+// installKEDAWith is installKEDA with the options o.
+func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *installation {
 	t.Helper()
 	images := imagesFolder(t)
 	c := clusterenv.Start(ctx, t)
@@ -119,13 +134,14 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 	// The peers outside the cluster, each forwarded to the node.
 	// The SPIRE server runs the shipped authorization policy: handle-pod and
 	// recover reach its TCP API with their own SVIDs (entries below) and may
-	// manage task entries only.
+	// manage task entries only, and handle-pod mint task SVIDs only.
 	td := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
 	handleID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/handle-pod")
 	recoverID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/recover")
 	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()),
-		spireenv.WithShippedPolicy(t, "spire", map[string]any{"registrars": []string{handleID.String(), recoverID.String()}}))
-	agentID := c.StartSPIREAgent(ctx, t, spire, spireSync) // forwards spire.Addr to the node
+		spireenv.WithShippedPolicy(t, "spire", map[string]any{
+			"registrars": []string{handleID.String(), recoverID.String()}, "minters": []string{handleID.String()}}))
+	agentID := c.StartSPIREAgent(ctx, t, spire, o.spireSync) // forwards spire.Addr to the node
 	_, spirePort, err := net.SplitHostPort(spire.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -153,8 +169,12 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 		t.Fatal(err)
 	}
 	// Its webhooks go to the node's address (a NodePort, below): private.
-	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP(),
-		ExtraINI: "[webhook]\nALLOWED_HOST_LIST = loopback,private\n"})
+	// Its webhook_sender queue is a channel, as deploy/README.md advises.
+	ini := "[webhook]\nALLOWED_HOST_LIST = loopback,private\n"
+	if !o.defaultWebhookQueue {
+		ini += giteaWebhookQueueINI
+	}
+	g := giteaenv.Start(t, giteaenv.Options{Port: giteaPort, RootHost: c.NodeIP(), ExtraINI: ini})
 
 	// A private registry (basic authentication), reached from the node at
 	// registryHost over plain HTTP, holding an image only the pool linux has
@@ -187,6 +207,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 		"GDR_GATEWAY_SPIFFE_ID": gatewayID.String(),
 		// No DNS: the gateway Service's ClusterIP, fixed below.
 		"GDR_GATEWAY_URL": "https://" + gatewayClusterIP + ":443",
+	}
+	if o.podIdentity != "" {
+		config["GDR_POD_IDENTITY"] = o.podIdentity
 	}
 	localize := func(obj *unstructured.Unstructured) {
 		walk(obj.Object, func(m map[string]any) {
@@ -339,7 +362,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, spireSync time.Duration,
 	// KEDA's operator (on the machine, its CRDs installed), then kubectl
 	// apply -k keda (server-side apply).
 	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
-	switch how {
+	switch o.how {
 	case installKustomize:
 		applyAll(ctx, t, c, objs)
 	case installHelm:

@@ -101,7 +101,7 @@ func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals 
 func TestE2EClusterHelm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	in := installKEDAWith(ctx, t, 0, installHelm)
+	in := installKEDAWith(ctx, t, installOptions{how: installHelm})
 	in.runSteps(ctx, t, []step{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},

@@ -359,3 +359,26 @@ func sectionCommands(t *testing.T, section, prefix string) []string {
 	}
 	return out
 }
+
+// giteaWebhookQueueINI is the app.ini section deploy/README.md's
+// prerequisites give Gitea, which the cluster tests' Gitea runs with.
+const giteaWebhookQueueINI = "[queue.webhook_sender]\nTYPE = channel\n"
+
+// TestReadmeGiteaQueue: the README's Gitea advice is the section the cluster
+// tests run Gitea with.
+func TestReadmeGiteaQueue(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "```ini\n" + giteaWebhookQueueINI + "```"
+	var found bool
+	// The block is indented under its list item.
+	for _, indent := range []string{"", "  "} {
+		block := indent + strings.ReplaceAll(strings.TrimSuffix(want, "\n"), "\n", "\n"+indent)
+		found = found || strings.Contains(string(raw), block)
+	}
+	if !found {
+		t.Fatalf("deploy/README.md does not give Gitea\n%s", want)
+	}
+}

@@ -69,7 +69,7 @@ func TestE2EClusterReadme(t *testing.T) {
 		spireenv.WithShippedPolicy(t, "spire", map[string]any{"registrars": []string{
 			spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/handle-pod").String(),
 			spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/recover").String(),
-		}}))
+		}, "minters": []string{spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/handle-pod").String()}}))
 	c.StartSPIREAgent(ctx, t, spire, 0)
 	_, spirePort, err := net.SplitHostPort(spire.Addr)
 	if err != nil {

@@ -2,7 +2,8 @@
 # gitea-dynamic-runner: SPIRE v1.13.3's default policy, unchanged, plus the
 # rules below, for callers that reach the TCP API with their own SVID and are
 # NOT admins (neither in admin_ids nor on the local socket):
-#   - data.gitea_dynamic_runner.minters (handle of the opensandbox backend)
+#   - data.gitea_dynamic_runner.minters (handle of the pod backend with
+#     GDR_POD_IDENTITY=minted, handle of the opensandbox backend)
 #     may call MintX509SVID for task identities only: a CSR whose one URI SAN
 #     is spiffe://<trust_domain>/repo/..., with no DNS, IP or e-mail SAN, and
 #     a TTL of at most max_ttl_seconds;
@@ -66,7 +67,7 @@ allow = true if {
 
 ### DEFAULT POLICY END ###
 
-# gitea-dynamic-runner: task SVIDs for sandboxes, minted by handle.
+# gitea-dynamic-runner: task SVIDs for executor Pods and sandboxes, minted by handle.
 allow = true if {
     input.full_method == "/spire.api.server.svid.v1.SVID/MintX509SVID"
     gdr := data.gitea_dynamic_runner

@@ -46,8 +46,15 @@ type BuildSettings struct {
 	OpenSandboxMaxTimeout time.Duration `envconfig:"GDR_OPENSANDBOX_MAX_TIMEOUT" default:"24h" desc:"opensandbox backend: the server's max_sandbox_timeout_seconds (its default: 86400 s); a pool whose job timeout is longer gets sandboxes of this timeout, with a warning when the backend starts (the server refuses a longer one)"`
 	KubeNamespace         string        `envconfig:"GDR_KUBE_NAMESPACE" default:"gitea-dynamic-runner-jobs" desc:"pod backend: the executors' namespace, of their Pods, Secrets and Events and of their SPIRE entries' k8s:ns selector; not the control plane's (the API server comes from KUBECONFIG, else the in-cluster config)"`
 	SPIREServer           string        `envconfig:"GDR_SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
+	PodIdentity           string        `envconfig:"GDR_POD_IDENTITY" default:"minted" desc:"pod backend: how an executor Pod gets its SVID: minted (handle mints it with the SPIRE Server's SVID API before the Pod exists and writes it into the Pod's own Secret: the runner holds it from its first instruction; handle's ID must be a minter in the server's policy) or workload-api (handle registers an entry for the Pod once it is scheduled, and the node's SPIRE agent hands the SVID out through the Workload API once it has synced the entry, up to its sync interval later)"`
 	ClusterName           string        `envconfig:"GDR_CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
+
+// The values of GDR_POD_IDENTITY (BuildSettings.PodIdentity).
+const (
+	PodIdentityMinted      = "minted"
+	PodIdentityWorkloadAPI = "workload-api"
+)
 
 // Check reports the settings backend kind needs and lacks, or holds in a
 // combination it refuses, as its builder would, but without connecting to
@@ -78,6 +85,9 @@ func (c BuildSettings) Check(kind taskassignment.BackendKind) error {
 		}
 		if c.SPIREServer == "" {
 			errs = append(errs, errors.New("GDR_SPIRE_SERVER is required for the pod backend: the SPIRE Server's TCP API (host:port), or unix:<admin socket path>"))
+		}
+		if c.PodIdentity != PodIdentityMinted && c.PodIdentity != PodIdentityWorkloadAPI {
+			errs = append(errs, fmt.Errorf("GDR_POD_IDENTITY %q: want %s or %s", c.PodIdentity, PodIdentityMinted, PodIdentityWorkloadAPI))
 		}
 		// Its form is checked when the backend is built (spiremint.ClientConn):
 		// this package links no gRPC, for handle's process-only build.

@@ -65,9 +65,15 @@ func TestSetupCheckNamesTheVariable(t *testing.T) {
 		{taskassignment.BackendOpenSandbox, backend.BuildSettings{}, "GDR_OPENSANDBOX_URL"},
 		{taskassignment.BackendOpenSandbox, backend.BuildSettings{OpenSandboxURL: "http://x", OpenSandboxSPIRE: "unix:/s", CADir: "/ca"}, "set one, not both"},
 		{taskassignment.BackendPod, backend.BuildSettings{}, "GDR_CLUSTER_NAME"},
+		{taskassignment.BackendPod, backend.BuildSettings{ClusterName: "c", SPIREServer: "s:8081", PodIdentity: "agent"}, `GDR_POD_IDENTITY "agent": want minted or workload-api`},
 	} {
 		if err := tt.setup.Check(tt.kind); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s %+v: Check = %v, want %q", tt.kind, tt.setup, err, tt.want)
+		}
+	}
+	for _, id := range []string{backend.PodIdentityMinted, backend.PodIdentityWorkloadAPI} {
+		if err := (backend.BuildSettings{ClusterName: "c", SPIREServer: "s:8081", PodIdentity: id}).Check(taskassignment.BackendPod); err != nil {
+			t.Errorf("pod with GDR_POD_IDENTITY=%s: %v", id, err)
 		}
 	}
 	if err := (backend.BuildSettings{CADir: "/ca"}).Check(taskassignment.BackendProcess); err != nil {

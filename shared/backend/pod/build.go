@@ -16,7 +16,8 @@ import (
 
 // Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
-// c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn). The
+// c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn), for
+// entries and, with GDR_POD_IDENTITY=minted, SVIDs (Config.Minter). The
 // returned function closes the SPIRE connection.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendPod); err != nil {
@@ -37,11 +38,17 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod backend: GDR_SPIRE_SERVER: %w", err)
 	}
-	b, err := New(Config{
+	cfg := Config{
 		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
 		Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
 		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
-	})
+	}
+	if c.PodIdentity == backend.PodIdentityMinted {
+		// The same connection: recover, which never mints, never uses it
+		// for that.
+		cfg.Minter = spiremint.New(conn)
+	}
+	b, err := New(cfg)
 	if err != nil {
 		_ = closeConn()
 		return nil, nil, err

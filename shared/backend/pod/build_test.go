@@ -41,7 +41,7 @@ current-context: c
 		{"/run/spire/server-sockets/api.sock", `GDR_SPIRE_SERVER: spiremint: SPIRE Server address "/run/spire/server-sockets/api.sock" is neither host:port nor unix:<path>`},
 		{"", "GDR_SPIRE_SERVER is required"},
 	} {
-		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: tc.addr, ClusterName: "c", KubeNamespace: "ci"}, deps)
+		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: tc.addr, ClusterName: "c", KubeNamespace: "ci", PodIdentity: backend.PodIdentityMinted}, deps)
 		if tc.err == "" {
 			if err != nil || b == nil {
 				t.Errorf("%q: Build = %v", tc.addr, err)
@@ -55,5 +55,52 @@ current-context: c
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%q: Build = %v, want an error with %q", tc.addr, err, tc.err)
 		}
+	}
+}
+
+// TestBuildPodIdentity: GDR_POD_IDENTITY=minted gives the backend a minter on
+// the SPIRE connection, workload-api none; anything else is refused.
+func TestBuildPodIdentity(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
+	keys, err := taskassignment.NewKeys("ci.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := backend.Deps{Keys: keys, TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Pools: runnerpool.Pools{
+		{Name: "linux", Labels: []string{"x"}, Backend: taskassignment.BackendPod, Capacity: 1, Profile: json.RawMessage(testTemplate)},
+	}}
+	for _, tc := range []struct {
+		identity string
+		minter   bool
+		err      string
+	}{
+		{backend.PodIdentityMinted, true, ""},
+		{backend.PodIdentityWorkloadAPI, false, ""},
+		{"", false, `GDR_POD_IDENTITY ""`},
+	} {
+		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: "spire:8081", ClusterName: "c", KubeNamespace: "ci", PodIdentity: tc.identity}, deps)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: Build = %v, want an error with %q", tc.identity, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tc.identity, err)
+		}
+		if got := b.(*Backend).minter != nil; got != tc.minter {
+			t.Errorf("%q: minter %v, want %v", tc.identity, got, tc.minter)
+		}
+		_ = closeFn()
 	}
 }

@@ -189,23 +189,28 @@ func overlaps(a, b string) bool {
 //     runner) with `install RunnerPath`: hardened (non-root, read-only root
 //     filesystem, no privilege escalation, no capabilities, RuntimeDefault
 //     seccomp) and small;
-//   - in the runner container: command RunnerPath, the runner volume
-//     read-only at RunnerDir, the Workload API volume read-only at
-//     WorkloadAPIDir, and EnvWorkloadAPISocket naming its socket.
+//   - in the runner container: command RunnerPath and the runner volume
+//     read-only at RunnerDir; with w (nil when the SVID comes minted, in the
+//     Secret), also the Workload API volume read-only at WorkloadAPIDir and
+//     EnvWorkloadAPISocket naming its socket.
 //
 // The runner container's own hardening is the template's and is left as is.
 // The job's image (container:) replaces only the runner container's image,
 // so it needs nothing of ours.
-func inject(t *corev1.PodTemplateSpec, runnerImage string, w WorkloadAPI) {
+func inject(t *corev1.PodTemplateSpec, runnerImage string, w *WorkloadAPI) {
 	spec := &t.Spec
 	spec.Volumes = append(spec.Volumes,
-		corev1.Volume{Name: runnerVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: runnerVolumeSize()}}},
-		w.volume())
+		corev1.Volume{Name: runnerVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: runnerVolumeSize()}}})
 	spec.InitContainers = append(spec.InitContainers, installContainer(spec, runnerImage))
 	c := &spec.Containers[runnerIndex(spec.Containers)]
 	c.Command, c.Args = []string{RunnerPath}, nil
 	c.VolumeMounts = append(c.VolumeMounts,
-		corev1.VolumeMount{Name: runnerVolume, MountPath: RunnerDir, ReadOnly: true},
+		corev1.VolumeMount{Name: runnerVolume, MountPath: RunnerDir, ReadOnly: true})
+	if w == nil {
+		return
+	}
+	spec.Volumes = append(spec.Volumes, w.volume())
+	c.VolumeMounts = append(c.VolumeMounts,
 		corev1.VolumeMount{Name: workloadAPIVolume, MountPath: WorkloadAPIDir, ReadOnly: true})
 	c.Env = append(c.Env, corev1.EnvVar{Name: EnvWorkloadAPISocket, Value: w.SocketAddress()})
 }

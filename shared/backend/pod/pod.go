@@ -24,9 +24,14 @@
 //     <NamePrefix><id>-env, never in the Pod spec: the runner container reads
 //     it with envFrom, and the Secret's owner reference names the Pod, so the
 //     garbage collector deletes it with the Pod;
-//   - the SPIRE entry is EntryID(EntryIDPrefix, <id>): SPIFFE ID = the task's,
-//     parent = the k8s_psat agent of the Pod's node, selectors
-//     k8s:ns:<namespace> and k8s:pod-uid:<Pod UID>.
+//   - the identity comes one of two ways. Without a Minter, a SPIRE entry
+//     EntryID(EntryIDPrefix, <id>): SPIFFE ID = the task's, parent = the
+//     k8s_psat agent of the Pod's node, selectors k8s:ns:<namespace> and
+//     k8s:pod-uid:<Pod UID>, registered once the Pod is scheduled; the
+//     node's agent hands the SVID out once it has synced the entry. With a
+//     Minter (Config.Minter), an X.509-SVID minted for the task before the
+//     Pod is created and written into its Secret with the rest of the
+//     environment: the runner holds it from its first instruction.
 //
 // Ordering and crash windows. The Pod is created first and the Secret second,
 // with its owner reference already set (an owner reference needs the Pod's
@@ -43,11 +48,13 @@
 package pod
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -94,6 +101,15 @@ type Config struct {
 	Pools runnerpool.Pools
 	// Entries is the SPIRE Server Entry API.
 	Entries EntryClient
+	// Minter, when set, gives each Pod its X.509-SVID at creation instead:
+	// minted for the task's SPIFFE ID (bootstrap.SVIDEnvironment), valid for
+	// the pool's job timeout + ExpiryMargin, and written into the Pod's
+	// Secret, so the runner holds its identity from its first instruction
+	// and waits for no SPIRE agent. Such Pods mount no Workload API and get
+	// no registration entry (Delete still removes one an earlier Pod of the
+	// assignment may have). Without it, BindIdentity registers an entry and
+	// the node's SPIRE agent delivers the SVID once it has synced it.
+	Minter bootstrap.Minter
 	// Cluster is the cluster name the SPIRE k8s_psat node attestor is
 	// configured with: it is part of every agent's SPIFFE ID.
 	Cluster string
@@ -136,6 +152,7 @@ type Backend struct {
 	td            spiffeid.TrustDomain
 	pools         map[string]poolTemplate
 	entries       EntryClient
+	minter        bootstrap.Minter
 	cluster       string
 	entryPrefix   string
 	margin        time.Duration
@@ -167,7 +184,7 @@ var (
 func New(cfg Config) (*Backend, error) {
 	b := &Backend{
 		client: cfg.Client, ns: cfg.Namespace, keys: cfg.Keys, td: cfg.TrustDomain,
-		entries: cfg.Entries, cluster: cfg.Cluster,
+		entries: cfg.Entries, minter: cfg.Minter, cluster: cfg.Cluster,
 		entryPrefix: cfg.EntryIDPrefix, margin: cfg.ExpiryMargin, namePrefix: cfg.NamePrefix,
 		pageSize: cfg.PageSize, onCorrupt: cfg.OnCorrupt, corruptEvents: cfg.CorruptEvents, now: cfg.Now,
 		pools: map[string]poolTemplate{},
@@ -218,7 +235,7 @@ func New(cfg Config) (*Backend, error) {
 		if p.Backend != taskassignment.BackendPod {
 			continue
 		}
-		t, err := ParseProfile(p.Profile, b.keys)
+		t, err := parseProfile(p.Profile, b.keys, b.minter == nil)
 		if err != nil {
 			return nil, fmt.Errorf("pod backend: pool %q: %w", p.Name, err)
 		}
@@ -258,7 +275,7 @@ func (b *Backend) assignmentOf(podName string) (string, error) {
 // (the crash window of Create, which Create repairs). A Pod carrying the
 // label under another name is an error: something else claims the
 // assignment. IdentityTarget is the UID of the Pod's Node once the Pod is
-// scheduled and the Node exists, else empty.
+// scheduled and the Node exists, else empty; with a Minter, the Pod's UID.
 func (b *Backend) Find(ctx context.Context, assignmentID string) (*executor.Executor, error) {
 	if _, _, err := taskassignment.ParseID(assignmentID); err != nil {
 		return nil, fmt.Errorf("pod backend: find: %w", err)
@@ -346,6 +363,14 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		}
 		spec.Environment = env
 	}
+	if b.minter != nil {
+		// Minted before the Pod exists: a mint that fails leaves nothing
+		// behind, and the Pod waits for its Secret no longer than before.
+		var err error
+		if spec, err = b.withSVID(ctx, a, spec, pt); err != nil {
+			return nil, err
+		}
+	}
 	pod, err := b.newPod(a, spec, pt)
 	if err != nil {
 		return nil, executor.Permanent(err)
@@ -376,6 +401,32 @@ func (b *Backend) Create(ctx context.Context, a taskassignment.Assignment, spec 
 		}
 	}
 	return b.executor(ctx, pod)
+}
+
+// withSVID returns spec with a freshly minted X.509-SVID for a's identity
+// added to its environment (bootstrap.SVIDEnvironment), valid for the pool's
+// job timeout + ExpiryMargin: the Pod's whole life, since its
+// activeDeadlineSeconds is that timeout. A failed mint is transient (see
+// spiremint): nothing exists yet, and the next delivery mints afresh. A
+// redelivery mints again and keeps the SVID already in the Secret (see
+// ensureSecret); SPIRE keeps no state of an unused one.
+func (b *Backend) withSVID(ctx context.Context, a taskassignment.Assignment, spec executor.LaunchSpec, pt poolTemplate) (executor.LaunchSpec, error) {
+	id, err := spiffeid.FromString(a.Identity.SPIFFEID)
+	if err != nil {
+		return spec, executor.Permanent(fmt.Errorf("pod backend: assignment %s: SPIFFE ID: %w", a.ID, err))
+	}
+	if !id.MemberOf(b.td) {
+		return spec, executor.Permanent(fmt.Errorf("pod backend: assignment %s: %s is outside trust domain %s", a.ID, id, b.td.Name()))
+	}
+	svid, err := bootstrap.SVIDEnvironment(ctx, b.minter, id, pt.timeout+b.margin)
+	if err != nil {
+		return spec, fmt.Errorf("pod backend: assignment %s: %w", a.ID, err)
+	}
+	env := make(map[string]string, len(spec.Environment)+len(svid))
+	maps.Copy(env, spec.Environment)
+	maps.Copy(env, svid)
+	spec.Environment = env
+	return spec, nil
 }
 
 // newPod builds the Pod of a from the pool template. The environment's
@@ -491,7 +542,7 @@ func (b *Backend) ensureSecret(ctx context.Context, pod *corev1.Pod, env map[str
 	if err != nil {
 		return secretError("get", name, err)
 	}
-	if ownedBy(got, pod.UID) && maps.EqualFunc(got.Data, want.Data, func(x, y []byte) bool { return string(x) == string(y) }) {
+	if ownedBy(got, pod.UID) && b.sameEnvironment(got.Data, want.Data) {
 		return nil
 	}
 	got.OwnerReferences, got.Data, got.StringData = want.OwnerReferences, want.Data, nil
@@ -500,6 +551,31 @@ func (b *Backend) ensureSecret(ctx context.Context, pod *corev1.Pod, env map[str
 		return secretError("update", name, err)
 	}
 	return nil
+}
+
+// sameEnvironment reports whether a Secret's data got holds the environment
+// want. A minted SVID differs on every Create: the one in got stands, as long
+// as got has one (its runner may already hold it).
+func (b *Backend) sameEnvironment(got, want map[string][]byte) bool {
+	if b.minter == nil {
+		return maps.EqualFunc(got, want, bytes.Equal)
+	}
+	minted := bootstrap.SVIDVariables()
+	for _, k := range minted {
+		if len(got[k]) == 0 {
+			return false
+		}
+	}
+	fixed := func(m map[string][]byte) map[string][]byte {
+		return maps.Collect(func(yield func(string, []byte) bool) {
+			for k, v := range m {
+				if !slices.Contains(minted, k) && !yield(k, v) {
+					return
+				}
+			}
+		})
+	}
+	return maps.EqualFunc(fixed(got), fixed(want), bytes.Equal)
 }
 
 // secretAPIError reports a failed Secret call by its status reason only: the
@@ -528,11 +604,16 @@ func (e *secretAPIError) Error() string {
 
 func (e *secretAPIError) Unwrap() error { return e.err }
 
-// executor describes pod, resolving its identity target.
+// executor describes pod, resolving its identity target: the UID of its
+// Node, or with a Minter the Pod's own UID (its SVID is in its Secret from
+// the start, see Config.Minter).
 func (b *Backend) executor(ctx context.Context, pod *corev1.Pod) (*executor.Executor, error) {
-	target, err := b.nodeUID(ctx, pod)
-	if err != nil {
-		return nil, err
+	target := string(pod.UID)
+	if b.minter == nil {
+		var err error
+		if target, err = b.nodeUID(ctx, pod); err != nil {
+			return nil, err
+		}
 	}
 	e := &executor.Executor{Name: pod.Name, IdentityTarget: target, Phase: PhaseOf(pod)}
 	if reason := Stuck(pod, b.now()); reason != "" && e.Phase == executor.PhasePending {
@@ -592,6 +673,20 @@ func (b *Backend) BindIdentity(ctx context.Context, e *executor.Executor, id tas
 	}
 	if got := pod.Annotations[b.keys.SPIFFEID]; got != sid.String() {
 		return fmt.Errorf("pod backend: bind identity: Pod %s carries SPIFFE ID %q, not %s", e.Name, got, sid)
+	}
+	if b.minter != nil {
+		// The identity went into the Pod's Secret when it was created.
+		if string(pod.UID) != e.IdentityTarget {
+			return fmt.Errorf("pod backend: bind identity: Pod %s is not the Pod %q it was created as: the executor is stale", e.Name, e.IdentityTarget)
+		}
+		ok, err := b.hasSecret(ctx, pod)
+		if err != nil {
+			return fmt.Errorf("pod backend: bind identity of Pod %s: %w", e.Name, err)
+		}
+		if !ok {
+			return fmt.Errorf("pod backend: bind identity: Pod %s has no Secret of its own, hence no SVID: the executor is stale", e.Name)
+		}
+		return nil
 	}
 	node, err := b.nodeUID(ctx, pod)
 	if err != nil {

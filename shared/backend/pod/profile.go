@@ -100,6 +100,13 @@ func serviceDefaults(raw json.RawMessage) (time.Duration, resource.Quantity, err
 // validateTemplate and checkReserved. Errors name the field at fault; the
 // caller adds the pool.
 func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemplateSpec, error) {
+	return parseProfile(raw, keys, true)
+}
+
+// parseProfile is ParseProfile; without workloadAPI (a backend that mints
+// SVIDs) the template gets no Workload API volume, and the profile's
+// workloadAPI is still validated but unused.
+func parseProfile(raw json.RawMessage, keys taskassignment.Keys, workloadAPI bool) (corev1.PodTemplateSpec, error) {
 	if len(raw) == 0 {
 		return corev1.PodTemplateSpec{}, errors.New("profile is missing: set podTemplate or podTemplateFile")
 	}
@@ -145,7 +152,11 @@ func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemp
 	if image == "" {
 		image = tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)].Image
 	}
-	inject(&tmpl, image, w)
+	if !workloadAPI {
+		inject(&tmpl, image, nil)
+		return tmpl, nil
+	}
+	inject(&tmpl, image, &w)
 	return tmpl, nil
 }
 

@@ -1,0 +1,160 @@
+package pod
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	ktypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+)
+
+// uidOnCreate makes the fake clientset give each created Pod a UID, as the
+// API server does.
+func uidOnCreate(client *fake.Clientset) {
+	n := 0
+	client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		n++
+		a.(k8stesting.CreateAction).GetObject().(*corev1.Pod).UID = ktypes.UID("pod-uid-" + string(rune('0'+n)))
+		return false, nil, nil
+	})
+}
+
+// With a Minter, Create puts an SVID for exactly the task's identity into
+// the Pod's Secret, valid for the Pod's life; the Pod mounts no Workload
+// API; the executor is bound to its Pod at once, without any SPIRE entry
+// (nopEntries fails every call); a redelivery keeps the SVID the runner may
+// already hold.
+func TestCreateMintsTheSVIDIntoTheSecret(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	uidOnCreate(client)
+	ca, err := svidca.New(cfg.TrustDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.Minter = client, ca
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testAssignment(t, 7, "")
+	before := time.Now()
+	e, err := b.Create(ctx, a, launch(cfg.Keys, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := client.CoreV1().Pods("ci").Get(ctx, "gdr-linux-7", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.IdentityTarget != string(pod.UID) || pod.UID == "" {
+		t.Fatalf("identity target %q, want the Pod's UID %q", e.IdentityTarget, pod.UID)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == workloadAPIVolume || v.CSI != nil || v.HostPath != nil {
+			t.Fatalf("a Pod with a minted SVID mounts the Workload API: %+v", v)
+		}
+	}
+	for _, env := range pod.Spec.Containers[0].Env {
+		if env.Name == EnvWorkloadAPISocket {
+			t.Fatalf("the runner container names a Workload API socket: %+v", env)
+		}
+	}
+	secret, err := client.CoreV1().Secrets("ci").Get(ctx, SecretName(pod.Name), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svid, err := x509svid.Parse(secret.Data[bootstrap.EnvSVIDCert], secret.Data[bootstrap.EnvSVIDKey])
+	if err != nil {
+		t.Fatalf("the Secret's SVID: %v", err)
+	}
+	if svid.ID.String() != a.Identity.SPIFFEID {
+		t.Fatalf("SVID of %s, want %s", svid.ID, a.Identity.SPIFFEID)
+	}
+	bundle, err := x509bundle.Parse(cfg.TrustDomain, secret.Data[bootstrap.EnvSVIDBundle])
+	if err != nil || !bundle.Equal(ca.Bundle()) {
+		t.Fatalf("the Secret's bundle is not the minter's: %v", err)
+	}
+	// The Pod lives its pool's 90 minutes at most; the SVID that long and
+	// the margin, no longer.
+	notAfter := svid.Certificates[0].NotAfter
+	if lo, hi := before.Add(90*time.Minute), time.Now().Add(90*time.Minute+DefaultExpiryMargin); notAfter.Before(lo) || notAfter.After(hi) {
+		t.Fatalf("SVID ends %v, want within [%v, %v]", notAfter, lo, hi)
+	}
+	if err := b.BindIdentity(ctx, e, a.Identity); err != nil {
+		t.Fatalf("BindIdentity of a Pod with its minted SVID: %v", err)
+	}
+
+	// A redelivery mints again but keeps the SVID the Secret holds.
+	if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
+		t.Fatal(err)
+	}
+	again, err := client.CoreV1().Secrets("ci").Get(ctx, SecretName(pod.Name), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again.Data[bootstrap.EnvSVIDCert]) != string(secret.Data[bootstrap.EnvSVIDCert]) {
+		t.Fatal("a second Create replaced the SVID in the Secret")
+	}
+
+	// An executor that names an earlier Pod of the assignment is stale.
+	stale := *e
+	stale.IdentityTarget = "an-earlier-pod"
+	if err := b.BindIdentity(ctx, &stale, a.Identity); err == nil || !strings.Contains(err.Error(), "stale") {
+		t.Fatalf("BindIdentity of a stale executor: %v", err)
+	}
+	// A Pod whose Secret is gone holds no identity of ours.
+	if err := client.CoreV1().Secrets("ci").Delete(ctx, SecretName(pod.Name), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BindIdentity(ctx, e, a.Identity); err == nil || !strings.Contains(err.Error(), "no Secret") {
+		t.Fatalf("BindIdentity of a Pod without its Secret: %v", err)
+	}
+}
+
+type failingMinter struct{ calls int }
+
+func (f *failingMinter) MintX509SVID(context.Context, spiffeid.ID, time.Duration) (*x509svid.SVID, *x509bundle.Bundle, error) {
+	f.calls++
+	return nil, nil, errors.New("spire-server unavailable")
+}
+
+// A mint that fails fails Create before any Pod exists, transiently.
+func TestCreateMintFailureLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	m := &failingMinter{}
+	cfg.Client, cfg.Minter = client, m
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testAssignment(t, 8, "")
+	_, err = b.Create(ctx, a, launch(cfg.Keys, a))
+	if m.calls != 1 {
+		t.Fatalf("the minter was called %d times, want 1", m.calls)
+	}
+	if err == nil || !strings.Contains(err.Error(), "spire-server unavailable") || executor.IsPermanent(err) {
+		t.Fatalf("Create with a failing minter: %v; want a transient error naming the cause", err)
+	}
+	if _, err := client.CoreV1().Pods("ci").Get(ctx, b.PodName(a.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Pod exists after a failed mint: %v", err)
+	}
+}
