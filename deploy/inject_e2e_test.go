@@ -26,8 +26,8 @@ var podSecurityRestricted = map[string]string{
 }
 
 // TestE2EExecutorPodRestricted creates the executor Pods of the shipped pool linux (a plain job,
-// a `container:` job and one with `services:` sidecars), with the runner and the Workload API
-// injected by the pod backend, in a namespace labelled as the executors' namespace is
+// a `container:` job and one with `services:` sidecars), with the runner injected and the SVID
+// minted by the pod backend, in a namespace labelled as the executors' namespace is
 // (podSecurityRestricted: Pod Security's restricted level enforced, audited and warned) on the
 // real API server: the shipped template and what the backend adds to it pass.
 func TestE2EExecutorPodRestricted(t *testing.T) {
@@ -69,16 +69,23 @@ func TestE2EExecutorPodRestricted(t *testing.T) {
 			t.Fatal(err)
 		}
 		w := executor.Worker{Backend: b, Bootstrap: fixedEnvironment{}, Keys: cfg.Keys}
-		if ok, err := w.Accept(ctx, a); err != nil || ok {
-			t.Fatalf("Accept of task %d (image %q) = %v, %v; want the executor created and waiting to be scheduled", task.ID, image, ok, err)
+		// The shipped identity is minted (in the Pod's Secret): bound at once.
+		if ok, err := w.Accept(ctx, a); err != nil || !ok {
+			t.Fatalf("Accept of task %d (image %q) = %v, %v; want the executor created and its minted SVID bound", task.ID, image, ok, err)
 		}
 		pod, err := admin.CoreV1().Pods(ns).Get(ctx, b.PodName(a.ID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(pod.Spec.InitContainers) != 1+len(task.Services) || pod.Spec.InitContainers[0].Name != "gdr-install-runner" ||
-			len(pod.Spec.Containers[0].Command) != 1 || pod.Spec.Containers[0].Command[0] != "/gdr/bin/runner" {
-			t.Errorf("task %d: init containers %d, runner command %q: want the injected runner", task.ID, len(pod.Spec.InitContainers), pod.Spec.Containers[0].Command)
+		// A job in runner-host runs the runner runner-host holds; a job in its own image
+		// gets it installed.
+		install, command := 1, "/gdr/bin/runner"
+		if image == "" {
+			install, command = 0, "/usr/local/bin/runner"
+		}
+		if len(pod.Spec.InitContainers) != install+len(task.Services) || (install == 1 && pod.Spec.InitContainers[0].Name != "gdr-install-runner") ||
+			len(pod.Spec.Containers[0].Command) != 1 || pod.Spec.Containers[0].Command[0] != command {
+			t.Errorf("task %d: init containers %d, runner command %q: want %d install container and %s", task.ID, len(pod.Spec.InitContainers), pod.Spec.Containers[0].Command, install, command)
 		}
 		if image != "" && pod.Spec.Containers[0].Image != image {
 			t.Errorf("task %d: runner image %q, want the job's %q", task.ID, pod.Spec.Containers[0].Image, image)

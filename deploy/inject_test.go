@@ -55,21 +55,27 @@ func TestExecutorPodWithServicesHardened(t *testing.T) {
 	}
 }
 
-// TestExecutorPodInjectedAndHardened builds, with the real pod backend, the executor Pod of the
+// TestExecutorPodInjectedAndHardened builds, with the real pod backend, the executor Pods of the
 // shipped pool linux (keda and knative install the same gdr-pools) and checks what the backend
-// injects: the init container copying the runner from the runner image (not runner-host) into an
-// emptyDir, the runner container running it from there, the SPIFFE CSI volume and
-// SPIFFE_ENDPOINT_SOCKET; and that the whole Pod, init container included, meets the hardened
-// baseline of TestPodsHardened.
+// injects: for a job in runner-host, the runner runner-host holds (runnerInImage), with no init
+// container; for a job in its own image (container:), the init container copying the runner from
+// the runner image (not runner-host) into an emptyDir and the runner container running it from
+// there; in both, the SVID minted into the Pod's Secret (GDR_POD_IDENTITY's default), so no
+// Workload API volume, no SPIFFE_ENDPOINT_SOCKET and no hostPath; and that the whole Pod, init
+// container included, meets the hardened baseline of TestPodsHardened.
 func TestExecutorPodInjectedAndHardened(t *testing.T) {
 	for _, dir := range []string{"keda", "knative"} {
 		t.Run(dir, func(t *testing.T) {
-			pod := executorPod(t, installed(loadManifests(t), dir))
-			for _, prob := range hardeningProblems(podTemplate{path: "executor Pod", labels: pod.Labels, spec: pod.Spec, pool: "linux"}) {
-				t.Error(prob)
+			docs := installed(loadManifests(t), dir)
+			host := executorPod(t, docs)
+			own := executorPodFor(t, docs, taskassignment.Task{ID: 42, Pool: "linux", Image: "docker.io/library/node:22-bookworm"})
+			for _, pod := range []*corev1.Pod{host, own} {
+				for _, prob := range hardeningProblems(podTemplate{path: "executor Pod", labels: pod.Labels, spec: pod.Spec, pool: "linux"}) {
+					t.Error(prob)
+				}
 			}
 			// The check sees the init container: a writable root filesystem there is caught.
-			bad := *pod.Spec.DeepCopy()
+			bad := *own.Spec.DeepCopy()
 			if len(bad.InitContainers) > 0 && bad.InitContainers[0].SecurityContext != nil {
 				no := false
 				bad.InitContainers[0].SecurityContext.ReadOnlyRootFilesystem = &no
@@ -79,42 +85,48 @@ func TestExecutorPodInjectedAndHardened(t *testing.T) {
 					t.Error("a writable root filesystem in the init container goes unnoticed")
 				}
 			}
-			spec := pod.Spec
-			if len(spec.InitContainers) != 1 {
-				t.Fatalf("init containers %+v, want the runner's", spec.InitContainers)
+			runner := func(spec corev1.PodSpec) corev1.Container {
+				return spec.Containers[slices.IndexFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == "runner" })]
 			}
-			ic := spec.InitContainers[0]
+
+			if len(host.Spec.InitContainers) != 0 {
+				t.Errorf("host job: init containers %+v, want none (runner-host holds the runner)", host.Spec.InitContainers)
+			}
+			if c := runner(host.Spec); c.Image != "ghcr.io/example/gitea-dynamic-runner-runner-host:latest" || !slices.Equal(c.Command, []string{"/usr/local/bin/runner"}) {
+				t.Errorf("host job: runner container image %s command %q: want runner-host running its own /usr/local/bin/runner", c.Image, c.Command)
+			}
+
+			if len(own.Spec.InitContainers) != 1 {
+				t.Fatalf("container job: init containers %+v, want the runner's", own.Spec.InitContainers)
+			}
+			ic := own.Spec.InitContainers[0]
 			if ic.Name != "gdr-install-runner" || ic.Image != "ghcr.io/example/gitea-dynamic-runner-runner:latest" ||
 				!slices.Equal(ic.Args, []string{"install", "/gdr/bin/runner"}) {
 				t.Errorf("init container %s image %s args %q: want gdr-install-runner, the runner image, install /gdr/bin/runner", ic.Name, ic.Image, ic.Args)
 			}
-			c := spec.Containers[slices.IndexFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == "runner" })]
-			if c.Image != "ghcr.io/example/gitea-dynamic-runner-runner-host:latest" || !slices.Equal(c.Command, []string{"/gdr/bin/runner"}) {
-				t.Errorf("runner container image %s command %q: want runner-host running /gdr/bin/runner", c.Image, c.Command)
-			}
-			env := map[string]string{}
-			for _, e := range c.Env {
-				env[e.Name] = e.Value
-			}
-			if env["SPIFFE_ENDPOINT_SOCKET"] != "unix:///spiffe-workload-api/spire-agent.sock" {
-				t.Errorf("runner SPIFFE_ENDPOINT_SOCKET %q", env["SPIFFE_ENDPOINT_SOCKET"])
-			}
-			volumes := map[string]bool{}
-			for _, v := range spec.Volumes {
-				switch {
-				case v.CSI != nil && v.CSI.Driver == "csi.spiffe.io" && v.CSI.ReadOnly != nil && *v.CSI.ReadOnly:
-					volumes["csi"] = true
-				case v.HostPath != nil:
-					t.Errorf("volume %s: a hostPath in the shipped executor", v.Name)
-				}
+			c := runner(own.Spec)
+			if c.Image != "docker.io/library/node:22-bookworm" || !slices.Equal(c.Command, []string{"/gdr/bin/runner"}) {
+				t.Errorf("container job: runner container image %s command %q: want the job's image running /gdr/bin/runner", c.Image, c.Command)
 			}
 			mounts := map[string]bool{}
 			for _, m := range c.VolumeMounts {
 				mounts[m.MountPath] = m.ReadOnly
 			}
-			if !volumes["csi"] || !mounts["/spiffe-workload-api"] || !mounts["/gdr/bin"] {
-				t.Errorf("volumes %+v, runner mounts %+v: want the read-only SPIFFE CSI volume at /spiffe-workload-api and the runner read-only at /gdr/bin",
-					spec.Volumes, c.VolumeMounts)
+			if ro, ok := mounts["/gdr/bin"]; !ok || !ro {
+				t.Errorf("container job: runner mounts %+v: want the runner read-only at /gdr/bin", c.VolumeMounts)
+			}
+
+			for _, pod := range []*corev1.Pod{host, own} {
+				for _, e := range runner(pod.Spec).Env {
+					if e.Name == "SPIFFE_ENDPOINT_SOCKET" {
+						t.Errorf("%s: the runner names a Workload API socket, but its SVID is minted", pod.Name)
+					}
+				}
+				for _, v := range pod.Spec.Volumes {
+					if v.CSI != nil || v.HostPath != nil {
+						t.Errorf("%s: volume %s: a Workload API (CSI or hostPath) in an executor whose SVID is minted", pod.Name, v.Name)
+					}
+				}
 			}
 		})
 	}

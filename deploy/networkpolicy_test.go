@@ -20,9 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -58,7 +60,8 @@ func (fixedEnvironment) Environment(a taskassignment.Assignment) (map[string]str
 }
 
 // shippedPodConfig is the pod backend's configuration from the shipped gdr-config and gdr-pools
-// ConfigMaps of docs, without client, namespace and SPIRE entry client.
+// ConfigMaps of docs, without client, namespace and SPIRE entry client; its Minter, as
+// GDR_POD_IDENTITY says, is a local CA.
 func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 	t.Helper()
 	cfg := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))
@@ -79,7 +82,21 @@ func shippedPodConfig(t *testing.T, docs []doc) pod.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pod.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
+	c := pod.Config{Keys: keys, TrustDomain: td, Pools: pools, Cluster: cfg["GDR_CLUSTER_NAME"]}
+	switch cfg["GDR_POD_IDENTITY"] {
+	case "", backend.PodIdentityMinted: // the variable's default
+		// handle mints with SPIRE; a local CA here: the Pod does not
+		// depend on who signs its SVID.
+		ca, err := svidca.New(td)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Minter = ca
+	case backend.PodIdentityWorkloadAPI:
+	default:
+		t.Fatalf("gdr-config: GDR_POD_IDENTITY %q", cfg["GDR_POD_IDENTITY"])
+	}
+	return c
 }
 
 // executorPod creates, with the real pod backend and worker (what handle runs), the executor
@@ -114,8 +131,8 @@ func executorPodFor(t *testing.T, docs []doc, task taskassignment.Task) *corev1.
 		t.Fatal(err)
 	}
 	w := executor.Worker{Backend: backend, Bootstrap: fixedEnvironment{}, Keys: keys}
-	if ok, err := w.Accept(context.Background(), a); err != nil || ok {
-		t.Fatalf("Accept = %v, %v; want the executor created and waiting to be scheduled", ok, err)
+	if _, err := w.Accept(context.Background(), a); err != nil {
+		t.Fatalf("Accept: %v", err)
 	}
 	list, err := client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil || len(list.Items) != 1 {

@@ -315,6 +315,14 @@ func TestE2ERBAC(t *testing.T) {
 
 	cfg := shippedPodConfig(t, built)
 	keys, td := cfg.Keys, cfg.TrustDomain
+	// The paths below are GDR_POD_IDENTITY=workload-api's, which use every verb the Roles
+	// grant (the Node of a scheduled Pod, for its entry's parent); minted, the default, uses a
+	// subset of them, checked last (mintedAccept).
+	minter := cfg.Minter
+	if minter == nil {
+		t.Fatal("the shipped gdr-config no longer mints executor SVIDs: mintedAccept below checks nothing")
+	}
+	cfg.Minter = nil
 	entries := &memoryEntries{entries: map[string]*spiretypes.Entry{}}
 	backend := func(client kubernetes.Interface, now func() time.Time) *pod.Backend {
 		c := cfg
@@ -492,6 +500,22 @@ func TestE2ERBAC(t *testing.T) {
 	}
 	if _, err := pods.Get(ctx, handleBackend.PodName(stale.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the executor of the cancelled task: %v", err)
+	}
+
+	// handle with GDR_POD_IDENTITY=minted: the executor holds its SVID in its Secret, bound
+	// at once, before the scheduler has placed it.
+	mintedCfg := cfg
+	mintedCfg.Client, mintedCfg.Namespace, mintedCfg.Entries, mintedCfg.Minter = impersonating(t, p, controlNS, handleSA), ns, entries, minter
+	mintedBackend, err := pod.New(mintedCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted := assignment(6)
+	if ok, err := (executor.Worker{Backend: mintedBackend, Bootstrap: boot, Keys: keys}).Accept(ctx, minted); err != nil || !ok {
+		t.Fatalf("handle (minted): Accept(%s) = %v, %v; want the executor created and bound", minted.ID, ok, err)
+	}
+	if s, err := secrets.Get(ctx, pod.SecretName(handleBackend.PodName(minted.ID)), metav1.GetOptions{}); err != nil || len(s.Data["CI_SVID_CERT"]) == 0 {
+		t.Fatalf("handle (minted): the Secret of %s holds no SVID: %v", minted.ID, err)
 	}
 
 	events := readAudit(ctx, t, p, admin, ns)

@@ -196,7 +196,8 @@ func overlaps(a, b string) bool {
 //
 // The runner container's own hardening is the template's and is left as is.
 // The job's image (container:) replaces only the runner container's image,
-// so it needs nothing of ours.
+// so it needs nothing of ours. See injectDirect for an image that holds the
+// runner.
 func inject(t *corev1.PodTemplateSpec, runnerImage string, w *WorkloadAPI) {
 	spec := &t.Spec
 	spec.Volumes = append(spec.Volumes,
@@ -206,6 +207,23 @@ func inject(t *corev1.PodTemplateSpec, runnerImage string, w *WorkloadAPI) {
 	c.Command, c.Args = []string{RunnerPath}, nil
 	c.VolumeMounts = append(c.VolumeMounts,
 		corev1.VolumeMount{Name: runnerVolume, MountPath: RunnerDir, ReadOnly: true})
+	injectWorkloadAPI(spec, c, w)
+}
+
+// injectDirect is inject for a runner container whose image holds the
+// runner at runnerPath (Profile.RunnerInImage): its command is that path,
+// and there is no install init container and no runner volume.
+func injectDirect(t *corev1.PodTemplateSpec, runnerPath string, w *WorkloadAPI) {
+	spec := &t.Spec
+	c := &spec.Containers[runnerIndex(spec.Containers)]
+	c.Command, c.Args = []string{runnerPath}, nil
+	injectWorkloadAPI(spec, c, w)
+}
+
+// injectWorkloadAPI adds w's volume to spec, read-only at WorkloadAPIDir in
+// the runner container c with EnvWorkloadAPISocket naming its socket; with
+// no w, nothing.
+func injectWorkloadAPI(spec *corev1.PodSpec, c *corev1.Container, w *WorkloadAPI) {
 	if w == nil {
 		return
 	}

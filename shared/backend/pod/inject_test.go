@@ -262,6 +262,7 @@ func TestInjectionTemplateRules(t *testing.T) {
 		{"unclean hostPath", `{"workloadAPI":{"hostPath":"/run/../spire"},` + testTemplate[1:], "want a clean absolute path"},
 		{"bad driver", `{"workloadAPI":{"csiDriver":"CSI Driver"},` + testTemplate[1:], `csiDriver "CSI Driver"`},
 		{"socket path", `{"workloadAPI":{"socket":"a/b.sock"},` + testTemplate[1:], `socket "a/b.sock": want a file name`},
+		{"relative runner in image", `{"runnerInImage":"bin/runner",` + testTemplate[1:], `runnerInImage "bin/runner": want a clean absolute path`},
 		{"unknown workloadAPI field", `{"workloadAPI":{"path":"/x"},` + testTemplate[1:], `unknown field "path"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

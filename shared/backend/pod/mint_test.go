@@ -158,3 +158,56 @@ func TestCreateMintFailureLeavesNothing(t *testing.T) {
 		t.Fatalf("a Pod exists after a failed mint: %v", err)
 	}
 }
+
+// With runnerInImage, a job in the pool's own image runs the runner the
+// image holds: no install init container, no runner volume; a job in its own
+// image (container:) still gets the runner installed. Either way, with a
+// Minter, no Workload API.
+func TestCreateRunsTheRunnerTheImageHolds(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	ca, err := svidca.New(cfg.TrustDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.Minter = client, ca
+	cfg.Pools[0].Profile = []byte(`{"runnerInImage":"/usr/local/bin/runner",` + testTemplate[1:])
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		task    int64
+		image   string
+		install bool
+		command string
+	}{
+		{1, "", false, "/usr/local/bin/runner"},
+		{2, "node:22", true, RunnerPath},
+	} {
+		a := testAssignment(t, tc.task, tc.image)
+		if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
+			t.Fatal(err)
+		}
+		pod, err := client.CoreV1().Pods("ci").Get(ctx, b.PodName(a.ID), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := pod.Spec.Containers[runnerIndex(pod.Spec.Containers)]
+		hasInstall := len(pod.Spec.InitContainers) == 1 && pod.Spec.InitContainers[0].Name == InstallContainer
+		if hasInstall != tc.install || (!tc.install && len(pod.Spec.InitContainers) != 0) {
+			t.Errorf("task %d (image %q): init containers %+v, want the install container: %v", tc.task, tc.image, pod.Spec.InitContainers, tc.install)
+		}
+		if len(c.Command) != 1 || c.Command[0] != tc.command {
+			t.Errorf("task %d: runner command %q, want %s", tc.task, c.Command, tc.command)
+		}
+		var volumes []string
+		for _, v := range pod.Spec.Volumes {
+			volumes = append(volumes, v.Name)
+		}
+		if want := map[bool]int{true: 1, false: 0}[tc.install]; len(volumes) != want || (want == 1 && volumes[0] != runnerVolume) {
+			t.Errorf("task %d: volumes %v, want the runner volume: %v", tc.task, volumes, tc.install)
+		}
+	}
+}

@@ -165,7 +165,10 @@ type Backend struct {
 
 type poolTemplate struct {
 	template corev1.PodTemplateSpec
-	timeout  time.Duration
+	// direct, if set, is the template for a job without `container:`: its
+	// image holds the runner (Profile.RunnerInImage).
+	direct  *corev1.PodTemplateSpec
+	timeout time.Duration
 	// serviceTimeout bounds the runner's wait for the job's services.
 	serviceTimeout time.Duration
 	// serviceMemory is the memory of a service without --memory.
@@ -235,7 +238,7 @@ func New(cfg Config) (*Backend, error) {
 		if p.Backend != taskassignment.BackendPod {
 			continue
 		}
-		t, err := parseProfile(p.Profile, b.keys, b.minter == nil)
+		ts, err := parseProfile(p.Profile, b.keys, b.minter == nil)
 		if err != nil {
 			return nil, fmt.Errorf("pod backend: pool %q: %w", p.Name, err)
 		}
@@ -243,7 +246,7 @@ func New(cfg Config) (*Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pod backend: pool %q: %w", p.Name, err)
 		}
-		b.pools[p.Name] = poolTemplate{template: t, timeout: p.Timeout(), serviceTimeout: st, serviceMemory: sm, pool: p}
+		b.pools[p.Name] = poolTemplate{template: ts.install, direct: ts.direct, timeout: p.Timeout(), serviceTimeout: st, serviceMemory: sm, pool: p}
 	}
 	if len(b.pools) == 0 {
 		return nil, errors.New("pod backend: no runner pool uses the pod backend")
@@ -433,6 +436,9 @@ func (b *Backend) withSVID(ctx context.Context, a taskassignment.Assignment, spe
 // names are checked against the template; its values go only into the Secret.
 func (b *Backend) newPod(a taskassignment.Assignment, spec executor.LaunchSpec, pt poolTemplate) (*corev1.Pod, error) {
 	t := pt.template.DeepCopy()
+	if a.Task.Image == "" && pt.direct != nil {
+		t = pt.direct.DeepCopy()
+	}
 	pod := &corev1.Pod{ObjectMeta: t.ObjectMeta, Spec: t.Spec}
 	pod.Name, pod.Namespace = b.PodName(a.ID), b.ns
 	pod.Labels = merged(t.Labels, spec.Metadata.Labels)

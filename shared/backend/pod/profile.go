@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"slices"
 	"time"
 
@@ -54,6 +55,14 @@ type Profile struct {
 	// container's image in the template (runner-host's entrypoint is the
 	// runner too), never the job's.
 	RunnerImage string `json:"runnerImage,omitempty"`
+	// RunnerInImage is the runner's path in the image of the template's
+	// runner container, when that image holds it (runner-host:
+	// /usr/local/bin/runner). A job without `container:` then runs it from
+	// there: no install init container and no runner volume, so one
+	// container start (and the kubelet noticing its exit) less before the
+	// job starts. A job's own image still gets the runner installed from
+	// RunnerImage.
+	RunnerInImage string `json:"runnerInImage,omitempty"`
 	// WorkloadAPI is how the runner reaches the SPIRE agent. Default: the
 	// SPIFFE CSI driver csi.spiffe.io.
 	WorkloadAPI *WorkloadAPI `json:"workloadAPI,omitempty"`
@@ -100,19 +109,33 @@ func serviceDefaults(raw json.RawMessage) (time.Duration, resource.Quantity, err
 // validateTemplate and checkReserved. Errors name the field at fault; the
 // caller adds the pool.
 func ParseProfile(raw json.RawMessage, keys taskassignment.Keys) (corev1.PodTemplateSpec, error) {
-	return parseProfile(raw, keys, true)
+	t, err := parseProfile(raw, keys, true)
+	return t.install, err
 }
 
-// parseProfile is ParseProfile; without workloadAPI (a backend that mints
-// SVIDs) the template gets no Workload API volume, and the profile's
-// workloadAPI is still validated but unused.
-func parseProfile(raw json.RawMessage, keys taskassignment.Keys, workloadAPI bool) (corev1.PodTemplateSpec, error) {
+// templates are a pool's pod templates: install for a job in its own image
+// (and every job without RunnerInImage), direct (nil without RunnerInImage)
+// for a job that runs in the template's image, which holds the runner.
+type templates struct {
+	install corev1.PodTemplateSpec
+	direct  *corev1.PodTemplateSpec
+}
+
+// parseProfile is ParseProfile, with the direct template as well; without
+// workloadAPI (a backend that mints SVIDs) the templates get no Workload API
+// volume, and the profile's workloadAPI is still validated but unused.
+func parseProfile(raw json.RawMessage, keys taskassignment.Keys, workloadAPI bool) (templates, error) {
+	tmpl, direct, err := parseTemplates(raw, keys, workloadAPI)
+	return templates{install: tmpl, direct: direct}, err
+}
+
+func parseTemplates(raw json.RawMessage, keys taskassignment.Keys, workloadAPI bool) (corev1.PodTemplateSpec, *corev1.PodTemplateSpec, error) {
 	if len(raw) == 0 {
-		return corev1.PodTemplateSpec{}, errors.New("profile is missing: set podTemplate or podTemplateFile")
+		return corev1.PodTemplateSpec{}, nil, errors.New("profile is missing: set podTemplate or podTemplateFile")
 	}
 	var p Profile
 	if err := yaml.UnmarshalStrict(raw, &p); err != nil {
-		return corev1.PodTemplateSpec{}, fmt.Errorf("profile: %w", err)
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile: %w", err)
 	}
 	var (
 		tmpl  corev1.PodTemplateSpec
@@ -120,44 +143,52 @@ func parseProfile(raw json.RawMessage, keys taskassignment.Keys, workloadAPI boo
 	)
 	switch {
 	case p.PodTemplate != nil && p.PodTemplateFile != "":
-		return corev1.PodTemplateSpec{}, errors.New("profile: podTemplate and podTemplateFile are both set; set one")
+		return corev1.PodTemplateSpec{}, nil, errors.New("profile: podTemplate and podTemplateFile are both set; set one")
 	case p.PodTemplate != nil:
 		tmpl, field = *p.PodTemplate, "podTemplate"
 	case p.PodTemplateFile != "":
 		data, err := os.ReadFile(p.PodTemplateFile)
 		if err != nil {
-			return corev1.PodTemplateSpec{}, fmt.Errorf("profile podTemplateFile: %w", err)
+			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile podTemplateFile: %w", err)
 		}
 		if err := yaml.UnmarshalStrict(data, &tmpl); err != nil {
-			return corev1.PodTemplateSpec{}, fmt.Errorf("profile podTemplateFile %s: %w", p.PodTemplateFile, err)
+			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile podTemplateFile %s: %w", p.PodTemplateFile, err)
 		}
 		field = "podTemplateFile " + p.PodTemplateFile + ":"
 	default:
-		return corev1.PodTemplateSpec{}, errors.New("profile: set podTemplate or podTemplateFile")
+		return corev1.PodTemplateSpec{}, nil, errors.New("profile: set podTemplate or podTemplateFile")
 	}
 	if err := validateTemplate(tmpl, keys); err != nil {
-		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile %s %w", field, err)
 	}
 	if err := checkReserved(tmpl.Spec); err != nil {
-		return corev1.PodTemplateSpec{}, fmt.Errorf("profile %s %w", field, err)
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile %s %w", field, err)
 	}
 	var w WorkloadAPI
 	if p.WorkloadAPI != nil {
 		w = *p.WorkloadAPI
 	}
 	if err := w.validate(); err != nil {
-		return corev1.PodTemplateSpec{}, fmt.Errorf("profile workloadAPI: %w", err)
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile workloadAPI: %w", err)
 	}
 	image := p.RunnerImage
 	if image == "" {
 		image = tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)].Image
 	}
-	if !workloadAPI {
-		inject(&tmpl, image, nil)
-		return tmpl, nil
+	if p.RunnerInImage != "" && (!path.IsAbs(p.RunnerInImage) || path.Clean(p.RunnerInImage) != p.RunnerInImage) {
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile runnerInImage %q: want a clean absolute path", p.RunnerInImage)
 	}
-	inject(&tmpl, image, &w)
-	return tmpl, nil
+	wp := &w
+	if !workloadAPI {
+		wp = nil
+	}
+	var direct *corev1.PodTemplateSpec
+	if p.RunnerInImage != "" {
+		direct = tmpl.DeepCopy()
+		injectDirect(direct, p.RunnerInImage, wp)
+	}
+	inject(&tmpl, image, wp)
+	return tmpl, direct, nil
 }
 
 // validateTemplate enforces what Create relies on. The error starts with the
