@@ -276,9 +276,15 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		t.Fatal(err)
 	}
 	c.WaitServiceAccount(ctx, t, installNamespace)
-	// The executors' namespace: not restricted here, the pools' Workload API being a hostPath
-	// (no CSI driver; TestE2EExecutorPodRestricted checks the shipped template under restricted).
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}, metav1.CreateOptions{}); err != nil {
+	// The executors' namespace: Pod Security restricted, as deploy/README.md labels it, when
+	// executors get minted SVIDs (the default); with the Workload API not, the pools' Workload
+	// API being a hostPath here (no CSI driver; TestE2EExecutorPodRestricted checks the
+	// shipped template under restricted).
+	jobsNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}
+	if o.podIdentity != "workload-api" {
+		jobsNS.Labels = podSecurityRestricted
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, jobsNS, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.WaitServiceAccount(ctx, t, jobsNamespace)
