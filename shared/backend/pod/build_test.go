@@ -17,24 +17,7 @@ import (
 // TestBuildSPIREServer: Build takes the SPIRE Server's TCP API or a unix socket, connects
 // nothing yet, and refuses any other form naming the variable.
 func TestBuildSPIREServer(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KUBECONFIG", kubeconfig)
-	keys, err := taskassignment.NewKeys("ci.example.org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := backend.Deps{Keys: keys, TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Pools: runnerpool.Pools{
-		{Name: "linux", Labels: []string{"x"}, Backend: taskassignment.BackendPod, Capacity: 1, Profile: json.RawMessage(testTemplate)},
-	}}
+	deps := buildDeps(t)
 	for _, tc := range []struct{ addr, err string }{
 		{"spire-server.spire.svc:8081", ""},
 		{"unix:/run/spire/server-sockets/api.sock", ""},
@@ -61,24 +44,7 @@ current-context: c
 // TestBuildPodIdentity: GDR_POD_IDENTITY=minted gives the backend a minter on
 // the SPIRE connection, workload-api none; anything else is refused.
 func TestBuildPodIdentity(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KUBECONFIG", kubeconfig)
-	keys, err := taskassignment.NewKeys("ci.example.org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := backend.Deps{Keys: keys, TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Pools: runnerpool.Pools{
-		{Name: "linux", Labels: []string{"x"}, Backend: taskassignment.BackendPod, Capacity: 1, Profile: json.RawMessage(testTemplate)},
-	}}
+	deps := buildDeps(t)
 	for _, tc := range []struct {
 		identity string
 		minter   bool
@@ -103,4 +69,29 @@ current-context: c
 		}
 		_ = closeFn()
 	}
+}
+
+// buildDeps points KUBECONFIG at an API server that is never reached (Build
+// connects nothing) and returns the Deps of one pod pool.
+func buildDeps(t *testing.T) backend.Deps {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
+	keys, err := taskassignment.NewKeys("ci.example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := backend.Deps{Keys: keys, TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Pools: runnerpool.Pools{
+		{Name: "linux", Labels: []string{"x"}, Backend: taskassignment.BackendPod, Capacity: 1, Profile: json.RawMessage(testTemplate)},
+	}}
+	return deps
 }
