@@ -45,6 +45,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kedaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/registryenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
@@ -89,6 +90,8 @@ type installation struct {
 	localize func(obj *unstructured.Unstructured)
 	// registry is the private registry, at registryHost from the node.
 	registry     *registryenv.Registry
+	// spire is the SPIRE server (handleKilled pauses it).
+	spire *spireenv.Server
 	registryHost string
 }
 
@@ -396,7 +399,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize,
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire,
 		registry: registry, registryHost: registryHost}
 }
 
@@ -668,14 +671,13 @@ jobs:
 }
 
 // handleKilled force-deletes the handle Pod (SIGKILL, no chance to ack)
-// once it has created the executor Pod and holds the assignment until that
-// Pod is scheduled (to register its SPIRE entry on the node's agent): the
-// crash window between an executor's creation and its identity. A taint only
-// handle Pods tolerate keeps the executor unscheduled until the kill has
-// landed (asserted), so the window is open whatever the node's speed. The
-// message comes back (AckWait), another handle Job finds the executor,
-// registers its entry, and the job must still succeed, with its executor
-// created once.
+// while it holds the assignment unsettled in the middle of Create: it mints
+// the executor's SVID (GDR_POD_IDENTITY=minted) before it creates the Pod,
+// and the SPIRE server is paused (SIGSTOP), so the mint hangs. The kill is
+// asserted to land there: the message delivered and unacknowledged, no
+// executor Pod yet. The server resumes, the message comes back (AckWait), a
+// handle started after the kill creates the executor, and the job must still
+// succeed, with its executor created once.
 func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo string) {
 	w, err := in.cs.CoreV1().Pods(jobsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 	if err != nil {
@@ -691,7 +693,15 @@ func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo str
 		}
 		close(created)
 	}()
-	in.holdExecutors(ctx, t)
+	in.spire.Pause(t)
+	paused := true
+	resume := func() {
+		if paused {
+			in.spire.Resume(t)
+			paused = false
+		}
+	}
+	defer resume()
 	in.g.PushWorkflow(t, repo, ".gitea/workflows/crash.yml", `on: push
 jobs:
   crash:
@@ -699,50 +709,62 @@ jobs:
     steps:
       - run: echo "ran in $(cat /etc/hostname)"
 `)
+	// A handle holds the message: delivered, not acknowledged, for 3 s on
+	// end (its mint cannot finish).
+	var (
+		handles  []string
+		held     time.Time
+		deadline = time.Now().Add(3 * time.Minute)
+	)
+	for held.IsZero() || time.Since(held) < 3*time.Second {
+		time.Sleep(250 * time.Millisecond)
+		c, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
+		handles = in.runningHandles(ctx, t)
+		if err != nil || c.AckPending == 0 || len(handles) == 0 {
+			held = time.Time{}
+		} else if held.IsZero() {
+			held = time.Now()
+		}
+		if time.Now().After(deadline) {
+			in.dump(ctx, t)
+			t.Fatal("no handle held the assignment 3 minutes after the push")
+		}
+	}
+	select {
+	case p := <-created:
+		t.Fatalf("no fault: executor %s exists although its SVID could not be minted", p)
+	default:
+	}
+	for _, name := range handles {
+		if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killedAt := time.Now()
+	t.Logf("assignment held unacknowledged by %v, its mint hanging; killed", handles)
+	resume()
+
 	var executor string
 	select {
 	case executor = <-created:
 	case <-time.After(3 * time.Minute):
-		t.Fatal("no executor Pod 3 minutes after the push")
-	}
-	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=handle"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var killed []string
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.Labels["batch.kubernetes.io/job-name"] == "handle-setup" {
-			continue
-		}
-		if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
-			t.Fatal(err)
-		}
-		killed = append(killed, p.Name)
-	}
-	killedAt := time.Now()
-	t.Logf("executor %s created; handle Pods killed: %v", executor, killed)
-	if len(killed) == 0 {
-		t.Fatal("no fault: no handle Pod was running to kill")
+		in.dump(ctx, t)
+		t.Fatal("no executor Pod 3 minutes after the kill")
 	}
 	ep, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, executor, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The fault landed in the window: the executor was still unscheduled, so
-	// the killed handle could not have bound its identity and settled.
-	if ep.Spec.NodeName != "" {
-		t.Fatalf("no fault: executor %s was scheduled to %s before its handle was killed", executor, ep.Spec.NodeName)
+	if ep.CreationTimestamp.Time.Before(killedAt.Truncate(time.Second)) {
+		t.Fatalf("no fault: executor %s was created at %v, before the kill", executor, ep.CreationTimestamp)
 	}
-	in.releaseExecutors(ctx, t)
 	assignment := ep.Labels["gitea-dynamic-runner.io/assignment-id"]
-	// Watched from now on: a finished handle Job's Pod is removed with the
-	// ScaledJob's history.
 	acceptedBy := make(chan string, 1)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go func() {
 		for watchCtx.Err() == nil {
-			if by := in.acceptedAfter(watchCtx, assignment, killedAt, killed); by != "" {
+			if by := in.acceptedAfter(watchCtx, assignment, killedAt, handles); by != "" {
 				acceptedBy <- by
 				return
 			}
@@ -761,66 +783,30 @@ jobs:
 		t.Fatalf("a second executor Pod %s was created for the job", again)
 	default:
 	}
-	// The fault landed before the ack: the message came back after the kill
-	// (AckWait), and a handle started after it accepted the assignment.
+	// The message came back after the kill (AckWait), and a handle started
+	// after it accepted the assignment.
 	select {
 	case by := <-acceptedBy:
 		t.Logf("assignment %s delivered again and accepted by %s", assignment, by)
 	case <-time.After(10 * time.Second):
-		t.Fatalf("no handle started after the kill accepted %s: the killed handle had settled it, the fault tested nothing", assignment)
+		t.Fatalf("no handle started after the kill accepted %s: the fault tested nothing", assignment)
 	}
 }
 
-// holdTaint keeps executor Pods unscheduled while handleKilled kills their
-// handle: handle Pods tolerate it, executors do not.
-const holdTaint = "gitea-dynamic-runner.io/e2e-hold"
-
-// holdExecutors makes the handle ScaledJob's Pods tolerate holdTaint and
-// taints the node with it, so that an executor created from now on stays
-// unscheduled, and its handle holds the assignment unsettled, until
-// releaseExecutors. Without it a quiet node schedules the executor, and the
-// handle settles, before the test's kill can land.
-func (in *installation) holdExecutors(ctx context.Context, t *testing.T) {
-	dyn, err := dynamic.NewForConfig(in.c.Plane.RESTConfig())
+// runningHandles names the handle-pod Pods that are running (not
+// handle-setup's, not finished ones).
+func (in *installation) runningHandles(ctx context.Context, t *testing.T) []string {
+	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=handle"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	patch := fmt.Appendf(nil, `{"spec":{"jobTargetRef":{"template":{"spec":{"tolerations":[{"key":%q,"operator":"Exists","effect":"NoSchedule"}]}}}}}`, holdTaint)
-	sj := schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledjobs"}
-	if _, err := dyn.Resource(sj).Namespace(installNamespace).Patch(ctx, "handle-pod", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatalf("handle-pod ScaledJob: tolerate %s: %v", holdTaint, err)
-	}
-	t.Cleanup(func() { in.releaseExecutors(context.WithoutCancel(ctx), t) })
-	// KEDA's scale loop takes the changed template on its next reconcile; a
-	// handle Job made from the old one would wait behind the taint (and the
-	// test would fail with no executor, not pass).
-	time.Sleep(5 * time.Second)
-	in.setHoldTaint(ctx, t, true)
-}
-
-// releaseExecutors removes holdTaint from the nodes (idempotent).
-func (in *installation) releaseExecutors(ctx context.Context, t *testing.T) {
-	in.setHoldTaint(ctx, t, false)
-}
-
-func (in *installation) setHoldTaint(ctx context.Context, t *testing.T, on bool) {
-	nodes, err := in.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes.Items {
-		taints := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(tn corev1.Taint) bool { return tn.Key == holdTaint })
-		if on {
-			taints = append(taints, corev1.Taint{Key: holdTaint, Effect: corev1.TaintEffectNoSchedule})
-		}
-		if len(taints) == len(n.Spec.Taints) && !on {
-			continue
-		}
-		n.Spec.Taints = taints
-		if _, err := in.cs.CoreV1().Nodes().Update(ctx, &n, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("node %s: taint %s=%v: %v", n.Name, holdTaint, on, err)
+	var names []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Labels["batch.kubernetes.io/job-name"] != "handle-setup" {
+			names = append(names, p.Name)
 		}
 	}
+	return names
 }
 
 // acceptedAfter returns the handle Pod, created after at and not among

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,6 +68,24 @@ type Server struct {
 	Dir string
 
 	conn *grpc.ClientConn
+	proc *testenv.Process
+}
+
+// Pause stops the server process (SIGSTOP): it accepts connections (the
+// kernel does) and answers none, as a server that hangs would, until Resume.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(s.proc.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatalf("spireenv: pause spire-server: %v", err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(s.proc.PID(), syscall.SIGCONT); err != nil {
+		t.Fatalf("spireenv: resume spire-server: %v", err)
+	}
 }
 
 const configTemplate = `server {
@@ -246,6 +265,7 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 	if err != nil {
 		return fmt.Errorf("spireenv: %w", err)
 	}
+	s.proc = p
 	stop := func() { p.Stop(10 * time.Second) }
 	conn, err := grpc.NewClient("unix://"+s.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -268,6 +288,7 @@ func (s *Server) run(t testing.TB, bin, conf string) error {
 	s.conn = conn
 	t.Cleanup(func() {
 		conn.Close()
+		_ = syscall.Kill(p.PID(), syscall.SIGCONT) // a paused server takes SIGTERM only once continued
 		stop()
 		if t.Failed() {
 			t.Logf("spireenv: spire-server log:\n%s", testenv.LogTail(logPath, 60))
