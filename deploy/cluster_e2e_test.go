@@ -89,9 +89,9 @@ type installation struct {
 	// build was (for the manual Jobs, created later).
 	localize func(obj *unstructured.Unstructured)
 	// registry is the private registry, at registryHost from the node.
-	registry     *registryenv.Registry
+	registry *registryenv.Registry
 	// spire is the SPIRE server (handleKilled pauses it).
-	spire *spireenv.Server
+	spire        *spireenv.Server
 	registryHost string
 }
 
@@ -113,7 +113,8 @@ type installOptions struct {
 	// ships it (level, with its backoff) instead of the channel queue
 	// deploy/README.md advises.
 	defaultWebhookQueue bool
-	// podIdentity is GDR_POD_IDENTITY (empty: the shipped default).
+	// podIdentity is GDR_POD_IDENTITY (empty: the shipped default); "workload-api" enables
+	// the component of that name, as deploy/README.md tells an operator to.
 	podIdentity string
 }
 
@@ -198,6 +199,13 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// The actions/cache service's volume (components/cache), on a
 	// PersistentVolume of a node folder made for it (no provisioner here).
 	enableComponent(t, filepath.Join(root, "keda"), "cache")
+	switch o.podIdentity {
+	case "", "minted":
+	case "workload-api":
+		enableComponent(t, filepath.Join(root, "keda"), "workload-api")
+	default:
+		t.Fatalf("installOptions.podIdentity %q: not a GDR_POD_IDENTITY", o.podIdentity)
+	}
 	docs := buildKustomization(t, filepath.Join(root, "keda"))
 	gatewayID := spiffeid.RequireFromPath(td, "/gateway")
 	config := map[string]string{
@@ -210,9 +218,6 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		"GDR_GATEWAY_SPIFFE_ID": gatewayID.String(),
 		// No DNS: the gateway Service's ClusterIP, fixed below.
 		"GDR_GATEWAY_URL": "https://" + gatewayClusterIP + ":443",
-	}
-	if o.podIdentity != "" {
-		config["GDR_POD_IDENTITY"] = o.podIdentity
 	}
 	localize := func(obj *unstructured.Unstructured) {
 		walk(obj.Object, func(m map[string]any) {
@@ -376,6 +381,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		applyAll(ctx, t, c, objs)
 	case installHelm:
 		vals := helmE2EValues(t, config, monitor, pools)
+		if o.podIdentity != "" {
+			vals["spire"].(map[string]any)["podIdentity"] = o.podIdentity
+		}
 		// The chart with these values renders what kubectl apply -k would apply here.
 		if probs := stepProblems(t, mustRenderChart(t, installNamespace, vals), unstructuredDocs(objs)); len(probs) > 0 {
 			t.Fatalf("the chart's objects are not the kustomize install's:\n%s", strings.Join(probs, "\n"))

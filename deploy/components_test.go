@@ -1,8 +1,10 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -94,5 +96,40 @@ func TestCacheComponent(t *testing.T) {
 			}
 			t.Fatal("no gateway container")
 		})
+	}
+}
+
+// Without the workload-api component an installation grants nothing cluster-wide (executors
+// get minted SVIDs; no SPIRE entry needs a Node's UID); with it, handle and recover each get
+// exactly get on Nodes cluster-wide, and gdr-config switches GDR_POD_IDENTITY, so the grant
+// never ships without the mode that uses it (TestE2ERBAC checks each mode's paths use all of
+// their grants).
+func TestWorkloadAPIComponent(t *testing.T) {
+	nodesGet := []string{permission{"", "nodes", "get"}.String()}
+	for _, dir := range kustomizations {
+		for _, enabled := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/enabled=%v", dir, enabled), func(t *testing.T) {
+				root := copyDeploy(t)
+				if enabled {
+					enableComponent(t, filepath.Join(root, dir), "workload-api")
+				}
+				docs := buildKustomization(t, filepath.Join(root, dir))
+				objs := rbacDocs(t, docs)
+				for _, sa := range serviceAccounts {
+					_, cluster, problems := objs.granted(installNamespace, sa)
+					var want []string
+					if enabled && slices.Contains(apiAccess, sa) {
+						want = nodesGet
+					}
+					if got := keysOf(cluster); !slices.Equal(got, want) || len(problems) > 0 {
+						t.Errorf("%s: cluster-wide %v (problems %v), want %v", sa, got, problems, want)
+					}
+				}
+				mode := stringMap(path(one(t, docs, "ConfigMap", "gdr-config").obj, "data"))["GDR_POD_IDENTITY"]
+				if want := map[bool]string{false: "", true: "workload-api"}[enabled]; mode != want {
+					t.Errorf("gdr-config GDR_POD_IDENTITY %q, want %q", mode, want)
+				}
+			})
+		}
 	}
 }

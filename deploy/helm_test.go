@@ -185,6 +185,14 @@ func TestHelmChartMatchesKustomize(t *testing.T) {
 		{name: "keda", dir: "keda"},
 		{name: "keda/cache", dir: "keda", components: []string{"cache"}, vals: map[string]any{"cache": map[string]any{"enabled": true}}},
 		{
+			name: "keda/workload-api", dir: "keda", components: []string{"workload-api"},
+			vals: map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}},
+		},
+		{
+			name: "knative/workload-api", dir: "knative", components: []string{"workload-api"},
+			vals: map[string]any{"scaler": "knative", "knative": map[string]any{"tickToken": "${GDR_TICK_TOKEN}"}, "spire": map[string]any{"podIdentity": "workload-api"}},
+		},
+		{
 			name: "keda/namespace-and-images", dir: "keda", namespace: "ci-runners", registry: "registry.example.net/gdr", tag: "v1.2.3",
 			vals: map[string]any{"images": map[string]any{"registry": "registry.example.net/gdr", "tag": "v1.2.3"}},
 		},

@@ -119,12 +119,15 @@ func buildInNamespace(t *testing.T, dir, ns string) []doc {
 }
 
 // buildInNamespaces builds the kustomization dir with the control plane in ns and the executors
-// in jobs.
-func buildInNamespaces(t *testing.T, dir, ns, jobs string) []doc {
+// in jobs, and the components enabled.
+func buildInNamespaces(t *testing.T, dir, ns, jobs string, components ...string) []doc {
 	t.Helper()
 	root := copyDeploy(t)
 	override(t, filepath.Join(root, dir), ns, "", "")
 	setExecutorsNamespace(t, filepath.Join(root, dir), jobs)
+	for _, c := range components {
+		enableComponent(t, filepath.Join(root, dir), c)
+	}
 	return buildKustomization(t, filepath.Join(root, dir))
 }
 
@@ -288,16 +291,24 @@ func usedBy(events []auditEvent, user string) (namespaced map[string]map[permiss
 }
 
 // TestE2ERBAC applies the shipped RBAC (keda built by kustomize: the control plane in a fresh
-// namespace, the executors in another) to a real API server and runs the pod backend, in the
+// namespace, the executors in another), once as shipped (executors get minted SVIDs) and once
+// with the workload-api component, to a real API server and runs the pod backend, in the
 // executors' namespace, as handle's and as recover's ServiceAccount, through
-// every path their code takes: handle's Accept (create, wait for scheduling, bind, complete a
-// Pod whose Secret is stale), recover's pass (a corrupt Pod's Event; a succeeded, a failed and a
+// every path their code takes: handle's Accept (create; with workload-api wait for scheduling
+// and register the entry under the Node; complete a Pod whose Secret is stale), recover's pass (a corrupt Pod's Event; a succeeded, a failed and a
 // stuck executor reported and deleted; a missing executor re-created; a stale Secret repaired; a
 // cancelled task's executor deleted). A verb missing from a Role fails a step (403); the audit
 // log then shows that every call was allowed and that each ServiceAccount used every verb it is
 // granted, and nothing else, namespace by namespace: nothing at all in the control plane's,
 // where neither holds any grant (its Secrets are out of their reach).
 func TestE2ERBAC(t *testing.T) {
+	for _, mode := range []string{"minted", "workload-api"} {
+		t.Run(mode, func(t *testing.T) { testRBAC(t, mode) })
+	}
+}
+
+// testRBAC is TestE2ERBAC in one GDR_POD_IDENTITY mode, as its install builds it.
+func testRBAC(t *testing.T, mode string) {
 	p := plane.Plane(t)
 	if p.AuditLog() == "" {
 		t.Fatal("the control plane runs without an audit log")
@@ -307,7 +318,11 @@ func TestE2ERBAC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	built := buildInNamespaces(t, "keda", controlNS, ns)
+	var components []string
+	if mode == "workload-api" {
+		components = append(components, "workload-api")
+	}
+	built := buildInNamespaces(t, "keda", controlNS, ns, components...)
 	objs := rbacDocs(t, built)
 	applyRBAC(ctx, t, admin, objs)
 	handleSA := serviceAccountOf(t, built, "ScaledJob", "handle-pod")
@@ -315,14 +330,10 @@ func TestE2ERBAC(t *testing.T) {
 
 	cfg := shippedPodConfig(t, built)
 	keys, td := cfg.Keys, cfg.TrustDomain
-	// The paths below are GDR_POD_IDENTITY=workload-api's, which use every verb the Roles
-	// grant (the Node of a scheduled Pod, for its entry's parent); minted, the default, uses a
-	// subset of them, checked last (mintedAccept).
-	minter := cfg.Minter
-	if minter == nil {
-		t.Fatal("the shipped gdr-config no longer mints executor SVIDs: mintedAccept below checks nothing")
+	minted := mode == "minted"
+	if (cfg.Minter != nil) != minted {
+		t.Fatalf("the build's gdr-config mints executor SVIDs: %v; want %v in mode %s", cfg.Minter != nil, minted, mode)
 	}
-	cfg.Minter = nil
 	entries := &memoryEntries{entries: map[string]*spiretypes.Entry{}}
 	backend := func(client kubernetes.Interface, now func() time.Time) *pod.Backend {
 		c := cfg
@@ -424,20 +435,27 @@ func TestE2ERBAC(t *testing.T) {
 		}
 	}
 
-	// handle: three executors created, waiting to be scheduled, then bound.
+	// handle: three executors created and bound; minted at once (the SVID is in the Secret),
+	// with workload-api once the scheduler has placed the Pod (its entry's parent is the
+	// Node's agent).
 	running := []taskassignment.Assignment{assignment(1), assignment(2), assignment(3)}
 	for _, a := range running {
-		accept(a, false)
+		accept(a, minted)
 		schedule(a)
-		accept(a, true)
+		if !minted {
+			accept(a, true)
+		}
 	}
 	// handle: a redelivery finds a Pod whose Secret an earlier Pod owned: Create completes it.
 	stale := assignment(4)
-	accept(stale, false)
+	accept(stale, minted)
 	staleSecret(stale)
-	accept(stale, false)
+	accept(stale, minted)
 	if !ownedByItsPod(stale) {
 		t.Fatal("handle did not repair the stale Secret")
+	}
+	if s, err := secrets.Get(ctx, pod.SecretName(handleBackend.PodName(stale.ID)), metav1.GetOptions{}); err != nil || (len(s.Data["CI_SVID_CERT"]) > 0) != minted {
+		t.Fatalf("the Secret of %s holds an SVID: %v (err %v); want %v", stale.ID, err == nil && len(s.Data["CI_SVID_CERT"]) > 0, err, minted)
 	}
 
 	// recover: a Pod of this installation whose metadata does not rebuild gets an Event.
@@ -502,22 +520,6 @@ func TestE2ERBAC(t *testing.T) {
 		t.Fatalf("the executor of the cancelled task: %v", err)
 	}
 
-	// handle with GDR_POD_IDENTITY=minted: the executor holds its SVID in its Secret, bound
-	// at once, before the scheduler has placed it.
-	mintedCfg := cfg
-	mintedCfg.Client, mintedCfg.Namespace, mintedCfg.Entries, mintedCfg.Minter = impersonating(t, p, controlNS, handleSA), ns, entries, minter
-	mintedBackend, err := pod.New(mintedCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	minted := assignment(6)
-	if ok, err := (executor.Worker{Backend: mintedBackend, Bootstrap: boot, Keys: keys}).Accept(ctx, minted); err != nil || !ok {
-		t.Fatalf("handle (minted): Accept(%s) = %v, %v; want the executor created and bound", minted.ID, ok, err)
-	}
-	if s, err := secrets.Get(ctx, pod.SecretName(handleBackend.PodName(minted.ID)), metav1.GetOptions{}); err != nil || len(s.Data["CI_SVID_CERT"]) == 0 {
-		t.Fatalf("handle (minted): the Secret of %s holds no SVID: %v", minted.ID, err)
-	}
-
 	events := readAudit(ctx, t, p, admin, ns)
 	for _, sa := range []string{handleSA, recoverSA} {
 		t.Run(sa, func(t *testing.T) {
@@ -554,13 +556,4 @@ func TestE2ERBAC(t *testing.T) {
 			t.Logf("%s used: namespace %s %v, cluster %v", sa, ns, keysOf(usedNS[ns]), keysOf(usedCluster))
 		})
 	}
-}
-
-func keysOf(m map[permission]bool) []string {
-	var out []string
-	for p := range m {
-		out = append(out, p.String())
-	}
-	slices.Sort(out)
-	return out
 }

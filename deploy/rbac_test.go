@@ -268,3 +268,13 @@ func TestUnusedGrantsBites(t *testing.T) {
 		})
 	}
 }
+
+// keysOf is m's permissions, sorted.
+func keysOf(m map[permission]bool) []string {
+	var out []string
+	for p := range m {
+		out = append(out, p.String())
+	}
+	slices.Sort(out)
+	return out
+}
