@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 )
@@ -83,14 +84,23 @@ func TestE2EClusterIsolation(t *testing.T) {
 		l["gitea-dynamic-runner.io/assignment-id"] = name // one per Pod, as the backend's
 		return l
 	}
+	// The executors' namespace enforces Pod Security restricted (installKEDA): the test's Pods
+	// are hardened as an executor is.
+	restricted := &corev1.PodSecurityContext{
+		RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	hardened := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
 	// Another executor Pod, with a listener (the echo service of the install test's jobs).
 	other := in.runPod(ctx, t, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "isolation-other-executor", Labels: labels("isolation-other")},
 		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
+			RestartPolicy: corev1.RestartPolicyNever, SecurityContext: restricted,
 			Containers: []corev1.Container{{
 				Name: "echo", Image: "gdr.local/echo:latest", ImagePullPolicy: corev1.PullIfNotPresent,
-				Ports: []corev1.ContainerPort{{ContainerPort: 7000}},
+				Ports: []corev1.ContainerPort{{ContainerPort: 7000}}, SecurityContext: hardened,
 			}},
 		},
 	})
@@ -123,9 +133,10 @@ func TestE2EClusterIsolation(t *testing.T) {
 	probe := in.runPod(ctx, t, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "isolation-probe", Labels: labels("isolation-probe")},
 		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
+			RestartPolicy: corev1.RestartPolicyNever, SecurityContext: restricted,
 			Containers: []corev1.Container{{
 				Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullIfNotPresent, Args: args,
+				SecurityContext: hardened,
 			}},
 		},
 	})
