@@ -97,6 +97,9 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	go seen.watchPods(ctx, b, in)
 
 	var total, twin, queued, keda, handle, pod, runner []time.Duration
+	// details are the per-job lines, logged after the summary: the testing
+	// package keeps only a benchmark's first 10 lines of log.
+	var details []string
 	b.ResetTimer()
 	for i := range n {
 		name := fmt.Sprintf("s%d", i)
@@ -113,10 +116,10 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		handle = append(handle, p.Sub(j))
 		pod = append(pod, r.Sub(p))
 		runner = append(runner, started.Sub(r))
-		b.Logf("%s: total %v (floor %v) = queued %v + keda %v + handle %v + pod %v + runner %v", name,
+		details = append(details, fmt.Sprintf("%s: total %v (floor %v) = queued %v + keda %v + handle %v + pod %v + runner %v", name,
 			total[i].Round(time.Millisecond), twin[i].Round(time.Millisecond), queued[i].Round(time.Millisecond),
 			keda[i].Round(time.Millisecond), handle[i].Round(time.Millisecond), pod[i].Round(time.Millisecond),
-			runner[i].Round(time.Millisecond))
+			runner[i].Round(time.Millisecond)))
 		in.idle(ctx, b, repo, name)
 	}
 
@@ -139,6 +142,9 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	b.Logf("cluster pickup %s/single split p50: queued %s keda %s handle %s pod %s runner %s", variant,
 		sec(p50(queued)), sec(p50(keda)), sec(p50(handle)), sec(p50(pod)), sec(p50(runner)))
 	b.Logf("cluster pickup %s/burst p50 %s p95 %s floor p50 %s", variant, sec(p50(burst)), sec(p95(burst)), sec(p50(burstTwin)))
+	for _, d := range details {
+		b.Log(d)
+	}
 	for _, m := range []struct {
 		unit string
 		d    time.Duration
