@@ -116,6 +116,8 @@ type installOptions struct {
 	// podIdentity is GDR_POD_IDENTITY (empty: the shipped default); "workload-api" enables
 	// the component of that name, as deploy/README.md tells an operator to.
 	podIdentity string
+	// podTemplate, when set, edits the spec of the pool linux's Pod template (its map form).
+	podTemplate func(spec map[string]any)
 }
 
 // installMethod is how installKEDAWith puts the control plane into the cluster.
@@ -250,7 +252,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 				}
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
-			pools = localPools(t, obj, registryHost)
+			pools = localPools(t, obj, registryHost, o.podTemplate)
 		case d.kind() == "Deployment" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
 		case d.kind() == "Service" && obj.GetName() == "gateway":
@@ -1130,8 +1132,9 @@ const dispatchNodePort = 30080
 // linux may pull from the private registry at registry (its template names
 // the pull secret gdr-registry); two more pools, copies of linux without that
 // secret, serve the private-image test: tenant-b pulls job images Always
-// (the default), tenant-lax IfNotPresent. It returns the rewritten file.
-func localPools(t testing.TB, obj *unstructured.Unstructured, registry string) string {
+// (the default), tenant-lax IfNotPresent; edit, if not nil, edits linux's
+// Pod template spec last. It returns the rewritten file.
+func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, edit func(spec map[string]any)) string {
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
 	var pools map[string]any
@@ -1174,6 +1177,9 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string) s
 	linux["images"] = copyOf("linux", "IfNotPresent")["images"]
 	spec, _, _ := unstructured.NestedMap(linux, "profile", "podTemplate", "spec")
 	spec["imagePullSecrets"] = []any{map[string]any{"name": registrySecret}}
+	if edit != nil {
+		edit(spec)
+	}
 	if err := unstructured.SetNestedMap(linux, spec, "profile", "podTemplate", "spec"); err != nil {
 		t.Fatal(err)
 	}
