@@ -162,7 +162,7 @@ func (s setup) keepRunnerLogs(t *testing.T) *syncBuffer {
 			select {
 			case <-stop:
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond): // an executor's folder goes when its job ends: a job of a second can slip between slower polls
 			}
 			paths, _ := filepath.Glob(filepath.Join(s.state, "executors", "*", "runner.log"))
 			for _, p := range paths {
