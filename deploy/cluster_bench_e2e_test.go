@@ -23,6 +23,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 )
 
@@ -64,7 +65,7 @@ func BenchmarkE2EClusterPickup(b *testing.B) {
 		opts installOptions
 	}{
 		{"minted/channel", installOptions{}},
-		{"workload-api/channel", installOptions{podIdentity: "workload-api"}},
+		{"workload-api/channel", installOptions{podIdentity: backend.PodIdentityWorkloadAPI}},
 		{"minted/default-queue", installOptions{defaultWebhookQueue: true}},
 		{"minted/channel/no-volume", installOptions{podTemplate: withoutVolumes}},
 	} {

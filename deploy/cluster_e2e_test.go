@@ -50,6 +50,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/registryenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
@@ -202,8 +203,8 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// PersistentVolume of a node folder made for it (no provisioner here).
 	enableComponent(t, filepath.Join(root, "keda"), "cache")
 	switch o.podIdentity {
-	case "", "minted":
-	case "workload-api":
+	case "", backend.PodIdentityMinted:
+	case backend.PodIdentityWorkloadAPI:
 		enableComponent(t, filepath.Join(root, "keda"), "workload-api")
 	default:
 		t.Fatalf("installOptions.podIdentity %q: not a GDR_POD_IDENTITY", o.podIdentity)
@@ -291,7 +292,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// API being a hostPath here (no CSI driver; TestE2EExecutorPodRestricted checks the
 	// shipped template under restricted).
 	jobsNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}
-	if o.podIdentity != "workload-api" {
+	if o.podIdentity != backend.PodIdentityWorkloadAPI {
 		jobsNS.Labels = podSecurityRestricted
 	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, jobsNS, metav1.CreateOptions{}); err != nil {

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kubeenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
@@ -302,7 +303,7 @@ func usedBy(events []auditEvent, user string) (namespaced map[string]map[permiss
 // granted, and nothing else, namespace by namespace: nothing at all in the control plane's,
 // where neither holds any grant (its Secrets are out of their reach).
 func TestE2ERBAC(t *testing.T) {
-	for _, mode := range []string{"minted", "workload-api"} {
+	for _, mode := range []string{backend.PodIdentityMinted, backend.PodIdentityWorkloadAPI} {
 		t.Run(mode, func(t *testing.T) { testRBAC(t, mode) })
 	}
 }
@@ -319,7 +320,7 @@ func testRBAC(t *testing.T, mode string) {
 	defer cancel()
 
 	var components []string
-	if mode == "workload-api" {
+	if mode == backend.PodIdentityWorkloadAPI {
 		components = append(components, "workload-api")
 	}
 	built := buildInNamespaces(t, "keda", controlNS, ns, components...)
@@ -330,7 +331,7 @@ func testRBAC(t *testing.T, mode string) {
 
 	cfg := shippedPodConfig(t, built)
 	keys, td := cfg.Keys, cfg.TrustDomain
-	minted := mode == "minted"
+	minted := mode == backend.PodIdentityMinted
 	if (cfg.Minter != nil) != minted {
 		t.Fatalf("the build's gdr-config mints executor SVIDs: %v; want %v in mode %s", cfg.Minter != nil, minted, mode)
 	}
