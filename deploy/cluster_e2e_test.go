@@ -119,6 +119,32 @@ type installOptions struct {
 	podIdentity string
 	// podTemplate, when set, edits the spec of the pool linux's Pod template (its map form).
 	podTemplate func(spec map[string]any)
+	// handleEnv sets variables of the ScaledJob handle-pod's container over the shipped ones.
+	handleEnv map[string]string
+}
+
+// setEnv sets each of env on every container of the ScaledJob obj's Job template, in place
+// of the variable of that name; it fails when one is not there to set.
+func setEnv(t testing.TB, obj *unstructured.Unstructured, env map[string]string) {
+	t.Helper()
+	containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "jobTargetRef", "template", "spec", "containers")
+	for name, value := range env {
+		set := false
+		for _, c := range containers {
+			vars, _ := c.(map[string]any)["env"].([]any)
+			for _, v := range vars {
+				if v := v.(map[string]any); v["name"] == name {
+					v["value"], set = value, true
+				}
+			}
+		}
+		if !set {
+			t.Fatalf("%s %s sets no %s", obj.GetKind(), obj.GetName(), name)
+		}
+	}
+	if err := unstructured.SetNestedSlice(obj.Object, containers, "spec", "jobTargetRef", "template", "spec", "containers"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // installMethod is how installKEDAWith puts the control plane into the cluster.
@@ -254,6 +280,8 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
 			pools = localPools(t, obj, registryHost, o.podTemplate)
+		case d.kind() == "ScaledJob" && obj.GetName() == "handle-pod":
+			setEnv(t, obj, o.handleEnv)
 		case d.kind() == "Deployment" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
 		case d.kind() == "Service" && obj.GetName() == "gateway":

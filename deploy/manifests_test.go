@@ -389,16 +389,25 @@ func TestScaledJobContract(t *testing.T) {
 	if backend != "pod" {
 		t.Errorf("GDR_BACKEND %q: want pod", backend)
 	}
-	// A run holds a waiting assignment for up to GDR_HOLD_FOR after its fetch: a deadline that
+	// A run holds a waiting assignment for up to GDR_HOLD_FOR after its last fetch, which a
+	// lingering run (GDR_LINGER) begins up to GDR_LINGER_MAX after its start: a deadline that
 	// ends it sooner hands the assignment back through SIGTERM, and KEDA starts a Job again.
-	fetch, ferr := time.ParseDuration(env["GDR_FETCH_WAIT"])
-	hold, herr := time.ParseDuration(env["GDR_HOLD_FOR"])
+	durations := map[string]time.Duration{}
+	for _, name := range []string{"GDR_FETCH_WAIT", "GDR_HOLD_FOR", "GDR_LINGER", "GDR_LINGER_MAX"} {
+		d, err := time.ParseDuration(env[name])
+		if err != nil {
+			t.Errorf("%s %q: want a duration", name, env[name])
+		}
+		durations[name] = d
+	}
+	fetching := durations["GDR_FETCH_WAIT"]
+	if durations["GDR_LINGER"] > 0 {
+		fetching = max(fetching, durations["GDR_LINGER_MAX"])
+	}
 	deadline, _ := path(spec, "jobTargetRef", "activeDeadlineSeconds").(float64)
-	switch {
-	case ferr != nil || herr != nil:
-		t.Errorf("GDR_FETCH_WAIT %q, GDR_HOLD_FOR %q: want both set to durations", env["GDR_FETCH_WAIT"], env["GDR_HOLD_FOR"])
-	case time.Duration(deadline)*time.Second <= fetch+hold:
-		t.Errorf("activeDeadlineSeconds %v: want more than GDR_FETCH_WAIT %v + GDR_HOLD_FOR %v", deadline, fetch, hold)
+	if time.Duration(deadline)*time.Second <= fetching+durations["GDR_HOLD_FOR"] {
+		t.Errorf("activeDeadlineSeconds %v: want more than the fetching %v (GDR_FETCH_WAIT, or GDR_LINGER_MAX when lingering) + GDR_HOLD_FOR %v",
+			deadline, fetching, durations["GDR_HOLD_FOR"])
 	}
 
 	triggers, _ := spec["triggers"].([]any)

@@ -34,7 +34,7 @@ type Config struct {
 	// Setup mode creates the streams with these replicas.
 	assignmentqueue.ReplicaSettings
 
-	Mode        string        `envconfig:"GDR_MODE" default:"job" desc:"job: settle up to GDR_BATCH messages and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
+	Mode        string        `envconfig:"GDR_MODE" default:"job" desc:"job: settle up to GDR_BATCH messages (and, with GDR_LINGER, those that follow) and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend     string        `envconfig:"GDR_BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
 	Stream      string        `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	MaxInFlight int           `envconfig:"GDR_MAX_IN_FLIGHT" default:"10" desc:"most assignments of the backend delivered and not yet acknowledged, across every handle of it (the consumer's MaxAckPending; a pool's capacity is its own, in the pools file)"`
@@ -43,6 +43,8 @@ type Config struct {
 	NakDelay    time.Duration `envconfig:"GDR_NAK_DELAY" default:"5s" desc:"when an assignment whose identity target is pending comes back, and the longest a held one waits between offers (they start at 250 ms)"`
 	ErrorDelay  time.Duration `envconfig:"GDR_ERROR_DELAY" default:"15s" desc:"when an assignment that failed first comes back; doubled with every delivery, at most 5m"`
 	HoldFor     time.Duration `envconfig:"GDR_HOLD_FOR" default:"2m" desc:"job mode: how long a run keeps an assignment whose identity target is pending, offering it again (250 ms, growing to GDR_NAK_DELAY), before it hands it back"`
+	Linger      time.Duration `envconfig:"GDR_LINGER" default:"0s" desc:"job mode: a warm handle: once its messages are settled, a run fetches again, waiting up to this long for the next, and ends at the first wait that brings none (0: one batch, then exit)"`
+	LingerMax   time.Duration `envconfig:"GDR_LINGER_MAX" default:"5m" desc:"job mode: no lingering run fetches past this long after it began; the ScaledJob's activeDeadlineSeconds must exceed GDR_LINGER_MAX + GDR_HOLD_FOR"`
 
 	pools runnerpool.Pools
 }
@@ -81,10 +83,13 @@ func (c *Config) check(linked backend.Builders) error {
 	for _, d := range []struct {
 		name  string
 		value time.Duration
-	}{{"GDR_FETCH_WAIT", c.FetchWait}, {"GDR_NAK_DELAY", c.NakDelay}, {"GDR_ERROR_DELAY", c.ErrorDelay}, {"GDR_HOLD_FOR", c.HoldFor}} {
+	}{{"GDR_FETCH_WAIT", c.FetchWait}, {"GDR_NAK_DELAY", c.NakDelay}, {"GDR_ERROR_DELAY", c.ErrorDelay}, {"GDR_HOLD_FOR", c.HoldFor}, {"GDR_LINGER_MAX", c.LingerMax}} {
 		if d.value <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", d.name, d.value))
 		}
+	}
+	if c.Linger < 0 {
+		errs = append(errs, fmt.Errorf("GDR_LINGER %v: want 0 (no lingering) or a positive duration", c.Linger))
 	}
 	if c.Mode != modeSetup {
 		_, keysErr := c.Keyring()

@@ -102,6 +102,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	job := handler.Job{
 		Handler:  h,
 		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay, HoldFor: cfg.HoldFor,
+		Linger: cfg.Linger, LingerMax: cfg.LingerMax,
 	}
 	sum, err := job.Run(ctx)
 	log.Info("run finished", slog.Int("fetched", sum.Fetched), slog.Int("accepted", sum.Accepted),

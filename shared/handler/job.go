@@ -28,6 +28,11 @@ const (
 	DefaultHoldFor = 2 * time.Minute
 	// MaxErrorDelay caps the backoff of a message that keeps failing.
 	MaxErrorDelay = 5 * time.Minute
+	// DefaultLingerMax: a lingering run stops fetching 5 minutes after it
+	// began, well within the Job's deadline with DefaultHoldFor.
+	DefaultLingerMax = 5 * time.Minute
+	// minLingerWait is the shortest wait a lingering run fetches with.
+	minLingerWait = 50 * time.Millisecond
 	// ackTimeout bounds the wait for the server to confirm an ack.
 	ackTimeout = 5 * time.Second
 )
@@ -57,6 +62,15 @@ func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
 // new handle per polling interval. A run that holds fetches nothing more:
 // under KEDA other Jobs take the rest; a caller that runs Job in a loop
 // (local mode) fetches again once every held message is settled.
+//
+// A lingering run (Linger > 0) is a warm handle: once its batch is settled
+// it fetches again, so the next assignment is handled within a fetch, not
+// after KEDA's poll and a new Job's start. It ends when a wait brings no
+// message, after Linger idle, or once LingerMax has passed since it began.
+// KEDA's arithmetic still holds: a lingering run is a running Job, so a
+// message that arrives while it waits raises the lag by one and starts no
+// Job (lag - running = 0) while the run takes it; a run that holds fetches
+// nothing more, and a second message then starts a Job of its own.
 type Job struct {
 	Handler  Handler
 	Consumer delivery.Puller
@@ -87,6 +101,16 @@ type Job struct {
 	// deadline ends such a task first; the rule guarantees that no message
 	// is ever left undeliverable in the stream.
 	MaxDeliver int
+	// Linger, when positive, makes the run fetch again once a batch is
+	// settled, waiting up to Linger for its next message (the server ends
+	// a pull request at 90% of its wait, so idle for 0.9 Linger); it ends at
+	// the first wait that brings none. Zero: one batch, then the run ends.
+	Linger time.Duration
+	// LingerMax bounds a lingering run: no fetch begins, and none waits,
+	// past LingerMax after the run began (zero: DefaultLingerMax). The
+	// run's lifetime is then at most LingerMax + HoldFor + its backend
+	// calls, which the Job's activeDeadlineSeconds must exceed.
+	LingerMax time.Duration
 }
 
 // Summary counts what one run did with the messages it fetched.
@@ -109,8 +133,8 @@ func (s *Summary) count(o Outcome) {
 	}
 }
 
-// Run fetches and settles one batch. Every message it fetched is settled
-// before it returns: acknowledged (Accepted), naked with a delay (NotYet,
+// Run fetches and settles one batch, and when it lingers (see Job) the
+// batches after it. Every message it fetched is settled before it returns: acknowledged (Accepted), naked with a delay (NotYet,
 // Failed) or terminated (Poison, Rejected). A NotYet message is first held (see Job)
 // and counts as NotYet only when the run gives it up. When ctx is cancelled
 // (SIGTERM), the message in flight, those held and those not yet started are
@@ -122,28 +146,45 @@ func (s *Summary) count(o Outcome) {
 //
 // An ack is confirmed by the server before Run counts the message Accepted;
 // naks and terminations are published on the consumer's connection without
-// a reply: flush it before the process exits. The error is only for a run
-// that could not fetch at all; outcomes of single messages are in the
-// Summary and the log. No message available is a
-// successful, empty run.
+// a reply: flush it before the process exits. The error is only for a
+// fetch that failed; outcomes of single messages are in the Summary and the
+// log. No message available is a successful, empty run.
 func (j Job) Run(ctx context.Context) (Summary, error) {
 	var sum Summary
-	if ctx.Err() != nil {
-		return sum, nil
-	}
 	batch := max(j.Batch, 1)
-	fetchCtx, cancel := context.WithTimeout(ctx, cmp.Or(j.Wait, DefaultWait))
+	wait := cmp.Or(j.Wait, DefaultWait)
+	end := time.Now().Add(cmp.Or(j.LingerMax, DefaultLingerMax))
+	for ctx.Err() == nil {
+		fetched := sum.Fetched
+		if err := j.fetch(ctx, batch, wait, &sum); err != nil {
+			return sum, err
+		}
+		// A wait too short to be worth a pull request (or already past
+		// when the fetch computes its expiry) ends the run too.
+		wait = min(j.Linger, time.Until(end))
+		if sum.Fetched == fetched || wait < minLingerWait {
+			break
+		}
+	}
+	return sum, nil
+}
+
+// fetch fetches at most batch messages, waiting at most wait, and settles
+// each (settleAll) before it returns. The error is only for a fetch that
+// failed.
+func (j Job) fetch(ctx context.Context, batch int, wait time.Duration, sum *Summary) error {
+	fetchCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	msgs, err := j.Consumer.Fetch(batch, jetstream.FetchContext(fetchCtx))
 	if err != nil {
-		return sum, fmt.Errorf("fetch from consumer: %w", err)
+		return fmt.Errorf("fetch from consumer: %w", err)
 	}
-	j.settleAll(ctx, msgs.Messages(), &sum)
+	j.settleAll(ctx, msgs.Messages(), sum)
 	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) &&
 		!errors.Is(err, context.Canceled) && !errors.Is(err, jetstream.ErrNoMessages) {
-		return sum, fmt.Errorf("fetch from consumer: %w", err)
+		return fmt.Errorf("fetch from consumer: %w", err)
 	}
-	return sum, nil
+	return nil
 }
 
 // held is a message the run holds: offered again at next, never after
