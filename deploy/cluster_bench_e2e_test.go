@@ -44,7 +44,7 @@ import (
 // and prints, for each, `cluster pickup <variant>/<single|burst> p50 <s> p95
 // <s> floor p50 <s>`, and for single also where the time went:
 //
-//	queued  push -> the assignment waits on handle-pod's consumer (nats-server's /jsz, what KEDA reads)
+//	queued  push -> the assignment is stored in the stream (the server's time, from /jsz)
 //	handle  -> the executor Pod exists: a warm handle's fetch and Accept, or, when KEDA started
 //	        a handle Job for it (cold), its poll, the Job's Pod and Accept (the share up to the
 //	        Job's creation is reported as keda, over the cold jobs only)
@@ -318,7 +318,7 @@ func (f *floorLoop) claimed(tb testing.TB, job string) time.Time {
 // sightings are the times the benchmark saw each step, in order.
 type sightings struct {
 	mu      sync.Mutex
-	queued  []time.Time          // /jsz: the consumer's pending count rose from 0
+	queued  []time.Time          // /jsz: the stream stored a message (the server's time)
 	jobs    map[string]time.Time // handle Job name -> first seen
 	pods    map[string]time.Time // executor Pod name -> first seen
 	running map[string]time.Time // executor Pod name -> runner container first seen running
@@ -361,19 +361,19 @@ func (s *sightings) after(t0 time.Time) (queued, job, pod, running time.Time) {
 	return queued, job, pod, running
 }
 
-// pollQueue polls nats-server's /jsz every 50 ms and notes each rise of
-// handle-pod's consumer's pending count (stored or unacknowledged) from 0.
+// pollQueue polls nats-server's /jsz every 50 ms and notes, as each
+// assignment's queueing, the server's time of storing the stream's last
+// message whenever it changes: a warm handle takes and acknowledges a
+// message between two polls, which the consumer's counts then never show.
 func (s *sightings) pollQueue(ctx context.Context, monitor string) {
-	var prev uint64
+	var prev time.Time
 	for ctx.Err() == nil {
 		c, _, err := jetstreamenv.MonitoredConsumer(ctx, monitor, "CI_RUNNER", "pod")
-		if n := c.Pending + c.AckPending; err == nil {
-			if n > 0 && prev == 0 {
-				s.mu.Lock()
-				s.queued = append(s.queued, time.Now())
-				s.mu.Unlock()
-			}
-			prev = n
+		if err == nil && !c.StreamLast.IsZero() && !c.StreamLast.Equal(prev) {
+			s.mu.Lock()
+			s.queued = append(s.queued, c.StreamLast)
+			s.mu.Unlock()
+			prev = c.StreamLast
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

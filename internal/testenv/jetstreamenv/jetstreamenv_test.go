@@ -54,11 +54,13 @@ func TestMonitoringServesJszOnLoopback(t *testing.T) {
 	if _, err := js.CreateConsumer(ctx, "MON", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatalf("create consumer: %v", err)
 	}
+	before := time.Now()
 	for range 2 {
 		if _, err := js.Publish(ctx, "mon", []byte("x")); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
 	}
+	after := time.Now()
 	// The consumer's state reaches /jsz a moment after the publish acks
 	// (seen: 1 of 2 right after them): poll, as KEDA does every interval.
 	var last string
@@ -69,6 +71,9 @@ func TestMonitoringServesJszOnLoopback(t *testing.T) {
 		case err != nil:
 			t.Fatal(err)
 		case found && pending == 2:
+			if c.StreamLast.Before(before.Add(-time.Second)) || c.StreamLast.After(after.Add(time.Second)) {
+				t.Fatalf("stream's last message stored at %v, want between the publishes (%v, %v)", c.StreamLast, before, after)
+			}
 			return
 		}
 		last = fmt.Sprintf("found=%v num_pending=%d", found, pending)

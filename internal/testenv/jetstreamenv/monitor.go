@@ -13,6 +13,10 @@ import (
 type ConsumerState struct {
 	Pending    uint64 // num_pending: stored, not yet delivered
 	AckPending uint64 // num_ack_pending: delivered, not yet acknowledged
+	// StreamLast is when the server stored the stream's last message
+	// (state.last_ts; zero while the stream is empty): a message taken and
+	// acknowledged between two polls still moves it.
+	StreamLast time.Time
 }
 
 // MonitoredConsumer reads the consumer of stream from the monitoring
@@ -31,7 +35,10 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 	var jsz struct {
 		Accounts []struct {
 			Streams []struct {
-				Name      string `json:"name"`
+				Name  string `json:"name"`
+				State struct {
+					LastTime time.Time `json:"last_ts"`
+				} `json:"state"`
 				Consumers []struct {
 					Name       string `json:"name"`
 					NumPending uint64 `json:"num_pending"`
@@ -47,7 +54,7 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 		for _, st := range a.Streams {
 			for _, c := range st.Consumers {
 				if st.Name == stream && c.Name == consumer {
-					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending}, true, nil
+					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending, StreamLast: st.State.LastTime}, true, nil
 				}
 			}
 		}
