@@ -158,6 +158,8 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		burst = append(burst, started[name].Sub(pushed))
 		burstTwin = append(burstTwin, floor.claimed(b, twinJob(name)).Sub(pushed))
 	}
+	burstPods, burstRunners := seen.podsAfter(pushed)
+	burstHandles := seen.jobsAfter(pushed)
 	in.idle(ctx, b, repo, names...)
 	b.StopTimer()
 
@@ -166,6 +168,8 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	b.Logf("cluster pickup %s/single split p50: queued %s handle %s pod %s runner %s; %d of %d cold (a new handle Job), their keda p50 %s", variant,
 		sec(p50(queued)), sec(p50(handle)), sec(p50(pod)), sec(p50(runner)), len(keda), n, sec(p50(keda)))
 	b.Logf("cluster pickup %s/burst p50 %s p95 %s floor p50 %s", variant, sec(p50(burst)), sec(p95(burst)), sec(p50(burstTwin)))
+	b.Logf("cluster pickup %s/burst from the push, p50 (p95): executor Pods exist %s (%s), their runners run %s (%s), first steps run %s (%s); %d executor Pods, %d new handle Jobs",
+		variant, sec(p50(burstPods)), sec(p95(burstPods)), sec(p50(burstRunners)), sec(p95(burstRunners)), sec(p50(burst)), sec(p95(burst)), len(burstPods), burstHandles)
 	for _, d := range details {
 		b.Log(d)
 	}
@@ -359,6 +363,37 @@ func (s *sightings) after(t0 time.Time) (queued, job, pod, running time.Time) {
 		running = s.running[podName]
 	}
 	return queued, job, pod, running
+}
+
+// podsAfter returns, for every executor Pod first seen at or after t0, how
+// long after t0 it was first seen and its runner first seen running (the
+// latter for those seen running).
+func (s *sightings) podsAfter(t0 time.Time) (created, running []time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, t := range s.pods {
+		if t.Before(t0) {
+			continue
+		}
+		created = append(created, t.Sub(t0))
+		if r, ok := s.running[name]; ok {
+			running = append(running, r.Sub(t0))
+		}
+	}
+	return created, running
+}
+
+// jobsAfter counts the handle Jobs first seen at or after t0.
+func (s *sightings) jobsAfter(t0 time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, t := range s.jobs {
+		if !t.Before(t0) {
+			n++
+		}
+	}
+	return n
 }
 
 // pollQueue polls nats-server's /jsz every 50 ms and notes, as each
