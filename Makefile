@@ -119,13 +119,14 @@ chaos-gitea:
 		CI=$${CI:-} $(GO) test -tags chaosgitea -count=1 -v -timeout 60m -run '^TestChaosGitea$$' ./internal/chaos/
 
 ## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (docs/OPERATIONS.md):
-##         dispatch, handle, recover, gateway, runner, runner-host; linux/amd64 + linux/arm64,
+##         dispatch, handle, recover, gateway, runner, runner-host, buildkit (a pool's rootless
+##         image builder: scripts/peers/buildkit.sh); linux/amd64 + linux/arm64,
 ##         reproducible (every timestamp SOURCE_DATE_EPOCH, default: the last commit's time)
 .PHONY: images
 images:
-	@debs=$$(./scripts/debs.sh build) && \
+	@debs=$$(./scripts/debs.sh build) && buildkit=$$(./scripts/peers/buildkit.sh build) && \
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
-	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -commit "$(COMMIT)"
+	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -peer buildkit="$$buildkit" -commit "$(COMMIT)"
 
 ## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
 ##       with -update rewrites its own section (one package at a time: they write one file);

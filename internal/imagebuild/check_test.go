@@ -127,11 +127,22 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		t.Errorf("%s: config says %s/%s/%s", what, cfg.OS, cfg.Architecture, cfg.Variant)
 	}
 	bin := BinDir + "/" + img.Binary
-	if !slices.Equal(cfg.Config.Entrypoint, []string{bin}) {
-		t.Errorf("%s: entrypoint %q, want [%s]", what, cfg.Config.Entrypoint, bin)
+	entrypoint, cmd := []string{bin}, []string(nil)
+	var setuid []string // files that must be setuid root, and the only ones that may
+	if img.Peer != nil {
+		entrypoint, cmd, setuid = img.Peer.Entrypoint, img.Peer.Cmd, img.Peer.Setuid
+		for _, b := range img.Peer.Binaries {
+			wanted = append(wanted, BinDir+"/"+b)
+		}
+		if img.Peer.SubIDs {
+			wanted = append(wanted, "/etc/subuid", "/etc/subgid")
+		}
 	}
-	if len(cfg.Config.Cmd) != 0 {
-		t.Errorf("%s: cmd %q, want none", what, cfg.Config.Cmd)
+	if !slices.Equal(cfg.Config.Entrypoint, entrypoint) {
+		t.Errorf("%s: entrypoint %q, want %q", what, cfg.Config.Entrypoint, entrypoint)
+	}
+	if !slices.Equal(cfg.Config.Cmd, cmd) {
+		t.Errorf("%s: cmd %q, want %q", what, cfg.Config.Cmd, cmd)
 	}
 	uid, gid, ok := strings.Cut(cfg.Config.User, ":")
 	u, errU := strconv.Atoi(uid)
@@ -161,8 +172,11 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")
 		p.headers[name] = h
-		if h.Mode&(04000|02000) != 0 {
-			t.Errorf("%s: %s has mode %o: setuid or setgid", what, name, h.Mode)
+		switch {
+		case h.Mode&02000 != 0:
+			t.Errorf("%s: %s has mode %o: setgid", what, name, h.Mode)
+		case h.Mode&04000 != 0 && (!slices.Contains(setuid, name) || h.Uid != 0):
+			t.Errorf("%s: %s has mode %o owner %d: setuid, and not a helper the image exists for", what, name, h.Mode, h.Uid)
 		}
 		if h.Typeflag == tar.TypeReg && slices.Contains(want, name) {
 			if p.files[name], err = io.ReadAll(tr); err != nil {
@@ -200,6 +214,26 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 	checkELF(t, what+" "+bin, data, platform.Architecture, true)
 	if platform.Architecture == "amd64" {
 		runVersion(t, what, data, img.Binary)
+	}
+	for _, name := range setuid {
+		if _, h, err := p.resolve(name); err != nil || h.Mode&04000 == 0 || h.Uid != 0 {
+			t.Errorf("%s: %s is not a setuid root file (%v)", what, name, err)
+		}
+	}
+	if img.Peer != nil {
+		for _, b := range img.Peer.Binaries {
+			name := strings.TrimPrefix(BinDir, "/") + "/" + b
+			checkELF(t, what+" "+name, p.files[name], platform.Architecture, true)
+		}
+		if img.Peer.SubIDs {
+			for _, f := range []string{"etc/subuid", "etc/subgid"} {
+				if !hasLine(p.files[f], func(l []string) bool {
+					return len(l) == 3 && l[0] == UserName && l[1] == strconv.Itoa(SubIDFirst) && l[2] == strconv.Itoa(SubIDCount)
+				}) {
+					t.Errorf("%s: /%s gives %s no %d IDs from %d:\n%s", what, f, UserName, SubIDCount, SubIDFirst, p.files[f])
+				}
+			}
+		}
 	}
 	return p
 }

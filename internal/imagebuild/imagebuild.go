@@ -72,7 +72,34 @@ type Image struct {
 	// Options.Packages (bash, git, curl, make, gcc, python3... and what they
 	// need) and its Node.js and npm, in NodeDir.
 	Packages bool
+	// Peer, when set, makes the image one of a peer's prebuilt binaries
+	// and Debian packages (Options.Peers[Name]) instead of a binary
+	// compiled from Package.
+	Peer *Peer
 }
+
+// Peer is what an image built from a peer's folder (a scripts/peers
+// script's: <arch>/bin/ and <arch>/debs/ for each platform) carries.
+type Peer struct {
+	// Binaries are the files of <arch>/bin/ the image has in BinDir.
+	Binaries []string
+	// Setuid are the files of the peer's packages (paths in the image,
+	// without the leading slash) that keep the setuid bit their package
+	// gives them, when root owns them; every other file loses it.
+	Setuid []string
+	// SubIDs gives the image's user the subordinate IDs SubIDFirst to
+	// SubIDFirst+SubIDCount-1 in /etc/subuid and /etc/subgid.
+	SubIDs bool
+	// Entrypoint and Cmd are the image's.
+	Entrypoint, Cmd []string
+}
+
+// The subordinate IDs of an image with Peer.SubIDs: 65536 from 100000, the
+// range a rootless user namespace maps besides the user itself.
+const (
+	SubIDFirst = 100000
+	SubIDCount = 65536
+)
 
 // Images are the images `make images` builds. functions/local has none: it
 // is the one-machine quick start, whose process backend runs every executor
@@ -89,6 +116,17 @@ var Images = []Image{
 	// git, curl, make, gcc, python3, zstd, git-lfs, Node.js 24, CA
 	// certificates; README.md "The runner-host image"): host-mode jobs.
 	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true},
+	// Rootless BuildKit, a pool's build sidecar (scripts/peers/buildkit.sh):
+	// buildkitd under RootlessKit, which maps the user's subordinate IDs
+	// with the setuid newuidmap/newgidmap (Debian's uidmap) and runs
+	// Debian's runc for each RUN step; buildctl for the jobs' steps.
+	{Name: "buildkit", Binary: "rootlesskit", Peer: &Peer{
+		Binaries:   []string{"buildkitd", "buildctl", "rootlesskit"},
+		Setuid:     []string{"usr/bin/newuidmap", "usr/bin/newgidmap"},
+		SubIDs:     true,
+		Entrypoint: []string{BinDir + "/rootlesskit"},
+		Cmd:        []string{"buildkitd", "--oci-worker-no-process-sandbox", "--addr", "unix:///run/buildkit/buildkitd.sock"},
+	}},
 }
 
 func function(name string) Image {
@@ -106,6 +144,9 @@ type Options struct {
 	// Needed by images with
 	// Packages, and for the CA bundle when CABundle is nil.
 	Packages string
+	// Peers are the folders of the images built from a peer, by image
+	// name (Image.Peer).
+	Peers map[string]string
 	// CABundle, if not nil, is the CA bundle instead of the one generated
 	// from the ca-certificates package (tests).
 	CABundle []byte
@@ -252,16 +293,40 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		}
 		add(l, "Debian packages, Node.js and npm (scripts/debs.sh)")
 	}
+	if img.Peer != nil {
+		l, err := b.peerDebsLayer(ctx, img, p.Arch)
+		if err != nil {
+			return nil, err
+		}
+		add(l, "the peer's Debian packages (scripts/peers/"+img.Name+".sh)")
+	}
 	l, err := b.baseLayer(ctx)
 	if err != nil {
 		return nil, err
 	}
 	add(l, "passwd, group, nsswitch.conf, CA certificates, /tmp, "+Home)
-	l, err = b.binaryLayer(ctx, img, p.Arch)
-	if err != nil {
-		return nil, err
+	entrypoint, cmd := []string{BinDir + "/" + img.Binary}, []string(nil)
+	if img.Peer != nil {
+		if img.Peer.SubIDs {
+			l, err := b.subIDsLayer()
+			if err != nil {
+				return nil, err
+			}
+			add(l, "/etc/subuid, /etc/subgid")
+		}
+		l, err = b.peerBinariesLayer(img, p.Arch)
+		if err != nil {
+			return nil, err
+		}
+		add(l, BinDir+"/{"+strings.Join(img.Peer.Binaries, ",")+"} (scripts/peers/"+img.Name+".sh)")
+		entrypoint, cmd = img.Peer.Entrypoint, img.Peer.Cmd
+	} else {
+		l, err = b.binaryLayer(ctx, img, p.Arch)
+		if err != nil {
+			return nil, err
+		}
+		add(l, BinDir+"/"+img.Binary+" ("+img.Package+")")
 	}
-	add(l, BinDir+"/"+img.Binary+" ("+img.Package+")")
 
 	cfg := &v1.ConfigFile{
 		Architecture: p.Arch,
@@ -269,7 +334,8 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		OS:           "linux",
 		Created:      v1.Time{Time: b.epoch()},
 		Config: v1.Config{
-			Entrypoint: []string{BinDir + "/" + img.Binary},
+			Entrypoint: entrypoint,
+			Cmd:        cmd,
 			User:       strconv.Itoa(UID) + ":" + strconv.Itoa(GID),
 			Env: []string{
 				"PATH=" + BinDir + ":/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -393,6 +459,64 @@ func (b *builder) debsLayer(ctx context.Context, arch string) (v1.Layer, error) 
 			return err
 		}
 		return addNode(l, node)
+	})
+}
+
+// peerDir is the folder of img's peer for arch.
+func (b *builder) peerDir(img Image, arch string) (string, error) {
+	dir := b.opts.Peers[img.Name]
+	if dir == "" {
+		return "", fmt.Errorf("no peer folder for image %s (Options.Peers; make images: scripts/peers/%s.sh build)", img.Name, img.Name)
+	}
+	return filepath.Join(dir, arch), nil
+}
+
+// peerDebsLayer has the file system trees of the Debian packages of img's
+// peer for arch, each file without its setuid bit but those img.Peer.Setuid
+// names.
+func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1.Layer, error) {
+	dir, err := b.peerDir(img, arch)
+	if err != nil {
+		return nil, err
+	}
+	debs, err := debFiles(dir, "debs")
+	if err != nil {
+		return nil, err
+	}
+	return b.layer("peer-debs/"+img.Name+"/"+arch, func(l *tarLayer) error {
+		l.setuid = map[string]bool{}
+		for _, name := range img.Peer.Setuid {
+			l.setuid[cleanName(name)] = true
+		}
+		return addDebs(ctx, l, debs)
+	})
+}
+
+// peerBinariesLayer has img.Peer.Binaries from its peer's folder for arch.
+func (b *builder) peerBinariesLayer(img Image, arch string) (v1.Layer, error) {
+	dir, err := b.peerDir(img, arch)
+	if err != nil {
+		return nil, err
+	}
+	return b.layer("peer-bin/"+img.Name+"/"+arch, func(l *tarLayer) error {
+		for _, bin := range img.Peer.Binaries {
+			if err := l.copyFile(strings.TrimPrefix(BinDir, "/")+"/"+bin, 0o755, filepath.Join(dir, "bin", bin)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// subIDsLayer has /etc/subuid and /etc/subgid giving the image's user
+// SubIDCount IDs from SubIDFirst.
+func (b *builder) subIDsLayer() (v1.Layer, error) {
+	return b.layer("subids", func(l *tarLayer) error {
+		line := []byte(fmt.Sprintf("%s:%d:%d\n", UserName, SubIDFirst, SubIDCount))
+		if err := l.bytes("etc/subuid", 0o644, line); err != nil {
+			return err
+		}
+		return l.bytes("etc/subgid", 0o644, line)
 	})
 }
 

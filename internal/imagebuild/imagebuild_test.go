@@ -193,6 +193,47 @@ func fakeDeb(t *testing.T, dir, file, pkg string, files map[string]string) strin
 	return out
 }
 
+// TestTarLayerSetuidAllowlist: a file its layer's setuid names keeps the
+// setuid bit it comes with, when root owns it; every other file, one of
+// another owner, and the setgid bit do not.
+func TestTarLayerSetuidAllowlist(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "l.tar.gz")
+	l, err := newTarLayer(path, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.setuid = map[string]bool{"usr/bin/newuidmap": true, "usr/bin/mine": true}
+	for _, f := range []struct {
+		name string
+		mode int64
+		uid  int
+	}{
+		{"./usr/bin/newuidmap", 0o4755, 0},
+		{"usr/bin/newgidmap", 0o4755, 0},
+		{"usr/bin/mine", 0o4755, 1000},
+		{"usr/bin/crontab", 0o2755, 0},
+	} {
+		if err := l.write(tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: f.mode, Uid: f.uid, Size: 1}, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	hdrs, _ := readLayer(t, path)
+	modes := map[string]int64{}
+	for _, h := range hdrs {
+		modes[h.Name] = h.Mode
+	}
+	for name, want := range map[string]int64{
+		"usr/bin/newuidmap": 0o4755, "usr/bin/newgidmap": 0o755, "usr/bin/mine": 0o755, "usr/bin/crontab": 0o755,
+	} {
+		if modes[name] != want {
+			t.Errorf("%s: mode %o, want %o", name, modes[name], want)
+		}
+	}
+}
+
 // TestDebs: the CA bundle is the package's certificates in name order, each
 // ending in a newline; a package tree goes into a layer without its setuid
 // bits, shared directories once.

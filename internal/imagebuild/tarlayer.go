@@ -13,15 +13,19 @@ import (
 )
 
 // tarLayer writes one image layer: a gzip-compressed tar in which every
-// entry has the same modification time, numeric owners only, no setuid or
-// setgid bit, and its parent directories before it. The same calls in the
-// same order give the same bytes.
+// entry has the same modification time, numeric owners only, no setgid bit
+// and no setuid bit but on the root-owned files setuid names, and its parent
+// directories before it. The same calls in the same order give the same
+// bytes.
 type tarLayer struct {
 	file  *os.File
 	gz    *gzip.Writer
 	tw    *tar.Writer
 	mtime time.Time
 	seen  map[string]bool
+	// setuid names (clean, as in the layer) the files that keep a setuid
+	// bit they come with: the helpers an image exists for (Peer.Setuid).
+	setuid map[string]bool
 }
 
 // newTarLayer starts a layer in the file at path.
@@ -79,11 +83,14 @@ func (l *tarLayer) write(hdr tar.Header, r io.Reader) error {
 		Typeflag: hdr.Typeflag,
 		Name:     name,
 		Linkname: hdr.Linkname,
-		Mode:     hdr.Mode & 0o1777, // no setuid, no setgid
+		Mode:     hdr.Mode & 0o1777, // no setuid (but below), no setgid
 		Uid:      hdr.Uid,
 		Gid:      hdr.Gid,
 		ModTime:  l.mtime,
 		Format:   tar.FormatPAX,
+	}
+	if hdr.Typeflag == tar.TypeReg && l.setuid[name] && hdr.Uid == 0 {
+		out.Mode = hdr.Mode & 0o5777
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:

@@ -2,7 +2,8 @@
 // one OCI image layout per image under -out, each with a linux/amd64 and a
 // linux/arm64 image (see package imagebuild).
 //
-//	go run ./internal/imagebuild/cmd/images -out bin/images -packages "$(scripts/debs.sh build)"
+//	go run ./internal/imagebuild/cmd/images -out bin/images -packages "$(scripts/debs.sh build)" \
+//		-peer buildkit="$(scripts/peers/buildkit.sh build)"
 //
 // Every timestamp is SOURCE_DATE_EPOCH (seconds), which must be set: `make
 // images` sets it to the commit's time.
@@ -34,6 +35,15 @@ func run() error {
 	packages := flag.String("packages", "", "folder of the Debian packages (scripts/debs.sh build prints it)")
 	only := flag.String("only", "", "comma-separated image names to build (default: all)")
 	commit := flag.String("commit", "", "the commit every binary's --version names (make images: the checkout's)")
+	peers := map[string]string{}
+	flag.Func("peer", "`image=folder`: the peer folder an image is built from (buildkit=$(scripts/peers/buildkit.sh build)); repeatable", func(v string) error {
+		name, dir, ok := strings.Cut(v, "=")
+		if !ok || name == "" || dir == "" {
+			return fmt.Errorf("want image=folder, got %q", v)
+		}
+		peers[name] = dir
+		return nil
+	})
 	flag.Parse()
 
 	s := os.Getenv("SOURCE_DATE_EPOCH")
@@ -64,6 +74,7 @@ func run() error {
 		Packages: *packages,
 		Epoch:    time.Unix(sec, 0),
 		Commit:   *commit,
+		Peers:    peers,
 		Log:      os.Stderr,
 	}, images)
 	if err != nil {
