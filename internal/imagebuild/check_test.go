@@ -32,6 +32,7 @@ type platformFS struct {
 	config   *v1.ConfigFile
 	headers  map[string]*tar.Header
 	files    map[string][]byte
+	caps     []string // files with file capabilities
 }
 
 // resolve follows symbolic links (relative or absolute, in the image) from
@@ -128,9 +129,9 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 	}
 	bin := BinDir + "/" + img.Binary
 	entrypoint, cmd := []string{bin}, []string(nil)
-	var setuid []string // files that must be setuid root, and the only ones that may
+	var fileCaps map[string][]uint
 	if img.Peer != nil {
-		entrypoint, cmd, setuid = img.Peer.Entrypoint, img.Peer.Cmd, img.Peer.Setuid
+		entrypoint, cmd, fileCaps = img.Peer.Entrypoint, img.Peer.Cmd, img.Peer.FileCaps
 		for _, b := range img.Peer.Binaries {
 			wanted = append(wanted, BinDir+"/"+b)
 		}
@@ -172,11 +173,14 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")
 		p.headers[name] = h
-		switch {
-		case h.Mode&02000 != 0:
-			t.Errorf("%s: %s has mode %o: setgid", what, name, h.Mode)
-		case h.Mode&04000 != 0 && (!slices.Contains(setuid, name) || h.Uid != 0):
-			t.Errorf("%s: %s has mode %o owner %d: setuid, and not a helper the image exists for", what, name, h.Mode, h.Uid)
+		if h.Mode&(04000|02000) != 0 {
+			t.Errorf("%s: %s has mode %o: setuid or setgid", what, name, h.Mode)
+		}
+		if v, ok := h.PAXRecords[xattrCapability]; ok {
+			if caps, want := fileCaps[name]; !want || v != string(vfsCapData(caps)) {
+				t.Errorf("%s: %s has file capabilities %x, want %x", what, name, v, vfsCapData(caps))
+			}
+			p.caps = append(p.caps, name)
 		}
 		if h.Typeflag == tar.TypeReg && slices.Contains(want, name) {
 			if p.files[name], err = io.ReadAll(tr); err != nil {
@@ -215,9 +219,9 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 	if platform.Architecture == "amd64" {
 		runVersion(t, what, data, img.Binary)
 	}
-	for _, name := range setuid {
-		if _, h, err := p.resolve(name); err != nil || h.Mode&04000 == 0 || h.Uid != 0 {
-			t.Errorf("%s: %s is not a setuid root file (%v)", what, name, err)
+	for name := range fileCaps {
+		if !slices.Contains(p.caps, name) {
+			t.Errorf("%s: %s has no file capabilities", what, name)
 		}
 	}
 	if img.Peer != nil {

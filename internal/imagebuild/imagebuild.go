@@ -83,16 +83,24 @@ type Image struct {
 type Peer struct {
 	// Binaries are the files of <arch>/bin/ the image has in BinDir.
 	Binaries []string
-	// Setuid are the files of the peer's packages (paths in the image,
-	// without the leading slash) that keep the setuid bit their package
-	// gives them, when root owns them; every other file loses it.
-	Setuid []string
+	// FileCaps give files of the peer's packages (paths in the image,
+	// without the leading slash) file capabilities (effective and
+	// permitted; capability numbers, as in linux/capability.h), in place
+	// of the setuid bit their package gives them, which every file loses: a
+	// helper that needs one privilege gets that one, never root's.
+	FileCaps map[string][]uint
 	// SubIDs gives the image's user the subordinate IDs SubIDFirst to
 	// SubIDFirst+SubIDCount-1 in /etc/subuid and /etc/subgid.
 	SubIDs bool
 	// Entrypoint and Cmd are the image's.
 	Entrypoint, Cmd []string
 }
+
+// The capabilities Peer.FileCaps gives (linux/capability.h).
+const (
+	CapSetGID = 6
+	CapSetUID = 7
+)
 
 // The subordinate IDs of an image with Peer.SubIDs: 65536 from 100000, the
 // range a rootless user namespace maps besides the user itself.
@@ -118,14 +126,18 @@ var Images = []Image{
 	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true},
 	// Rootless BuildKit, a pool's build sidecar (scripts/peers/buildkit.sh):
 	// buildkitd under RootlessKit, which maps the user's subordinate IDs
-	// with the setuid newuidmap/newgidmap (Debian's uidmap) and runs
-	// Debian's runc for each RUN step; buildctl for the jobs' steps.
+	// with newuidmap/newgidmap (Debian's uidmap; setuid root there, here
+	// holding CAP_SETUID and CAP_SETGID alone as file capabilities: a
+	// setuid-root newuidmap needs CAP_SYS_ADMIN where the container lacks
+	// it) and runs Debian's runc for each RUN step; buildctl for the jobs'
+	// steps.
 	{Name: "buildkit", Binary: "rootlesskit", Peer: &Peer{
 		Binaries:   []string{"buildkitd", "buildctl", "rootlesskit"},
-		Setuid:     []string{"usr/bin/newuidmap", "usr/bin/newgidmap"},
+		FileCaps:   map[string][]uint{"usr/bin/newuidmap": {CapSetUID}, "usr/bin/newgidmap": {CapSetGID}},
 		SubIDs:     true,
 		Entrypoint: []string{BinDir + "/rootlesskit"},
-		Cmd:        []string{"buildkitd", "--oci-worker-no-process-sandbox", "--addr", "unix:///run/buildkit/buildkitd.sock"},
+		Cmd: []string{"buildkitd", "--rootless", "--oci-worker-no-process-sandbox",
+			"--root", Home + "/.local/share/buildkit", "--addr", "unix:///run/buildkit/buildkitd.sock"},
 	}},
 }
 
@@ -472,8 +484,8 @@ func (b *builder) peerDir(img Image, arch string) (string, error) {
 }
 
 // peerDebsLayer has the file system trees of the Debian packages of img's
-// peer for arch, each file without its setuid bit but those img.Peer.Setuid
-// names.
+// peer for arch, no file setuid, those img.Peer.FileCaps names with their
+// file capabilities.
 func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1.Layer, error) {
 	dir, err := b.peerDir(img, arch)
 	if err != nil {
@@ -484,11 +496,19 @@ func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1
 		return nil, err
 	}
 	return b.layer("peer-debs/"+img.Name+"/"+arch, func(l *tarLayer) error {
-		l.setuid = map[string]bool{}
-		for _, name := range img.Peer.Setuid {
-			l.setuid[cleanName(name)] = true
+		l.fileCaps = map[string][]uint{}
+		for name, caps := range img.Peer.FileCaps {
+			l.fileCaps[cleanName(name)] = caps
 		}
-		return addDebs(ctx, l, debs)
+		if err := addDebs(ctx, l, debs); err != nil {
+			return err
+		}
+		for name := range l.fileCaps {
+			if !l.seen[name] {
+				return fmt.Errorf("no %s in the peer's packages to give file capabilities", name)
+			}
+		}
+		return nil
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -193,27 +194,18 @@ func fakeDeb(t *testing.T, dir, file, pkg string, files map[string]string) strin
 	return out
 }
 
-// TestTarLayerSetuidAllowlist: a file its layer's setuid names keeps the
-// setuid bit it comes with, when root owns it; every other file, one of
-// another owner, and the setgid bit do not.
-func TestTarLayerSetuidAllowlist(t *testing.T) {
+// TestTarLayerFileCaps: a file its layer's fileCaps names carries those
+// capabilities as security.capability (what setcap writes: revision 2,
+// effective, permitted), and loses its setuid bit like every other file.
+func TestTarLayerFileCaps(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "l.tar.gz")
 	l, err := newTarLayer(path, time.Unix(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.setuid = map[string]bool{"usr/bin/newuidmap": true, "usr/bin/mine": true}
-	for _, f := range []struct {
-		name string
-		mode int64
-		uid  int
-	}{
-		{"./usr/bin/newuidmap", 0o4755, 0},
-		{"usr/bin/newgidmap", 0o4755, 0},
-		{"usr/bin/mine", 0o4755, 1000},
-		{"usr/bin/crontab", 0o2755, 0},
-	} {
-		if err := l.write(tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: f.mode, Uid: f.uid, Size: 1}, strings.NewReader("x")); err != nil {
+	l.fileCaps = map[string][]uint{"usr/bin/newuidmap": {CapSetUID}, "usr/bin/two": {CapSetGID, 33}}
+	for _, name := range []string{"./usr/bin/newuidmap", "usr/bin/two", "usr/bin/newgidmap"} {
+		if err := l.write(tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o4755, Size: 1}, strings.NewReader("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -221,15 +213,21 @@ func TestTarLayerSetuidAllowlist(t *testing.T) {
 		t.Fatal(err)
 	}
 	hdrs, _ := readLayer(t, path)
-	modes := map[string]int64{}
+	got := map[string]string{}
 	for _, h := range hdrs {
-		modes[h.Name] = h.Mode
+		if h.Mode&(04000|02000) != 0 {
+			t.Errorf("%s: mode %o keeps setuid or setgid", h.Name, h.Mode)
+		}
+		got[h.Name] = hex.EncodeToString([]byte(h.PAXRecords[xattrCapability]))
 	}
-	for name, want := range map[string]int64{
-		"usr/bin/newuidmap": 0o4755, "usr/bin/newgidmap": 0o755, "usr/bin/mine": 0o755, "usr/bin/crontab": 0o755,
+	for name, want := range map[string]string{
+		// setcap cap_setuid=ep, read back with getxattr on this machine.
+		"usr/bin/newuidmap": "0100000280000000000000000000000000000000",
+		"usr/bin/two":       "0100000240000000000000000200000000000000",
+		"usr/bin/newgidmap": "",
 	} {
-		if modes[name] != want {
-			t.Errorf("%s: mode %o, want %o", name, modes[name], want)
+		if got[name] != want {
+			t.Errorf("%s: security.capability %q, want %q", name, got[name], want)
 		}
 	}
 }

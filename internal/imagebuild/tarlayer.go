@@ -13,19 +13,41 @@ import (
 )
 
 // tarLayer writes one image layer: a gzip-compressed tar in which every
-// entry has the same modification time, numeric owners only, no setgid bit
-// and no setuid bit but on the root-owned files setuid names, and its parent
-// directories before it. The same calls in the same order give the same
-// bytes.
+// entry has the same modification time, numeric owners only, no setuid or
+// setgid bit, and its parent directories before it; the files fileCaps names
+// carry those file capabilities instead. The same calls in the same order
+// give the same bytes.
 type tarLayer struct {
 	file  *os.File
 	gz    *gzip.Writer
 	tw    *tar.Writer
 	mtime time.Time
 	seen  map[string]bool
-	// setuid names (clean, as in the layer) the files that keep a setuid
-	// bit they come with: the helpers an image exists for (Peer.Setuid).
-	setuid map[string]bool
+	// fileCaps gives files (clean names, as in the layer) the effective
+	// and permitted file capabilities of its value, as the xattr
+	// security.capability (Peer.FileCaps).
+	fileCaps map[string][]uint
+}
+
+// xattrCapability is the PAX record of a file's security.capability
+// extended attribute, which container runtimes apply when they unpack a
+// layer.
+const xattrCapability = "SCHILY.xattr.security.capability"
+
+// vfsCapData is the value of security.capability (struct vfs_cap_data,
+// revision 2, little-endian) giving caps as permitted and effective file
+// capabilities, none inheritable.
+func vfsCapData(caps []uint) []byte {
+	const revision2, effective = 0x02000000, 0x000001
+	words := [5]uint32{revision2 | effective} // magic, permitted[0], inheritable[0], permitted[1], inheritable[1]
+	for _, c := range caps {
+		words[1+2*(c/32)] |= 1 << (c % 32)
+	}
+	out := make([]byte, 0, 20)
+	for _, w := range words {
+		out = append(out, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
+	}
+	return out
 }
 
 // newTarLayer starts a layer in the file at path.
@@ -83,14 +105,14 @@ func (l *tarLayer) write(hdr tar.Header, r io.Reader) error {
 		Typeflag: hdr.Typeflag,
 		Name:     name,
 		Linkname: hdr.Linkname,
-		Mode:     hdr.Mode & 0o1777, // no setuid (but below), no setgid
+		Mode:     hdr.Mode & 0o1777, // no setuid, no setgid
 		Uid:      hdr.Uid,
 		Gid:      hdr.Gid,
 		ModTime:  l.mtime,
 		Format:   tar.FormatPAX,
 	}
-	if hdr.Typeflag == tar.TypeReg && l.setuid[name] && hdr.Uid == 0 {
-		out.Mode = hdr.Mode & 0o5777
+	if caps, ok := l.fileCaps[name]; ok && hdr.Typeflag == tar.TypeReg {
+		out.PAXRecords = map[string]string{xattrCapability: string(vfsCapData(caps))}
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:

@@ -1,0 +1,161 @@
+//go:build e2e
+
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+)
+
+// TestE2EClusterBuildKitRootless finds, on the test node (containerd 1.6, runc 1.1.5: no
+// Kubernetes user namespaces), the least a Pod needs for the buildkit image as a native sidecar
+// to build a Dockerfile with a RUN step, what issue 34's pool capability will ship. The sidecar
+// runs as 65532 (non-root), with every capability dropped but SETUID and SETGID (newuidmap's and
+// newgidmap's file capabilities map its subordinate IDs, no setuid-root helper) and privilege
+// escalation allowed (file capabilities need it); a client container, hardened like every
+// executor container (RuntimeDefault seccomp, no capability, read-only root), builds through
+// the sidecar's unix socket in their shared emptyDir and exports an OCI tarball.
+//
+//   - RuntimeDefault: the fault first: containerd's default seccomp profile refuses the clone of
+//     a new user namespace without CAP_SYS_ADMIN, so RootlessKit cannot start its child;
+//   - Unconfined (the sidecar only): the build's RUN step runs and the image is exported.
+//
+// A Localhost profile (RuntimeDefault plus what RootlessKit and runc need) is the narrower
+// exception the capability is to ship; that is the next step of issue 34.
+func TestE2EClusterBuildKitRootless(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	images := imagesFolder(t)
+	c := clusterenv.Start(ctx, t)
+	for _, name := range []string{"buildkit", "runner-host"} {
+		if err := c.ImportImage(ctx, filepath.Join(images, name), "gdr.local/gitea-dynamic-runner-"+name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := c.Client(t)
+	c.WaitServiceAccount(ctx, t, "default")
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "dockerfile"},
+		Data:       map[string]string{"Dockerfile": "FROM scratch\nCOPY runner /runner\nRUN [\"/runner\", \"--version\"]\n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("RuntimeDefault", func(t *testing.T) {
+		phase, logs := runBuildPod(ctx, t, cs, "build-runtime-default", corev1.SeccompProfileTypeRuntimeDefault)
+		want := "failed to start the child: fork/exec /proc/self/exe: operation not permitted"
+		if phase != corev1.PodFailed || !strings.Contains(logs["buildkitd"], want) {
+			t.Fatalf("phase %s, want Failed with the sidecar's %q:\n%s", phase, want, logs)
+		}
+	})
+	t.Run("Unconfined", func(t *testing.T) {
+		phase, logs := runBuildPod(ctx, t, cs, "build-unconfined", corev1.SeccompProfileTypeUnconfined)
+		if phase != corev1.PodSucceeded {
+			t.Fatalf("phase %s, want Succeeded:\n%s", phase, logs)
+		}
+		for _, want := range []string{`RUN ["/runner", "--version"]`, "runner (devel)", "exporting manifest sha256:", "sending tarball"} {
+			if !strings.Contains(logs["client"], want) {
+				t.Errorf("client's log lacks %q:\n%s", want, logs["client"])
+			}
+		}
+	})
+}
+
+// runBuildPod runs a Pod whose buildkit sidecar has the seccomp profile sp and whose client
+// builds the ConfigMap dockerfile's Dockerfile with the runner binary as its context; it returns
+// the Pod's final phase and each container's log.
+func runBuildPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string, sp corev1.SeccompProfileType) (corev1.PodPhase, map[string]string) {
+	t.Helper()
+	hardened := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptrTo(false), ReadOnlyRootFilesystem: ptrTo(true),
+		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	mount := func(vol, at string) corev1.VolumeMount { return corev1.VolumeMount{Name: vol, MountPath: at} }
+	emptyDir := func(vol string) corev1.Volume {
+		return corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptrTo(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsUser: ptrTo(int64(65532)), RunAsGroup: ptrTo(int64(65532)), RunAsNonRoot: ptrTo(true), FSGroup: ptrTo(int64(65532)),
+			},
+			InitContainers: []corev1.Container{
+				{
+					// The build context: the static runner, which copies itself.
+					Name: "context", Image: "gdr.local/gitea-dynamic-runner-runner-host:latest", ImagePullPolicy: corev1.PullNever,
+					Command: []string{"/usr/local/bin/runner", "install", "/context/runner"}, SecurityContext: hardened,
+					VolumeMounts: []corev1.VolumeMount{mount("context", "/context")},
+				},
+				{
+					Name: "buildkitd", Image: "gdr.local/gitea-dynamic-runner-buildkit:latest", ImagePullPolicy: corev1.PullNever,
+					RestartPolicy: ptrTo(corev1.ContainerRestartPolicyAlways),
+					Env:           []corev1.EnvVar{{Name: "XDG_RUNTIME_DIR", Value: "/tmp"}}, // runc's and RootlessKit's state
+					SecurityContext: &corev1.SecurityContext{
+						AllowPrivilegeEscalation: ptrTo(true),
+						Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"SETUID", "SETGID"}},
+						SeccompProfile:           &corev1.SeccompProfile{Type: sp},
+					},
+					VolumeMounts: []corev1.VolumeMount{mount("socket", "/run/buildkit"), mount("state", "/home/nonroot/.local/share/buildkit")},
+				},
+			},
+			Containers: []corev1.Container{{
+				Name: "client", Image: "gdr.local/gitea-dynamic-runner-buildkit:latest", ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/usr/local/bin/buildctl"},
+				Args: []string{"--addr", "unix:///run/buildkit/buildkitd.sock", "--wait", "build", "--progress", "plain",
+					"--frontend", "dockerfile.v0", "--local", "context=/context", "--local", "dockerfile=/dockerfile",
+					"--output", "type=oci,dest=/tmp/image.tar"},
+				SecurityContext: hardened,
+				VolumeMounts: []corev1.VolumeMount{mount("socket", "/run/buildkit"), mount("context", "/context"),
+					mount("dockerfile", "/dockerfile"), mount("tmp", "/tmp")},
+			}},
+			Volumes: []corev1.Volume{
+				emptyDir("socket"), emptyDir("state"), emptyDir("context"), emptyDir("tmp"),
+				{Name: "dockerfile", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "dockerfile"}}}},
+			},
+		},
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var phase corev1.PodPhase
+	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(time.Second) {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if phase = p.Status.Phase; phase == corev1.PodSucceeded || phase == corev1.PodFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Pod %s still %s after 4 minutes: %+v", name, phase, p.Status)
+		}
+	}
+	logs := map[string]string{}
+	for _, container := range []string{"buildkitd", "client"} {
+		rc, err := cs.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{Container: container}).Stream(ctx)
+		if err != nil {
+			logs[container] = fmt.Sprintf("(no log: %v)", err)
+			continue
+		}
+		b, _ := io.ReadAll(rc)
+		_ = rc.Close()
+		logs[container] = string(b)
+	}
+	return phase, logs
+}
