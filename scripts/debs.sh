@@ -58,17 +58,8 @@ built() { [ -f "$STAMP" ]; }
 
 # fetch ARCH TMP: the closure of PACKAGES for ARCH into TMP/ARCH, apt's state in TMP/apt-ARCH.
 fetch() {
-  local arch=$1 tmp=$2 state d
-  state=$tmp/apt-$arch
-  mkdir -p "$tmp/$arch"
-  apt_private "$state" "$arch"
-  say "$arch: downloading the closure of ${PACKAGES[*]}"
-  apt-get "${APT_OPTS[@]}" -qq -y --download-only install "${PACKAGES[@]}" >&2
-  mv "$state/cache/archives/"*.deb "$tmp/$arch/"
-  for d in "$tmp/$arch/"*.deb; do
-    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d"
-  done | sort >>"$tmp/packages.txt"
-  rm -rf "$state"
+  local arch=$1 tmp=$2
+  debs_closure "$tmp/apt-$arch" "$arch" "$tmp/$arch" "${PACKAGES[@]}" >>"$tmp/packages.txt"
 }
 
 # fetch_node TMP: each of NODE_TARBALLS into TMP/node/<arch>/, its integrity checked.

@@ -89,16 +89,7 @@ compile() {
 
 # debs TMP ARCH: the closure of DEBS for ARCH into TMP/ARCH/debs.
 debs() {
-  local tmp=$1 arch=$2 state=$1/apt-$2 d
-  apt_private "$state" "$arch"
-  say "$arch: downloading the closure of ${DEBS[*]}"
-  apt-get "${APT_OPTS[@]}" -qq -y --download-only install "${DEBS[@]}" >&2
-  mkdir -p "$tmp/$arch/debs"
-  mv "$state/cache/archives/"*.deb "$tmp/$arch/debs/"
-  for d in "$tmp/$arch/debs/"*.deb; do
-    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d"
-  done | sort >>"$tmp/packages.txt"
-  rm -rf "$state"
+  debs_closure "$1/apt-$2" "$2" "$1/$2/debs" "${DEBS[@]}" >>"$1/packages.txt"
 }
 
 build() {

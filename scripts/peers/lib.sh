@@ -96,6 +96,23 @@ apt_private() {
   apt-get "${APT_OPTS[@]}" -qq update >&2
 }
 
+# debs_closure STATE ARCH OUT PKG...: downloads the dependency closure of the Debian packages PKG
+# for ARCH into the folder OUT (created), with a private apt state in STATE (removed afterwards),
+# and prints "<package> <version> <arch>" per .deb, sorted. Nothing is installed or unpacked.
+debs_closure() {
+  local state=$1 arch=$2 out=$3 d
+  shift 3
+  apt_private "$state" "$arch"
+  say "$arch: downloading the closure of $*"
+  apt-get "${APT_OPTS[@]}" -qq -y --download-only install "$@" >&2
+  mkdir -p "$out"
+  mv "$state/cache/archives/"*.deb "$out/"
+  for d in "$out/"*.deb; do
+    dpkg-deb --show --showformat '${Package} ${Version} ${Architecture}\n' "$d"
+  done | sort
+  rm -rf "$state"
+}
+
 # debs_unpack TMP PKG...: downloads the Debian packages PKG (amd64; each alone, not its
 # dependencies) with a private apt state in TMP/apt, unpacks each into TMP/x (maintainer scripts
 # never run) and appends "<package> <version> <arch>" per package to TMP/packages.txt.
