@@ -128,10 +128,10 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		t.Errorf("%s: config says %s/%s/%s", what, cfg.OS, cfg.Architecture, cfg.Variant)
 	}
 	bin := BinDir + "/" + img.Binary
-	entrypoint, cmd := []string{bin}, []string(nil)
+	var cmd []string
 	var fileCaps map[string][]uint
 	if img.Peer != nil {
-		entrypoint, cmd, fileCaps = img.Peer.Entrypoint, img.Peer.Cmd, img.Peer.FileCaps
+		cmd, fileCaps = img.Peer.Cmd, img.Peer.FileCaps
 		for _, b := range img.Peer.Binaries {
 			wanted = append(wanted, BinDir+"/"+b)
 		}
@@ -139,8 +139,8 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 			wanted = append(wanted, "/etc/subuid", "/etc/subgid")
 		}
 	}
-	if !slices.Equal(cfg.Config.Entrypoint, entrypoint) {
-		t.Errorf("%s: entrypoint %q, want %q", what, cfg.Config.Entrypoint, entrypoint)
+	if !slices.Equal(cfg.Config.Entrypoint, []string{bin}) {
+		t.Errorf("%s: entrypoint %q, want [%s]", what, cfg.Config.Entrypoint, bin)
 	}
 	if !slices.Equal(cfg.Config.Cmd, cmd) {
 		t.Errorf("%s: cmd %q, want %q", what, cfg.Config.Cmd, cmd)

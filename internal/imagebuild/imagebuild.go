@@ -92,8 +92,8 @@ type Peer struct {
 	// SubIDs gives the image's user the subordinate IDs SubIDFirst to
 	// SubIDFirst+SubIDCount-1 in /etc/subuid and /etc/subgid.
 	SubIDs bool
-	// Entrypoint and Cmd are the image's.
-	Entrypoint, Cmd []string
+	// Cmd is the image's command (its entrypoint is Image.Binary's).
+	Cmd []string
 }
 
 // The capabilities Peer.FileCaps gives (linux/capability.h).
@@ -132,10 +132,9 @@ var Images = []Image{
 	// it) and runs Debian's runc for each RUN step; buildctl for the jobs'
 	// steps.
 	{Name: "buildkit", Binary: "rootlesskit", Peer: &Peer{
-		Binaries:   []string{"buildkitd", "buildctl", "rootlesskit"},
-		FileCaps:   map[string][]uint{"usr/bin/newuidmap": {CapSetUID}, "usr/bin/newgidmap": {CapSetGID}},
-		SubIDs:     true,
-		Entrypoint: []string{BinDir + "/rootlesskit"},
+		Binaries: []string{"buildkitd", "buildctl", "rootlesskit"},
+		FileCaps: map[string][]uint{"usr/bin/newuidmap": {CapSetUID}, "usr/bin/newgidmap": {CapSetGID}},
+		SubIDs:   true,
 		Cmd: []string{"buildkitd", "--rootless", "--oci-worker-no-process-sandbox",
 			"--root", Home + "/.local/share/buildkit", "--addr", "unix:///run/buildkit/buildkitd.sock"},
 	}},
@@ -317,7 +316,7 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		return nil, err
 	}
 	add(l, "passwd, group, nsswitch.conf, CA certificates, /tmp, "+Home)
-	entrypoint, cmd := []string{BinDir + "/" + img.Binary}, []string(nil)
+	var cmd []string
 	if img.Peer != nil {
 		if img.Peer.SubIDs {
 			l, err := b.subIDsLayer()
@@ -331,7 +330,7 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 			return nil, err
 		}
 		add(l, BinDir+"/{"+strings.Join(img.Peer.Binaries, ",")+"} (scripts/peers/"+img.Name+".sh)")
-		entrypoint, cmd = img.Peer.Entrypoint, img.Peer.Cmd
+		cmd = img.Peer.Cmd
 	} else {
 		l, err = b.binaryLayer(ctx, img, p.Arch)
 		if err != nil {
@@ -346,7 +345,7 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		OS:           "linux",
 		Created:      v1.Time{Time: b.epoch()},
 		Config: v1.Config{
-			Entrypoint: entrypoint,
+			Entrypoint: []string{BinDir + "/" + img.Binary},
 			Cmd:        cmd,
 			User:       strconv.Itoa(UID) + ":" + strconv.Itoa(GID),
 			Env: []string{

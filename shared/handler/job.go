@@ -134,9 +134,10 @@ func (s *Summary) count(o Outcome) {
 }
 
 // Run fetches and settles one batch, and when it lingers (see Job) the
-// batches after it. Every message it fetched is settled before it returns: acknowledged (Accepted), naked with a delay (NotYet,
-// Failed) or terminated (Poison, Rejected). A NotYet message is first held (see Job)
-// and counts as NotYet only when the run gives it up. When ctx is cancelled
+// batches after it. Every message it fetched is settled before it returns:
+// acknowledged (Accepted), naked with a delay (NotYet, Failed) or terminated
+// (Poison, Rejected). A NotYet message is first held (see Job) and counts as
+// NotYet only when the run gives it up. When ctx is cancelled
 // (SIGTERM), the message in flight, those held and those not yet started are
 // naked at once, so another handler takes them without waiting for AckWait.
 //
