@@ -14,7 +14,7 @@ MODULE := github.com/gitea-dynamic-runner/gitea-dynamic-runner
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo +modified)
 LDFLAGS := $(if $(COMMIT),-X $(MODULE)/shared/function.stamp=$(COMMIT))
 
-.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos chaos-gitea docs
+.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos chaos-gitea docs seccomp
 
 ## build: compile every function into $(BIN)/
 build:
@@ -34,6 +34,14 @@ unit:
 	@# act's host mode has a data race of its own: the tests that drive act
 	@# (build tag !race) run here, without the race detector.
 	$(GO) test -count=1 ./shared/runner/reporter ./shared/runner/taskrun
+	@# The build sidecar's seccomp profile: a module of its own (containerd/v2's
+	@# requirements are not the product's), its test checks deploy/seccomp.
+	cd internal/buildseccomp && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# seccomp rewrites deploy/seccomp/buildkit-<GOARCH>.json from containerd's
+# default profile (internal/buildseccomp); on an arm64 machine it writes arm64's.
+seccomp:
+	cd internal/buildseccomp && $(GO) test -count=1 -run TestShippedProfileIsGenerated . -update
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh

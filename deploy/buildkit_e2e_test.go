@@ -6,7 +6,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,24 +18,38 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 )
 
-// TestE2EClusterBuildKitRootless finds, on the test node (containerd 1.6, runc 1.1.5: no
-// Kubernetes user namespaces), the least a Pod needs for the buildkit image as a native sidecar
-// to build a Dockerfile with a RUN step, what issue 34's pool capability will ship. The sidecar
-// runs as 65532 (non-root), with every capability dropped but SETUID and SETGID (newuidmap's and
-// newgidmap's file capabilities map its subordinate IDs, no setuid-root helper) and privilege
-// escalation allowed (file capabilities need it); a client container, hardened like every
-// executor container (RuntimeDefault seccomp, no capability, read-only root), builds through
-// the sidecar's unix socket in their shared emptyDir and exports an OCI tarball.
+// installSeccompProfile installs deploy/seccomp's profile for this machine's architecture on
+// the test node as README's "Image builds" says, at pod.DefaultBuildSeccompProfile in the
+// kubelet's seccomp folder (its --root-dir's seccomp/).
+func installSeccompProfile(t testing.TB, c *clusterenv.Cluster) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("seccomp", "buildkit-"+runtime.GOARCH+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(c.Dir, "kubelet", "seccomp", pod.DefaultBuildSeccompProfile)
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestE2EClusterBuildKitRootless proves, on the test node (containerd 1.6, runc 1.1.5: no
+// Kubernetes user namespaces), that the build capability's seccomp exception is needed and
+// enough: the buildkit image as a native sidecar (65532, every capability dropped but SETUID and
+// SETGID, which newuidmap's and newgidmap's file capabilities need, privilege escalation allowed
+// for them) and a client container hardened like every executor container (RuntimeDefault, no
+// capability, read-only root) building through the sidecar's socket in their shared emptyDir.
 //
 //   - RuntimeDefault: the fault first: containerd's default seccomp profile refuses the clone of
 //     a new user namespace without CAP_SYS_ADMIN, so RootlessKit cannot start its child;
-//   - Unconfined (the sidecar only): the build's RUN step runs and the image is exported.
-//
-// A Localhost profile (RuntimeDefault plus what RootlessKit and runc need) is the narrower
-// exception the capability is to ship; that is the next step of issue 34 (runBuildPod takes any
-// profile for it).
+//   - Localhost gdr/buildkit.json (deploy/seccomp, installed as README says): the build's RUN
+//     step runs and the image is exported.
 func TestE2EClusterBuildKitRootless(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -60,8 +76,10 @@ func TestE2EClusterBuildKitRootless(t *testing.T) {
 			t.Fatalf("phase %s, want Failed with the sidecar's %q:\n%s", phase, want, logs)
 		}
 	})
-	t.Run("Unconfined", func(t *testing.T) {
-		phase, logs := runBuildPod(ctx, t, cs, "build-unconfined", &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined})
+	t.Run("Localhost", func(t *testing.T) {
+		installSeccompProfile(t, c)
+		phase, logs := runBuildPod(ctx, t, cs, "build-localhost", &corev1.SeccompProfile{
+			Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptrTo(pod.DefaultBuildSeccompProfile)})
 		if phase != corev1.PodSucceeded {
 			t.Fatalf("phase %s, want Succeeded:\n%s", phase, logs)
 		}

@@ -121,6 +121,10 @@ type installOptions struct {
 	podTemplate func(spec map[string]any)
 	// handleEnv sets variables of the ScaledJob handle-pod's container over the shipped ones.
 	handleEnv map[string]string
+	// build adds the pool build (labels [build]): linux's template with the build capability,
+	// as README's "Image builds" enables it: the buildkit image, deploy/seccomp's profile on
+	// the node, the executors' namespace at Pod Security baseline.
+	build bool
 }
 
 // setEnv sets each of env on every container of the ScaledJob obj's Job template, in place
@@ -279,7 +283,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 				}
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
-			pools = localPools(t, obj, registryHost, o.podTemplate)
+			pools = localPools(t, obj, registryHost, o.podTemplate, o.build)
 		case d.kind() == "ScaledJob" && obj.GetName() == "handle-pod":
 			setEnv(t, obj, o.handleEnv)
 		case d.kind() == "Deployment" && obj.GetName() == "gateway":
@@ -304,7 +308,12 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	// The images, as `make images` built them, under the names the
 	// kustomization's images: now give them (override above).
-	for _, name := range []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"} {
+	imported := []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"}
+	if o.build {
+		imported = append(imported, "buildkit")
+		installSeccompProfile(t, c)
+	}
+	for _, name := range imported {
 		if err := c.ImportImage(ctx, filepath.Join(images, name), "gdr.local/gitea-dynamic-runner-"+name); err != nil {
 			t.Fatal(err)
 		}
@@ -320,7 +329,10 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// API being a hostPath here (no CSI driver; TestE2EExecutorPodRestricted checks the
 	// shipped template under restricted).
 	jobsNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}
-	if o.podIdentity != backend.PodIdentityWorkloadAPI {
+	switch {
+	case o.build:
+		jobsNS.Labels = podSecurityBuild
+	case o.podIdentity != backend.PodIdentityWorkloadAPI:
 		jobsNS.Labels = podSecurityRestricted
 	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, jobsNS, metav1.CreateOptions{}); err != nil {
@@ -1162,8 +1174,9 @@ const dispatchNodePort = 30080
 // the pull secret gdr-registry); two more pools, copies of linux without that
 // secret, serve the private-image test: tenant-b pulls job images Always
 // (the default), tenant-lax IfNotPresent; edit, if not nil, edits linux's
-// Pod template spec last. It returns the rewritten file.
-func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, edit func(spec map[string]any)) string {
+// Pod template spec last; with build, a copy of linux called build gets the build capability
+// (the buildkit image). It returns the rewritten file.
+func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, edit func(spec map[string]any), build bool) string {
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
 	var pools map[string]any
@@ -1213,6 +1226,11 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 		t.Fatal(err)
 	}
 	pools["pools"] = []any{linux, tenantB, lax}
+	if build {
+		b := copyOf("build", "IfNotPresent")
+		b["profile"].(map[string]any)["build"] = map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest"}
+		pools["pools"] = append(pools["pools"].([]any), b)
+	}
 	out, err := yaml.Marshal(pools)
 	if err != nil {
 		t.Fatal(err)

@@ -76,7 +76,39 @@ type Image struct {
 	// and Debian packages (Options.Peers[Name]) instead of a binary
 	// compiled from Package.
 	Peer *Peer
+	// Tools are other peers' binaries the image carries too.
+	Tools []Tool
 }
+
+// Tool is one binary of a peer's folder (Options.Peers[Peer]/<arch>/bin/)
+// that an image carries at ToolDir/Binary, called through Wrapper at
+// BinDir/Binary: a shell script that says what the tool needs where the
+// executor lacks it, then runs the binary with its arguments.
+type Tool struct {
+	Peer, Binary string
+	Wrapper      string
+}
+
+// ToolDir is where an image's Tools are; BinDir has their wrappers.
+const ToolDir = "/usr/local/libexec/gitea-dynamic-runner"
+
+// buildctlWrapper is runner-host's buildctl: without BUILDKIT_HOST (the pool
+// has no build capability) and without --addr, it fails at once with what
+// to do instead of buildctl's dial error.
+const buildctlWrapper = `#!/bin/sh
+# BuildKit's client. A pool's build capability runs BuildKit beside the job
+# and sets BUILDKIT_HOST; without it, say so instead of failing to dial.
+if [ -z "${BUILDKIT_HOST:-}" ]; then
+	case " $* " in
+	*" --addr"* | *" --version "* | *" --help "* | *" -h "* | "  ") ;;
+	*)
+		echo "buildctl: no BuildKit runs beside this job: its runner pool has no build capability (BUILDKIT_HOST is unset). An operator enables it per pool with build: in the pool's profile (README, Image builds); or pass --addr to a BuildKit of your own." >&2
+		exit 1
+		;;
+	esac
+fi
+exec ` + ToolDir + `/buildctl "$@"
+`
 
 // Peer is what an image built from a peer's folder (a scripts/peers
 // script's: <arch>/bin/ and <arch>/debs/ for each platform) carries.
@@ -123,7 +155,10 @@ var Images = []Image{
 	// The runner with what ubuntu-latest's common workflows expect (bash,
 	// git, curl, make, gcc, python3, zstd, git-lfs, Node.js 24, CA
 	// certificates; README.md "The runner-host image"): host-mode jobs.
-	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true},
+	// BuildKit's client too (scripts/peers/buildkit.sh), for a pool's build
+	// capability.
+	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true,
+		Tools: []Tool{{Peer: "buildkit", Binary: "buildctl", Wrapper: buildctlWrapper}}},
 	// Rootless BuildKit, a pool's build sidecar (scripts/peers/buildkit.sh):
 	// buildkitd under RootlessKit, which maps the user's subordinate IDs
 	// with newuidmap/newgidmap (Debian's uidmap; setuid root there, here
@@ -338,6 +373,13 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		}
 		add(l, BinDir+"/"+img.Binary+" ("+img.Package+")")
 	}
+	for _, tool := range img.Tools {
+		l, err = b.toolLayer(tool, p.Arch)
+		if err != nil {
+			return nil, err
+		}
+		add(l, ToolDir+"/"+tool.Binary+" (scripts/peers/"+tool.Peer+".sh), its wrapper "+BinDir+"/"+tool.Binary)
+	}
 
 	cfg := &v1.ConfigFile{
 		Architecture: p.Arch,
@@ -475,11 +517,30 @@ func (b *builder) debsLayer(ctx context.Context, arch string) (v1.Layer, error) 
 
 // peerDir is the folder of img's peer for arch.
 func (b *builder) peerDir(img Image, arch string) (string, error) {
-	dir := b.opts.Peers[img.Name]
+	return b.peerFolder(img.Name, arch)
+}
+
+// peerFolder is the folder of the peer called name for arch.
+func (b *builder) peerFolder(name, arch string) (string, error) {
+	dir := b.opts.Peers[name]
 	if dir == "" {
-		return "", fmt.Errorf("no peer folder for image %s (Options.Peers; make images: scripts/peers/%s.sh build)", img.Name, img.Name)
+		return "", fmt.Errorf("no peer folder for %s (Options.Peers; make images: scripts/peers/%s.sh build)", name, name)
 	}
 	return filepath.Join(dir, arch), nil
+}
+
+// toolLayer has tool's binary for arch at ToolDir and its wrapper in BinDir.
+func (b *builder) toolLayer(tool Tool, arch string) (v1.Layer, error) {
+	dir, err := b.peerFolder(tool.Peer, arch)
+	if err != nil {
+		return nil, err
+	}
+	return b.layer("tool/"+tool.Peer+"/"+tool.Binary+"/"+arch, func(l *tarLayer) error {
+		if err := l.copyFile(strings.TrimPrefix(ToolDir, "/")+"/"+tool.Binary, 0o755, filepath.Join(dir, "bin", tool.Binary)); err != nil {
+			return err
+		}
+		return l.bytes(strings.TrimPrefix(BinDir, "/")+"/"+tool.Binary, 0o755, []byte(tool.Wrapper))
+	})
 }
 
 // peerDebsLayer has the file system trees of the Debian packages of img's

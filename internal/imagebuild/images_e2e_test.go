@@ -170,7 +170,9 @@ func runHostTools(t *testing.T, dir string) {
 		"printf '#include <stdio.h>\\nint main(void) { puts(\"c-\" \"ok\"); return 0; }\\n' > hello.c && " +
 		"printf 'hello: hello.c\\n\\tgcc -o $@ $<\\n' > Makefile && make -s && ./hello; " +
 		"python3 -c 'import hashlib, json, ssl; print(\"python-\" + \"ok\")'; " +
-		"tar --zstd -cf a.tar.zst hello.c && tar --zstd -tf a.tar.zst && tar -cJf a.tar.xz hello.c && echo archives-ok"
+		"tar --zstd -cf a.tar.zst hello.c && tar --zstd -tf a.tar.zst && tar -cJf a.tar.xz hello.c && echo archives-ok; " +
+		// BuildKit's client, and its wrapper's word where the pool builds nothing.
+		"buildctl --version; if buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi"
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
 	cmd.Dir = "/"
@@ -183,8 +185,12 @@ func runHostTools(t *testing.T, dir string) {
 		t.Fatalf("in runner-host (amd64): %v\n%s", err, out)
 	}
 	t.Logf("in runner-host (amd64):\n%s", out)
+	if strings.Contains(string(out), "built-without-buildkit") {
+		t.Errorf("in runner-host (amd64): buildctl build succeeded without BUILDKIT_HOST:\n%s", out)
+	}
 	for _, want := range []string{"git version ", "node v24.", "bash ", "65532", "commits 1", "npm 11.",
-		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok"} {
+		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok",
+		"buildctl github.com/moby/buildkit ", "buildctl: no BuildKit runs beside this job: its runner pool has no build capability"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
 		}

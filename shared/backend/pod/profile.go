@@ -74,6 +74,9 @@ type Profile struct {
 	// `services:` that passes no --memory (a service's --memory sets both).
 	// Default DefaultServiceMemory.
 	ServiceMemory string `json:"serviceMemory,omitempty"`
+	// Build, when set, gives every job of the pool a rootless BuildKit at
+	// BUILDKIT_HOST (see BuildKit); off by default.
+	Build *BuildKit `json:"build,omitempty"`
 }
 
 // serviceDefaults returns what the profile sets for a job's services, or
@@ -163,6 +166,15 @@ func parseTemplates(raw json.RawMessage, keys taskassignment.Keys, workloadAPI b
 	}
 	if err := checkReserved(tmpl.Spec); err != nil {
 		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile %s %w", field, err)
+	}
+	if err := checkBuildReserved(tmpl.Spec); err != nil {
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile %s %w", field, err)
+	}
+	if p.Build != nil {
+		if err := p.Build.validate(); err != nil {
+			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile build: %w", err)
+		}
+		injectBuild(&tmpl, *p.Build)
 	}
 	var w WorkloadAPI
 	if p.WorkloadAPI != nil {

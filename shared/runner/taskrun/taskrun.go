@@ -161,7 +161,7 @@ func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
 
 // noDaemon is the alternative to a step that needs a Docker daemon (a
 // `docker://` step, a Docker action): no executor has one.
-const noDaemon = "no executor of gitea-dynamic-runner has a Docker daemon (local mode's are processes on this machine, the cluster's run the job in its own image); run the job in that image instead (`container:` on a pod pool, the cluster path), or use a JavaScript or composite action"
+const noDaemon = "no executor of gitea-dynamic-runner has a Docker daemon (local mode's are processes on this machine, the cluster's run the job in its own image); run the job in that image instead (`container:` on a pod pool, the cluster path), or use a JavaScript or composite action; to build an image, run `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"
 
 // dockerSteps refuses a step that runs an image (`uses: docker://...`),
 // which act would start with a Docker daemon.

@@ -1,0 +1,287 @@
+//go:build e2e
+
+package deploy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
+)
+
+// podSecurityBuild is the executors' namespace's Pod Security labels where a pool builds
+// images (README, "Image builds"): baseline enforced, restricted still audited and warned.
+var podSecurityBuild = map[string]string{
+	"pod-security.kubernetes.io/enforce": "baseline",
+	"pod-security.kubernetes.io/audit":   "restricted",
+	"pod-security.kubernetes.io/warn":    "restricted",
+}
+
+// buildDockerfile is the repository's Dockerfile: the runner-host image's static runner is the
+// build context (there is no registry to pull a base image from), and a RUN step runs it.
+const buildDockerfile = "FROM scratch\nCOPY runner /runner\nRUN [\"/runner\", \"--version\"]\n"
+
+// buildWorkflow checks out the repository and builds its Dockerfile twice with buildctl through
+// BUILDKIT_HOST, the first time to an OCI tarball whose index.json and small blobs (base64) and
+// large blobs' sizes it prints; the markers split the two builds' logs.
+func buildWorkflow(runsOn string) string {
+	return `on: push
+jobs:
+  image:
+    runs-on: ` + runsOn + `
+    steps:
+      - uses: actions/checkout@v4
+      - run: cp /usr/local/bin/runner app/runner
+      - name: build
+        run: |
+          echo BUILD-ONE
+          buildctl build --progress plain --frontend dockerfile.v0 --local context=app --local dockerfile=app --output "type=oci,dest=$RUNNER_TEMP/image.tar"
+      - name: again
+        run: |
+          echo BUILD-TWO
+          buildctl build --progress plain --frontend dockerfile.v0 --local context=app --local dockerfile=app --output "type=oci,dest=$RUNNER_TEMP/again.tar"
+      - name: show
+        run: |
+          cd "$RUNNER_TEMP" && mkdir oci && tar -xf image.tar -C oci
+          echo "OCI-INDEX $(base64 -w0 oci/index.json)"
+          for f in oci/blobs/sha256/*; do
+            size=$(stat -c %s "$f")
+            if [ "$size" -lt 65536 ]; then echo "OCI-BLOB $(basename "$f") $(base64 -w0 "$f")"; else echo "OCI-LARGE $(basename "$f") $size"; fi
+          done
+`
+}
+
+// TestE2EClusterBuild runs image builds through the pool build (installOptions.build: linux's
+// template with the build capability) on the test cluster, installed as README says:
+//
+//   - Pod: the executor Pod the pod backend made for a build job, as the API server stores it,
+//     has no privileged container, no capability added but the sidecar's SETUID and SETGID, the
+//     sidecar alone under the Localhost profile and allowed privilege escalation, every other
+//     container RuntimeDefault, and no hostUsers (the test node's containerd 1.6 has no user
+//     namespaces: README says the field is for a runtime that has them);
+//   - Workflow: the job builds the repository's Dockerfile with buildctl, its RUN step runs,
+//     and the OCI tarball it exports is checked here (index, manifest and config by digest, every
+//     layer by digest or size); its second build of the same Dockerfile is CACHED (the cache
+//     works, and this test would see it);
+//   - NoCapability: the same workflow in the pool linux fails, with the wrapper's word naming
+//     the pool setting;
+//   - CacheIsolation: the same workflow in another repository, after the first ended, builds
+//     from nothing (no step CACHED): no job sees another's build cache.
+func TestE2EClusterBuild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	in := installKEDAWith(ctx, t, installOptions{build: true})
+	in.g.HostAction(t, giteaenv.VendoredAction("checkout-v4"), "actions", "checkout", "v4")
+	push := func(t *testing.T, name, runsOn string) string {
+		repo := in.g.CreateRepo(t, name)
+		in.g.PushWorkflow(t, repo, "app/Dockerfile", buildDockerfile)
+		in.g.PushWorkflow(t, repo, ".gitea/workflows/image.yml", buildWorkflow(runsOn))
+		return repo
+	}
+	var built, refused string
+	in.runSteps(ctx, t, []step{
+		{"Pod", func(t *testing.T) {
+			built, refused = push(t, "built", "build"), push(t, "refused", "ubuntu-latest")
+			name := in.executorPod(ctx, t, built)
+			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, problem := range buildPodProblems(p) {
+				t.Error(problem)
+			}
+		}},
+		{"Workflow", func(t *testing.T) {
+			job := in.waitCompleted(ctx, t, built, "image", 5*time.Minute)
+			log := in.g.JobLogs(t, built, job.ID)
+			if job.Conclusion != "success" {
+				t.Fatalf("job %+v, want success:\n%s", job, log)
+			}
+			one, two := buildLogs(t, log)
+			if !strings.Contains(one, `[2/2] RUN ["/runner", "--version"]`) || strings.Contains(one, "CACHED") {
+				t.Errorf("the first build did not run its RUN step from nothing:\n%s", one)
+			}
+			if !strings.Contains(two, "CACHED") {
+				t.Errorf("the second build of the same Dockerfile in the same job used no cache:\n%s", two)
+			}
+			checkOCITarball(t, log)
+		}},
+		{"NoCapability", func(t *testing.T) {
+			job := in.waitCompleted(ctx, t, refused, "image", 5*time.Minute)
+			log := in.g.JobLogs(t, refused, job.ID)
+			want := "buildctl: no BuildKit runs beside this job: its runner pool has no build capability (BUILDKIT_HOST is unset). An operator enables it per pool with build: in the pool's profile"
+			if job.Conclusion != "failure" || !strings.Contains(log, want) {
+				t.Fatalf("job %+v, want failure with %q:\n%s", job, want, log)
+			}
+		}},
+		{"CacheIsolation", func(t *testing.T) {
+			other := push(t, "other", "build")
+			job := in.waitCompleted(ctx, t, other, "image", 5*time.Minute)
+			log := in.g.JobLogs(t, other, job.ID)
+			if job.Conclusion != "success" {
+				t.Fatalf("job %+v, want success:\n%s", job, log)
+			}
+			if one, _ := buildLogs(t, log); strings.Contains(one, "CACHED") {
+				t.Fatalf("another repository's build found a step CACHED:\n%s", one)
+			}
+		}},
+		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
+	})
+}
+
+// buildLogs splits a build job's log at the workflow's markers: the first build's, the second's.
+func buildLogs(t *testing.T, log string) (string, string) {
+	t.Helper()
+	_, rest, ok1 := strings.Cut(log, "\nBUILD-ONE")
+	one, two, ok2 := strings.Cut(rest, "\nBUILD-TWO")
+	if !ok1 || !ok2 {
+		// Gitea's log lines start with a timestamp: the markers end lines instead.
+		i, j := strings.LastIndex(log, " BUILD-ONE\n"), strings.LastIndex(log, " BUILD-TWO\n")
+		if i < 0 || j < i {
+			t.Fatalf("no BUILD-ONE and BUILD-TWO markers in order:\n%s", log)
+		}
+		return log[i:j], log[j:]
+	}
+	return one, two
+}
+
+var (
+	ociIndexLine = regexp.MustCompile(`OCI-INDEX ([A-Za-z0-9+/=]+)\s*$`)
+	ociBlobLine  = regexp.MustCompile(`OCI-BLOB ([0-9a-f]{64}) ([A-Za-z0-9+/=]+)\s*$`)
+	ociLargeLine = regexp.MustCompile(`OCI-LARGE ([0-9a-f]{64}) ([0-9]+)\s*$`)
+)
+
+// checkOCITarball checks the OCI layout the workflow printed: index.json names one image
+// manifest, whose bytes hash to its digest; the config, likewise, is linux/amd64 with the RUN
+// step in its history; every layer is there, small ones by digest, large ones by size.
+func checkOCITarball(t *testing.T, log string) {
+	t.Helper()
+	var index []byte
+	blobs, large := map[string][]byte{}, map[string]int64{}
+	for _, line := range strings.Split(log, "\n") {
+		if m := ociIndexLine.FindStringSubmatch(line); m != nil {
+			index = decodeBase64(t, m[1])
+		}
+		if m := ociBlobLine.FindStringSubmatch(line); m != nil {
+			b := decodeBase64(t, m[2])
+			if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != m[1] {
+				t.Fatalf("blob %s: its bytes hash to %x", m[1], sum)
+			}
+			blobs["sha256:"+m[1]] = b
+		}
+		if m := ociLargeLine.FindStringSubmatch(line); m != nil {
+			large["sha256:"+m[1]], _ = strconv.ParseInt(m[2], 10, 64)
+		}
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(index, &idx); err != nil || len(idx.Manifests) != 1 || idx.Manifests[0].MediaType != ocispec.MediaTypeImageManifest {
+		t.Fatalf("index.json %s (%v): want one OCI image manifest", index, err)
+	}
+	raw, ok := blobs[string(idx.Manifests[0].Digest)]
+	if !ok {
+		t.Fatalf("no manifest blob %s among %d", idx.Manifests[0].Digest, len(blobs))
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil || m.MediaType != ocispec.MediaTypeImageManifest || len(m.Layers) == 0 {
+		t.Fatalf("manifest %s (%v): want an OCI image manifest with layers", raw, err)
+	}
+	raw, ok = blobs[string(m.Config.Digest)]
+	if !ok {
+		t.Fatalf("no config blob %s", m.Config.Digest)
+	}
+	var config ocispec.Image
+	if err := json.Unmarshal(raw, &config); err != nil {
+		t.Fatal(err)
+	}
+	if config.OS != "linux" || config.Architecture != "amd64" ||
+		!slices.ContainsFunc(config.History, func(h ocispec.History) bool { return strings.Contains(h.CreatedBy, "/runner --version") }) {
+		t.Fatalf("config %s: want linux/amd64 with the RUN step in its history", raw)
+	}
+	for _, l := range m.Layers {
+		if _, ok := blobs[string(l.Digest)]; !ok && large[string(l.Digest)] != l.Size {
+			t.Errorf("layer %s (%d bytes) is not in the tarball (large blobs: %v)", l.Digest, l.Size, large)
+		}
+	}
+	t.Logf("OCI tarball: manifest %s, %d layers, history %d entries", idx.Manifests[0].Digest, len(m.Layers), len(config.History))
+}
+
+func decodeBase64(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// buildPodProblems lists what in the executor Pod p of a build pool differs from what README's
+// security table says the build capability grants.
+func buildPodProblems(p *corev1.Pod) []string {
+	var problems []string
+	if p.Spec.HostUsers != nil {
+		problems = append(problems, "hostUsers is set: the pool does not ask for a user namespace")
+	}
+	podSeccomp := corev1.SeccompProfileTypeUnconfined
+	if sc := p.Spec.SecurityContext; sc != nil && sc.SeccompProfile != nil {
+		podSeccomp = sc.SeccompProfile.Type
+	}
+	sidecar := false
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		sc := c.SecurityContext
+		if sc == nil {
+			problems = append(problems, c.Name+": no securityContext")
+			continue
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			problems = append(problems, c.Name+": privileged")
+		}
+		seccomp, localhost := podSeccomp, ""
+		if sc.SeccompProfile != nil {
+			seccomp = sc.SeccompProfile.Type
+			if sc.SeccompProfile.LocalhostProfile != nil {
+				localhost = *sc.SeccompProfile.LocalhostProfile
+			}
+		}
+		var added []corev1.Capability
+		if sc.Capabilities != nil {
+			added = sc.Capabilities.Add
+			if !slices.Contains(sc.Capabilities.Drop, "ALL") {
+				problems = append(problems, c.Name+": does not drop ALL capabilities")
+			}
+		}
+		escalates := sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation
+		if c.Name == pod.BuildContainer {
+			sidecar = true
+			if !slices.Equal(added, []corev1.Capability{"SETUID", "SETGID"}) || seccomp != corev1.SeccompProfileTypeLocalhost ||
+				localhost != pod.DefaultBuildSeccompProfile || !escalates || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+				problems = append(problems, c.Name+": want SETUID and SETGID alone, Localhost "+pod.DefaultBuildSeccompProfile+
+					", escalation allowed, non-root; got "+c.SecurityContext.String())
+			}
+			continue
+		}
+		if len(added) > 0 || seccomp != corev1.SeccompProfileTypeRuntimeDefault || escalates {
+			problems = append(problems, c.Name+": want no capability, RuntimeDefault, no escalation; got "+c.SecurityContext.String())
+		}
+		if c.Name == pod.RunnerContainer && !slices.Contains(c.Env, corev1.EnvVar{Name: pod.EnvBuildKitHost, Value: pod.BuildKitHost}) {
+			problems = append(problems, c.Name+": no "+pod.EnvBuildKitHost+"="+pod.BuildKitHost)
+		}
+	}
+	if !sidecar {
+		problems = append(problems, "no "+pod.BuildContainer+" sidecar")
+	}
+	return problems
+}

@@ -1,0 +1,186 @@
+package pod
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// What a pool's build capability (Profile.Build, a BuildKit) adds to its Pods. The
+// names and the socket folder are reserved in every template.
+const (
+	// BuildContainer is the native sidecar running rootless BuildKit (the
+	// buildkit image of make images: RootlessKit, buildkitd, runc).
+	BuildContainer = "gdr-buildkit"
+	// BuildSocketDir is where buildkitd's socket folder is mounted: in the
+	// sidecar, writable; in the runner container, read-only.
+	BuildSocketDir = "/run/buildkit"
+	// EnvBuildKitHost names buildkitd's address for the job's steps (what
+	// buildctl and `docker buildx create --driver remote` read).
+	EnvBuildKitHost = "BUILDKIT_HOST"
+	// BuildKitHost is its value: the sidecar's unix socket, reachable from
+	// the Pod's containers that mount BuildSocketDir alone (no port).
+	BuildKitHost = "unix://" + BuildSocketDir + "/buildkitd.sock"
+	// DefaultBuildSeccompProfile is the sidecar's Localhost seccomp profile,
+	// relative to the kubelet's seccomp folder: deploy/seccomp's file for
+	// the node's architecture, installed there on every node of the pool.
+	DefaultBuildSeccompProfile = "gdr/buildkit.json"
+	// DefaultBuildCache bounds the sidecar's state (layers, build cache):
+	// an emptyDir of the Pod, gone with it.
+	DefaultBuildCache = "10Gi"
+
+	buildSocketVolume  = "gdr-buildkit-socket"
+	buildStateVolume   = "gdr-buildkit-state"
+	buildRuntimeVolume = "gdr-buildkit-tmp"
+	// buildStateDir is buildkitd's --root in the buildkit image.
+	buildStateDir = "/home/nonroot/.local/share/buildkit"
+	// buildRuntimeDir is the sidecar's /tmp and XDG_RUNTIME_DIR:
+	// RootlessKit's and runc's state, on a read-only root.
+	buildRuntimeDir = "/tmp"
+	// buildUser is the buildkit image's user, whose subordinate IDs
+	// (/etc/subuid) RootlessKit maps.
+	buildUser = 65532
+)
+
+// BuildKit is a pool's build capability: a rootless BuildKit beside each of its
+// jobs, which the job's steps reach at BUILDKIT_HOST. Off unless set. In
+// YAML (a pool's profile):
+//
+//	build:
+//	  image: registry.example.com/gdr-buildkit:v1   # make images' buildkit
+//	  seccompProfile: gdr/buildkit.json             # the default
+//	  userNamespace: false                          # hostUsers: false when true
+//	  cacheSize: 10Gi                               # the default
+//
+// The sidecar runs as the image's user 65532 with every capability dropped
+// but SETUID and SETGID (its newuidmap and newgidmap hold those as file
+// capabilities, so privilege escalation is allowed in it alone), under the
+// Localhost seccomp profile SeccompProfile (containerd's default plus the
+// namespace system calls RootlessKit and runc need: internal/buildseccomp).
+// It is never privileged. Its state, the build cache included, is an
+// emptyDir of the Pod: no job sees another's cache.
+type BuildKit struct {
+	// Image is the buildkit image (make images). Required.
+	Image string `json:"image"`
+	// SeccompProfile is the sidecar's Localhost profile, relative to the
+	// kubelet's seccomp folder. Default DefaultBuildSeccompProfile.
+	SeccompProfile string `json:"seccompProfile,omitempty"`
+	// UserNamespace runs the Pod in a user namespace of its own
+	// (hostUsers: false): the sidecar's IDs, its capabilities included,
+	// are then not the node's. It needs a runtime that supports it
+	// (containerd 2 with runc 1.2 or later); an older runtime ignores it.
+	UserNamespace bool `json:"userNamespace,omitempty"`
+	// CacheSize bounds the sidecar's state (the emptyDir's sizeLimit).
+	// Default DefaultBuildCache.
+	CacheSize string `json:"cacheSize,omitempty"`
+	// Resources are the sidecar's requests and limits (none by default:
+	// the namespace's LimitRange, if any, applies).
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// validate checks b and fills in its defaults.
+func (b *BuildKit) validate() error {
+	if b.Image == "" {
+		return errors.New("image: empty; name the buildkit image (make images)")
+	}
+	b.SeccompProfile = cmp.Or(b.SeccompProfile, DefaultBuildSeccompProfile)
+	if path.IsAbs(b.SeccompProfile) || path.Clean(b.SeccompProfile) != b.SeccompProfile || strings.HasPrefix(b.SeccompProfile, "..") {
+		return fmt.Errorf("seccompProfile %q: want a clean path relative to the kubelet's seccomp folder, such as %s", b.SeccompProfile, DefaultBuildSeccompProfile)
+	}
+	b.CacheSize = cmp.Or(b.CacheSize, DefaultBuildCache)
+	q, err := resource.ParseQuantity(b.CacheSize)
+	if err != nil || q.Sign() <= 0 {
+		return fmt.Errorf("cacheSize %q: want a positive quantity such as %s", b.CacheSize, DefaultBuildCache)
+	}
+	return nil
+}
+
+// checkBuildReserved rejects a template that uses what injectBuild adds.
+func checkBuildReserved(spec corev1.PodSpec) error {
+	for _, v := range spec.Volumes {
+		if strings.HasPrefix(v.Name, "gdr-buildkit") {
+			return fmt.Errorf("spec.volumes[%s]: the prefix gdr-buildkit is reserved for the build capability", v.Name)
+		}
+	}
+	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for _, c := range list {
+			if c.Name == BuildContainer {
+				return fmt.Errorf("spec: container name %q is reserved for the build capability", BuildContainer)
+			}
+		}
+	}
+	c := spec.Containers[runnerIndex(spec.Containers)]
+	for _, e := range c.Env {
+		if e.Name == EnvBuildKitHost {
+			return fmt.Errorf("spec.containers[%s].env: %s is set by the build capability (profile build)", RunnerContainer, EnvBuildKitHost)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if overlaps(m.MountPath, BuildSocketDir) {
+			return fmt.Errorf("spec.containers[%s].volumeMounts[%s]: mountPath %s overlaps the build capability's %s", RunnerContainer, m.Name, m.MountPath, BuildSocketDir)
+		}
+	}
+	return nil
+}
+
+// injectBuild adds b to a validated template: the sidecar BuildContainer
+// (see BuildKit) with its three emptyDirs (socket, state, runtime), and in the
+// runner container the socket folder read-only at BuildSocketDir and
+// BUILDKIT_HOST. The sidecar pulls its image as the runner container does;
+// a startup probe holds the runner back until buildkitd answers, so the
+// first step can build. With b.UserNamespace the Pod gets hostUsers: false.
+func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
+	spec := &t.Spec
+	runner := &spec.Containers[runnerIndex(spec.Containers)]
+	cache := resource.MustParse(b.CacheSize)
+	small := resource.MustParse("64Mi")
+	spec.Volumes = append(spec.Volumes,
+		corev1.Volume{Name: buildSocketVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}},
+		corev1.Volume{Name: buildStateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &cache}}},
+		corev1.Volume{Name: buildRuntimeVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}})
+	always, no, yes := corev1.ContainerRestartPolicyAlways, false, true
+	user := int64(buildUser)
+	spec.InitContainers = append(spec.InitContainers, corev1.Container{
+		Name:            BuildContainer,
+		Image:           b.Image,
+		ImagePullPolicy: runner.ImagePullPolicy,
+		RestartPolicy:   &always,
+		Resources:       b.Resources,
+		Env:             []corev1.EnvVar{{Name: "XDG_RUNTIME_DIR", Value: buildRuntimeDir}},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: buildSocketVolume, MountPath: BuildSocketDir},
+			{Name: buildStateVolume, MountPath: buildStateDir},
+			{Name: buildRuntimeVolume, MountPath: buildRuntimeDir},
+		},
+		StartupProbe: &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
+				Command: []string{"buildctl", "--addr", BuildKitHost, "debug", "workers"},
+			}},
+			PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 120,
+		},
+		SecurityContext: &corev1.SecurityContext{
+			RunAsUser:                &user,
+			RunAsGroup:               &user,
+			RunAsNonRoot:             &yes,
+			Privileged:               &no,
+			AllowPrivilegeEscalation: &yes, // newuidmap's and newgidmap's file capabilities
+			ReadOnlyRootFilesystem:   &yes,
+			Capabilities: &corev1.Capabilities{
+				Drop: []corev1.Capability{"ALL"},
+				Add:  []corev1.Capability{"SETUID", "SETGID"},
+			},
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &b.SeccompProfile},
+		},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	})
+	runner.VolumeMounts = append(runner.VolumeMounts, corev1.VolumeMount{Name: buildSocketVolume, MountPath: BuildSocketDir, ReadOnly: true})
+	runner.Env = append(runner.Env, corev1.EnvVar{Name: EnvBuildKitHost, Value: BuildKitHost})
+	if b.UserNamespace {
+		spec.HostUsers = &no
+	}
+}
