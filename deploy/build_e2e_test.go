@@ -68,11 +68,15 @@ jobs:
 // TestE2EClusterBuild runs image builds through the pool build (installOptions.build: linux's
 // template with the build capability) on the test cluster, installed as README says:
 //
-//   - Pod: the executor Pod the pod backend made for a build job, as the API server stores it,
+//   - Pod: the executor Pod the pod backend made for a build job, as the API server stores it
+//     (admitted by the namespace's Pod Security baseline and deploy/admission's policy),
 //     has no privileged container, no capability added but the sidecar's SETUID and SETGID, the
 //     sidecar alone under the Localhost profile and allowed privilege escalation, every other
 //     container RuntimeDefault, and no hostUsers (the test node's containerd 1.6 has no user
 //     namespaces: README says the field is for a runtime that has them);
+//   - Admission: that Pod changed three ways baseline alone admits (checked first, in a
+//     namespace at baseline without the policy) is refused in the executors' namespace by
+//     deploy/admission's policy, with its message;
 //   - Workflow: the job builds the repository's Dockerfile with buildctl, its RUN step runs,
 //     and the OCI tarball it exports is checked here (index, manifest and config by digest, every
 //     layer by digest or size); its second build of the same Dockerfile is CACHED (the cache
@@ -93,6 +97,7 @@ func TestE2EClusterBuild(t *testing.T) {
 		return repo
 	}
 	var built, refused string
+	var stored *corev1.Pod
 	in.runSteps(ctx, t, []step{
 		{"Pod", func(t *testing.T) {
 			built, refused = push(t, "built", "build"), push(t, "refused", "ubuntu-latest")
@@ -104,7 +109,9 @@ func TestE2EClusterBuild(t *testing.T) {
 			for _, problem := range buildPodProblems(p) {
 				t.Error(problem)
 			}
+			stored = p
 		}},
+		{"Admission", func(t *testing.T) { in.buildAdmission(ctx, t, stored) }},
 		{"Workflow", func(t *testing.T) {
 			job := in.waitCompleted(ctx, t, built, "image", 5*time.Minute)
 			log := in.g.JobLogs(t, built, job.ID)
@@ -284,4 +291,67 @@ func buildPodProblems(p *corev1.Pod) []string {
 		problems = append(problems, "no "+pod.BuildContainer+" sidecar")
 	}
 	return problems
+}
+
+// buildAdmission creates, server-side dry run, the executor Pod p (as stored) changed three
+// ways: first in a new namespace enforcing baseline alone, which admits each (the fault the
+// policy is for), then in the executors' namespace, where deploy/admission's policy must
+// refuse each with its message.
+func (in *installation) buildAdmission(ctx context.Context, t *testing.T, p *corev1.Pod) {
+	if p == nil {
+		t.Fatal("no executor Pod from the Pod step")
+	}
+	const baselineOnly = "baseline-only"
+	if _, err := in.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{Name: baselineOnly, Labels: podSecurityBuild},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	in.c.WaitServiceAccount(ctx, t, baselineOnly)
+	container := func(p *corev1.Pod, name string) *corev1.Container {
+		for i := range p.Spec.InitContainers {
+			if p.Spec.InitContainers[i].Name == name {
+				return &p.Spec.InitContainers[i]
+			}
+		}
+		for i := range p.Spec.Containers {
+			if p.Spec.Containers[i].Name == name {
+				return &p.Spec.Containers[i]
+			}
+		}
+		t.Fatalf("no container %s in the executor Pod", name)
+		return nil
+	}
+	for _, tc := range []struct {
+		name, want string
+		edit       func(p *corev1.Pod)
+	}{
+		{"the job's container adds SETUID", "every container of an executor Pod but the build sidecar gdr-buildkit is restricted", func(p *corev1.Pod) {
+			c := container(p, pod.RunnerContainer)
+			c.SecurityContext.Capabilities.Add = []corev1.Capability{"SETUID"}
+		}},
+		{"the sidecar adds DAC_OVERRIDE", "the build sidecar gdr-buildkit is not privileged, drops ALL capabilities and adds none but SETUID and SETGID", func(p *corev1.Pod) {
+			c := container(p, pod.BuildContainer)
+			c.SecurityContext.Capabilities.Add = append(c.SecurityContext.Capabilities.Add, "DAC_OVERRIDE")
+		}},
+		{"the job's container runs as root", "every container of an executor Pod runs as non-root", func(p *corev1.Pod) {
+			c := container(p, pod.RunnerContainer)
+			c.SecurityContext.RunAsNonRoot, c.SecurityContext.RunAsUser = ptrTo(false), ptrTo(int64(0))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, ns := range []string{baselineOnly, jobsNamespace} {
+				bad := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-check", Namespace: ns}, Spec: *p.Spec.DeepCopy()}
+				bad.Spec.NodeName = ""
+				tc.edit(bad)
+				_, err := in.cs.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+				switch {
+				case ns == baselineOnly && err != nil:
+					t.Fatalf("Pod Security baseline alone refuses it, so the policy proves nothing here: %v", err)
+				case ns == jobsNamespace && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Fatalf("in %s: %v, want refused with %q", ns, err, tc.want)
+				}
+			}
+		})
+	}
 }

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -17,25 +17,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 )
 
-// installSeccompProfile installs deploy/seccomp's profile for this machine's architecture on
-// the test node as README's "Image builds" says, at pod.DefaultBuildSeccompProfile in the
-// kubelet's seccomp folder (its --root-dir's seccomp/).
-func installSeccompProfile(t testing.TB, c *clusterenv.Cluster) {
+// runReadmeBuildBlock runs the block name of README.md's "Image builds" as written (bash, from
+// the checkout's root, kubectl with the cluster's admin kubeconfig), but for the kubelet's
+// folder: the test node's --root-dir for /var/lib/kubelet.
+func runReadmeBuildBlock(ctx context.Context, t testing.TB, c *clusterenv.Cluster, name string) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("seccomp", "buildkit-"+runtime.GOARCH+".json"))
-	if err != nil {
-		t.Fatal(err)
+	var text string
+	for _, b := range readmePhase(t, "build") {
+		if b.name == name {
+			text = b.text
+		}
 	}
-	file := filepath.Join(c.Dir, "kubelet", "seccomp", pod.DefaultBuildSeccompProfile)
-	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-		t.Fatal(err)
+	if text == "" {
+		t.Fatalf("README.md has no build block %q", name)
 	}
-	if err := os.WriteFile(file, data, 0o644); err != nil {
-		t.Fatal(err)
+	kubectl := testenv.RequirePeer(t, testenv.Peer{Name: "kubectl", Version: kubectlVersion, Executables: []string{"kubectl"}})
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", strings.ReplaceAll(text, "/var/lib/kubelet", filepath.Join(c.Dir, "kubelet")))
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "PATH="+kubectl+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+c.AdminKubeconfig())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("README block build %s: %v\n%s", name, err, out)
 	}
 }
 
@@ -48,7 +54,7 @@ func installSeccompProfile(t testing.TB, c *clusterenv.Cluster) {
 //
 //   - RuntimeDefault: the fault first: containerd's default seccomp profile refuses the clone of
 //     a new user namespace without CAP_SYS_ADMIN, so RootlessKit cannot start its child;
-//   - Localhost gdr/buildkit.json (deploy/seccomp, installed as README says): the build's RUN
+//   - Localhost gdr/buildkit.json (deploy/seccomp, installed by README's block): the build's RUN
 //     step runs and the image is exported.
 func TestE2EClusterBuildKitRootless(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -77,7 +83,7 @@ func TestE2EClusterBuildKitRootless(t *testing.T) {
 		}
 	})
 	t.Run("Localhost", func(t *testing.T) {
-		installSeccompProfile(t, c)
+		runReadmeBuildBlock(ctx, t, c, "seccomp")
 		phase, logs := runBuildPod(ctx, t, cs, "build-localhost", &corev1.SeccompProfile{
 			Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptrTo(pod.DefaultBuildSeccompProfile)})
 		if phase != corev1.PodSucceeded {

@@ -122,8 +122,8 @@ type installOptions struct {
 	// handleEnv sets variables of the ScaledJob handle-pod's container over the shipped ones.
 	handleEnv map[string]string
 	// build adds the pool build (labels [build]): linux's template with the build capability,
-	// as README's "Image builds" enables it: the buildkit image, deploy/seccomp's profile on
-	// the node, the executors' namespace at Pod Security baseline.
+	// enabled by README's "Image builds" blocks (deploy/seccomp's profile on the node, the
+	// executors' namespace at Pod Security baseline), the buildkit image imported.
 	build bool
 }
 
@@ -311,7 +311,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	imported := []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"}
 	if o.build {
 		imported = append(imported, "buildkit")
-		installSeccompProfile(t, c)
+		runReadmeBuildBlock(ctx, t, c, "seccomp")
 	}
 	for _, name := range imported {
 		if err := c.ImportImage(ctx, filepath.Join(images, name), "gdr.local/gitea-dynamic-runner-"+name); err != nil {
@@ -329,16 +329,25 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// API being a hostPath here (no CSI driver; TestE2EExecutorPodRestricted checks the
 	// shipped template under restricted).
 	jobsNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: jobsNamespace}}
-	switch {
-	case o.build:
-		jobsNS.Labels = podSecurityBuild
-	case o.podIdentity != backend.PodIdentityWorkloadAPI:
+	if o.podIdentity != backend.PodIdentityWorkloadAPI {
 		jobsNS.Labels = podSecurityRestricted
 	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, jobsNS, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.WaitServiceAccount(ctx, t, jobsNamespace)
+	if o.build { // README's "Image builds": the namespace admits the sidecar
+		runReadmeBuildBlock(ctx, t, c, "namespace")
+		ns, err := cs.CoreV1().Namespaces().Get(ctx, jobsNamespace, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range podSecurityBuild {
+			if ns.Labels[k] != v {
+				t.Fatalf("namespace %s labels %v after README's build namespace block, want %v", jobsNamespace, ns.Labels, podSecurityBuild)
+			}
+		}
+	}
 	key := func(n int) []byte {
 		b := make([]byte, n)
 		_, _ = rand.Read(b)

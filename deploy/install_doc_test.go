@@ -24,12 +24,14 @@ import (
 //	<!-- readme-test: PHASE NAME -->
 //
 // where PHASE is variables (the one block of documented variables), install, upgrade or
-// uninstall (TestE2EClusterReadme runs the block in that phase, in order, by NAME), or
+// uninstall (TestE2EClusterReadme runs the block in that phase, in order, by NAME), build
+// (TestE2EClusterBuild runs it, by NAME), or
 // `skip: <why>` (a prerequisite the test provides itself, saying how).
 const readmeMarker = "<!-- readme-test: "
 
 // readmeSections are the sections whose every sh block must carry a marker.
-var readmeSections = []string{"## Prerequisites", "## Install from an empty cluster (KEDA)", "## Upgrade (KEDA)", "## Uninstall (KEDA)"}
+var readmeSections = []string{"## Prerequisites", "## Install from an empty cluster (KEDA)", "## Upgrade (KEDA)", "## Uninstall (KEDA)",
+	"## Image builds"}
 
 // readmeBlock is one fenced sh block of README.md.
 type readmeBlock struct {
@@ -128,6 +130,7 @@ var readmeNames = map[string][]string{
 	"install":   {"keys", "nats-users", "registration-token", "gitea-token", "images", "overlay", "register", "spire-entries", "apply", "webhook", "check"},
 	"upgrade":   {"images", "verify-both", "apply", "sign-new", "verify-new"},
 	"uninstall": {"all"},
+	"build":     {"seccomp", "namespace"}, // TestE2EClusterBuild's
 }
 
 // TestReadmeBlocks checks README.md's install, upgrade and uninstall as the commands
@@ -157,7 +160,7 @@ func TestReadmeBlocks(t *testing.T) {
 			continue
 		case "variables":
 			continue
-		case "install", "upgrade", "uninstall":
+		case "install", "upgrade", "uninstall", "build":
 			got[b.phase] = append(got[b.phase], b.name)
 		case "":
 			t.Errorf("%s: an sh block without a readme-test marker", where)
