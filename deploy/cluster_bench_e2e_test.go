@@ -70,6 +70,9 @@ func BenchmarkE2EClusterPickup(b *testing.B) {
 		{"minted/default-queue", installOptions{defaultWebhookQueue: true}},
 		{"minted/channel/no-volume", installOptions{podTemplate: withoutVolumes}},
 		{"minted/channel/no-linger", installOptions{handleEnv: map[string]string{"GDR_LINGER": "0s"}}},
+		// The jobs on the pool build (linux's template with the build capability): the cost of
+		// the BuildKit sidecar's start and startup probe before the job's runner.
+		{"minted/channel/build", installOptions{build: true}},
 	} {
 		b.Run(v.name, func(b *testing.B) { benchClusterPickup(b, v.name, v.opts) })
 	}
@@ -109,6 +112,10 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		}
 	}
 	in := installKEDAWith(ctx, b, o)
+	label := "ubuntu-latest" // the pool linux's
+	if o.build {
+		label = "build"
+	}
 	repo := in.g.CreateRepo(b, "bench")
 	floor := startFloor(ctx, b, in.g)
 	seen := newSightings()
@@ -123,7 +130,7 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	b.ResetTimer()
 	for i := range n {
 		name := fmt.Sprintf("s%d", i)
-		pushed := pushWithTwins(b, in, repo, name)
+		pushed := pushWithTwins(b, in, repo, label, name)
 		started := in.waitRunning(ctx, b, repo, pushed, name)[name]
 		q, j, p, r := seen.after(pushed)
 		if q.IsZero() || p.IsZero() || r.IsZero() {
@@ -151,7 +158,7 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	for i := range names {
 		names[i] = fmt.Sprintf("b%d", i)
 	}
-	pushed := pushWithTwins(b, in, repo, names...)
+	pushed := pushWithTwins(b, in, repo, label, names...)
 	started := in.waitRunning(ctx, b, repo, pushed, names...)
 	var burst, burstTwin []time.Duration
 	for _, name := range names {
@@ -191,14 +198,14 @@ const twinLabel = "gdr-bench-twin"
 func twinJob(job string) string { return "twin-" + job }
 
 // pushWithTwins pushes one workflow with the jobs names (one `sleep 1` step
-// each, on the pool linux) and each one's twin, and returns when the push
+// each, runs-on label) and each one's twin, and returns when the push
 // returned.
-func pushWithTwins(tb testing.TB, in *installation, repo string, names ...string) time.Time {
+func pushWithTwins(tb testing.TB, in *installation, repo, label string, names ...string) time.Time {
 	tb.Helper()
 	var w strings.Builder
 	w.WriteString("on: push\njobs:\n")
 	for _, name := range names {
-		fmt.Fprintf(&w, "  %s:\n    runs-on: ubuntu-latest\n    steps:\n      - run: sleep 1\n", name)
+		fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: sleep 1\n", name, label)
 		fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: \"true\"\n", twinJob(name), twinLabel)
 	}
 	in.g.PushWorkflow(tb, repo, ".gitea/workflows/bench.yml", w.String())
