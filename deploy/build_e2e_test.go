@@ -84,7 +84,9 @@ jobs:
 //   - NoCapability: the same workflow in the pool linux fails, with the wrapper's word naming
 //     the pool setting;
 //   - CacheIsolation: the same workflow in another repository, after the first ended, builds
-//     from nothing (no step CACHED): no job sees another's build cache.
+//     from nothing (no step CACHED): no job sees another's build cache;
+//   - MissingProfile: the same workflow in a pool whose seccomp profile no node has fails, its
+//     log naming the sidecar and the kubelet's reason (buildMissingProfile).
 func TestE2EClusterBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -96,11 +98,12 @@ func TestE2EClusterBuild(t *testing.T) {
 		in.g.PushWorkflow(t, repo, ".gitea/workflows/image.yml", buildWorkflow(runsOn))
 		return repo
 	}
-	var built, refused string
+	var built, refused, noProfile string
 	var stored *corev1.Pod
 	in.runSteps(ctx, t, []step{
 		{"Pod", func(t *testing.T) {
 			built, refused = push(t, "built", "build"), push(t, "refused", "ubuntu-latest")
+			noProfile = push(t, "noprofile", "build-noprofile")
 			name := in.executorPod(ctx, t, built)
 			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -146,8 +149,49 @@ func TestE2EClusterBuild(t *testing.T) {
 				t.Fatalf("another repository's build found a step CACHED:\n%s", one)
 			}
 		}},
+		{"MissingProfile", func(t *testing.T) { in.buildMissingProfile(ctx, t, noProfile) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 	})
+}
+
+// missingSeccompProfile is the seccomp profile of the pool build-noprofile: on no node.
+const missingSeccompProfile = "gdr/absent.json"
+
+// buildMissingProfile: the job of repo, in the pool build-noprofile, cannot start its sidecar
+// (its Localhost profile is on no node); the fault first, the sidecar waiting in
+// CreateContainerError over the profile, then the job: failed, its log naming the container
+// and the reason, once the Pod has waited pod.StuckAfter.
+func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, repo string) {
+	for deadline := time.Now().Add(pod.StuckAfter); ; time.Sleep(time.Second) {
+		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var waiting string
+		for _, p := range pods.Items {
+			if p.Annotations[repositoryAnnotation] != repo {
+				continue
+			}
+			for _, cs := range p.Status.InitContainerStatuses {
+				if w := cs.State.Waiting; cs.Name == pod.BuildContainer && w != nil {
+					waiting = w.Reason + ": " + w.Message
+				}
+			}
+		}
+		if strings.HasPrefix(waiting, "CreateContainerError: ") && strings.Contains(waiting, "seccomp") {
+			t.Logf("the sidecar waits: %s", waiting)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar of %s's executor is not waiting on its seccomp profile (last: %q)", repo, waiting)
+		}
+	}
+	job := in.waitCompleted(ctx, t, repo, "image", pod.StuckAfter+3*time.Minute)
+	log := in.g.JobLogs(t, repo, job.ID)
+	want := "container " + pod.BuildContainer + ": CreateContainerError: "
+	if job.Conclusion != "failure" || !strings.Contains(log, want) {
+		t.Fatalf("job %+v, want failure with %q:\n%s", job, want, log)
+	}
 }
 
 // buildLogs splits a build job's log at the workflow's markers: the first build's, the second's.

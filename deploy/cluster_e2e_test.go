@@ -1183,8 +1183,9 @@ const dispatchNodePort = 30080
 // the pull secret gdr-registry); two more pools, copies of linux without that
 // secret, serve the private-image test: tenant-b pulls job images Always
 // (the default), tenant-lax IfNotPresent; edit, if not nil, edits linux's
-// Pod template spec last; with build, a copy of linux called build gets the build capability
-// (the buildkit image). It returns the rewritten file.
+// Pod template spec last; with build, copies of linux called build and build-noprofile get the
+// build capability (the buildkit image), build-noprofile with a seccomp profile no node has
+// (missingSeccompProfile). It returns the rewritten file.
 func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, edit func(spec map[string]any), build bool) string {
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
@@ -1236,9 +1237,15 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 	}
 	pools["pools"] = []any{linux, tenantB, lax}
 	if build {
-		b := copyOf("build", "IfNotPresent")
-		b["profile"].(map[string]any)["build"] = map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest"}
-		pools["pools"] = append(pools["pools"].([]any), b)
+		for name, profile := range map[string]string{"build": "", "build-noprofile": missingSeccompProfile} {
+			b := copyOf(name, "IfNotPresent")
+			settings := map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest"}
+			if profile != "" {
+				settings["seccompProfile"] = profile
+			}
+			b["profile"].(map[string]any)["build"] = settings
+			pools["pools"] = append(pools["pools"].([]any), b)
+		}
 	}
 	out, err := yaml.Marshal(pools)
 	if err != nil {
