@@ -72,8 +72,8 @@ jobs:
 //     (admitted by the namespace's Pod Security baseline and deploy/admission's policy),
 //     has no privileged container, no capability added but the sidecar's SETUID and SETGID, the
 //     sidecar alone under the Localhost profile and allowed privilege escalation, every other
-//     container RuntimeDefault, and no hostUsers (the test node's containerd 1.6 has no user
-//     namespaces: README says the field is for a runtime that has them);
+//     container RuntimeDefault, and no hostUsers (user namespaces are not offered yet: deploy/README
+//     says why);
 //   - Admission: that Pod changed three ways baseline alone admits (checked first, in a
 //     namespace at baseline without the policy) is refused in the executors' namespace by
 //     deploy/admission's policy, with its message;
@@ -284,7 +284,7 @@ func decodeBase64(t *testing.T, s string) []byte {
 func buildPodProblems(p *corev1.Pod) []string {
 	var problems []string
 	if p.Spec.HostUsers != nil {
-		problems = append(problems, "hostUsers is set: the pool does not ask for a user namespace")
+		problems = append(problems, "hostUsers is set: the build capability offers no user namespace yet")
 	}
 	podSeccomp := corev1.SeccompProfileTypeUnconfined
 	if sc := p.Spec.SecurityContext; sc != nil && sc.SeccompProfile != nil {

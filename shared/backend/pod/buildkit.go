@@ -54,7 +54,6 @@ const (
 //	build:
 //	  image: registry.example.com/gdr-buildkit:v1   # make images' buildkit
 //	  seccompProfile: gdr/buildkit.json             # the default
-//	  userNamespace: false                          # hostUsers: false when true
 //	  cacheSize: 10Gi                               # the default
 //
 // The sidecar runs as the image's user 65532 with every capability dropped
@@ -70,11 +69,6 @@ type BuildKit struct {
 	// SeccompProfile is the sidecar's Localhost profile, relative to the
 	// kubelet's seccomp folder. Default DefaultBuildSeccompProfile.
 	SeccompProfile string `json:"seccompProfile,omitempty"`
-	// UserNamespace runs the Pod in a user namespace of its own
-	// (hostUsers: false): the sidecar's IDs, its capabilities included,
-	// are then not the node's. It needs a runtime that supports it
-	// (containerd 2 with runc 1.2 or later); an older runtime ignores it.
-	UserNamespace bool `json:"userNamespace,omitempty"`
 	// CacheSize bounds the sidecar's state (the emptyDir's sizeLimit).
 	// Default DefaultBuildCache.
 	CacheSize string `json:"cacheSize,omitempty"`
@@ -133,7 +127,7 @@ func checkBuildReserved(spec corev1.PodSpec) error {
 // runner container the socket folder read-only at BuildSocketDir and
 // BUILDKIT_HOST. The sidecar pulls its image as the runner container does;
 // a startup probe holds the runner back until buildkitd answers, so the
-// first step can build. With b.UserNamespace the Pod gets hostUsers: false.
+// first step can build.
 func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
 	spec := &t.Spec
 	runner := &spec.Containers[runnerIndex(spec.Containers)]
@@ -180,7 +174,4 @@ func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
 	})
 	runner.VolumeMounts = append(runner.VolumeMounts, corev1.VolumeMount{Name: buildSocketVolume, MountPath: BuildSocketDir, ReadOnly: true})
 	runner.Env = append(runner.Env, corev1.EnvVar{Name: EnvBuildKitHost, Value: BuildKitHost})
-	if b.UserNamespace {
-		spec.HostUsers = &no
-	}
 }

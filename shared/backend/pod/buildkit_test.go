@@ -23,12 +23,11 @@ func TestBuildCapability(t *testing.T) {
 		name, build string
 		profile     string // want the sidecar's Localhost profile; empty: no sidecar
 		cache       string
-		hostUsers   *bool
 	}{
 		{name: "off", build: ""},
 		{name: "defaults", build: `"build":{"image":"bk:1"},`, profile: "gdr/buildkit.json", cache: "10Gi"},
-		{name: "set", build: `"build":{"image":"bk:1","seccompProfile":"ops/bk-v2.json","cacheSize":"2Gi","userNamespace":true},`,
-			profile: "ops/bk-v2.json", cache: "2Gi", hostUsers: new(false)},
+		{name: "set", build: `"build":{"image":"bk:1","seccompProfile":"ops/bk-v2.json","cacheSize":"2Gi"},`,
+			profile: "ops/bk-v2.json", cache: "2Gi"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, err := parseProfile(json.RawMessage(`{"runnerInImage":"/usr/local/bin/runner",`+tc.build+buildTemplate+`}`), keys, false)
@@ -75,8 +74,8 @@ func TestBuildCapability(t *testing.T) {
 				if m.MountPath != BuildSocketDir || !m.ReadOnly {
 					t.Errorf("%s: runner's socket mount %+v, want read-only at %s", which, m, BuildSocketDir)
 				}
-				if (spec.HostUsers == nil) != (tc.hostUsers == nil) || (spec.HostUsers != nil && *spec.HostUsers != *tc.hostUsers) {
-					t.Errorf("%s: hostUsers %v, want %v", which, spec.HostUsers, tc.hostUsers)
+				if spec.HostUsers != nil {
+					t.Errorf("%s: hostUsers %v, want unset", which, *spec.HostUsers)
 				}
 			}
 		})
@@ -96,6 +95,7 @@ func TestBuildCapabilityRules(t *testing.T) {
 		{"escaping profile", `{"build":{"image":"b","seccompProfile":"../x.json"},` + buildTemplate + `}`, `seccompProfile "../x.json"`},
 		{"bad cache", `{"build":{"image":"b","cacheSize":"big"},` + buildTemplate + `}`, `cacheSize "big": want a positive quantity`},
 		{"unknown field", `{"build":{"image":"b","privileged":true},` + buildTemplate + `}`, `unknown field "privileged"`},
+		{"no user namespace setting yet", `{"build":{"image":"b","userNamespace":true},` + buildTemplate + `}`, `unknown field "userNamespace"`},
 		{"BUILDKIT_HOST", `{` + runner(`,"env":[{"name":"BUILDKIT_HOST","value":"tcp://x:1"}]`) + `}`, "BUILDKIT_HOST is set by the build capability"},
 		{"socket mount", `{"podTemplate":{"spec":{"volumes":[{"name":"x","emptyDir":{}}],"containers":[{"name":"runner","image":"r:1","volumeMounts":[{"name":"x","mountPath":"/run"}]}]}}}`, "overlaps the build capability's /run/buildkit"},
 		{"sidecar name", `{"podTemplate":{"spec":{"initContainers":[{"name":"gdr-buildkit","image":"x"}],"containers":[{"name":"runner","image":"r:1"}]}}}`, `container name "gdr-buildkit" is reserved`},
