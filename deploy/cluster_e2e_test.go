@@ -735,9 +735,10 @@ jobs:
 // the executor's SVID (GDR_POD_IDENTITY=minted) before it creates the Pod,
 // and the SPIRE server is paused (SIGSTOP), so the mint hangs. The kill is
 // asserted to land there: the message delivered and unacknowledged, no
-// executor Pod yet. The server resumes, the message comes back (AckWait), a
-// handle other than the killed ones accepts it after the kill and creates the
-// executor, and the job must still succeed, with its executor created once.
+// executor Pod yet. The message comes back (AckWait) before the server
+// resumes, a handle other than the killed ones accepts it after the kill and
+// creates the executor, and the job must still succeed, with its executor
+// created once.
 func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo string) {
 	w, err := in.cs.CoreV1().Pods(jobsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 	if err != nil {
@@ -795,6 +796,10 @@ jobs:
 		t.Fatalf("no fault: executor %s exists although its SVID could not be minted", p)
 	default:
 	}
+	before, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range handles {
 		if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
 			t.Fatal(err)
@@ -802,6 +807,21 @@ jobs:
 	}
 	killedAt := time.Now()
 	t.Logf("assignment held unacknowledged by %v, its mint hanging; killed", handles)
+	// A force-deleted Pod's process dies when the kubelet gets to it, a moment after the API
+	// object is gone: SPIRE stays paused until the message has been delivered again (after
+	// AckWait, which the dead handle no longer extends), so the killed process cannot finish
+	// its mint and create the executor itself (seen in CI when SPIRE resumed at once).
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
+		c, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
+		if err == nil && c.Redelivered > before.Redelivered {
+			t.Logf("the assignment delivered again %v after the kill", time.Since(killedAt).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			in.dump(ctx, t)
+			t.Fatalf("the assignment not delivered again 3 minutes after the kill (%+v, %v)", c, err)
+		}
+	}
 	resume()
 
 	var executor string

@@ -13,6 +13,9 @@ import (
 type ConsumerState struct {
 	Pending    uint64 // num_pending: stored, not yet delivered
 	AckPending uint64 // num_ack_pending: delivered, not yet acknowledged
+	// Redelivered is num_redelivered: messages delivered more than once
+	// and not yet acknowledged.
+	Redelivered uint64
 	// StreamLast is when the server stored the stream's last message
 	// (state.last_ts; zero while the stream is empty): a message taken and
 	// acknowledged between two polls still moves it.
@@ -40,9 +43,10 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 					LastTime time.Time `json:"last_ts"`
 				} `json:"state"`
 				Consumers []struct {
-					Name       string `json:"name"`
-					NumPending uint64 `json:"num_pending"`
-					AckPending uint64 `json:"num_ack_pending"`
+					Name        string `json:"name"`
+					NumPending  uint64 `json:"num_pending"`
+					AckPending  uint64 `json:"num_ack_pending"`
+					Redelivered uint64 `json:"num_redelivered"`
 				} `json:"consumer_detail"`
 			} `json:"stream_detail"`
 		} `json:"account_details"`
@@ -54,7 +58,7 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 		for _, st := range a.Streams {
 			for _, c := range st.Consumers {
 				if st.Name == stream && c.Name == consumer {
-					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending, StreamLast: st.State.LastTime}, true, nil
+					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending, Redelivered: c.Redelivered, StreamLast: st.State.LastTime}, true, nil
 				}
 			}
 		}
