@@ -194,20 +194,26 @@ func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, r
 	}
 }
 
-// buildLogs splits a build job's log at the workflow's markers: the first build's, the second's.
+// buildLogs splits a build job's log at the workflow's markers, the lines whose text (after
+// Gitea's timestamp) is BUILD-ONE and BUILD-TWO (the step's echo of its script says "echo
+// BUILD-ONE"): the first build's, the second's.
 func buildLogs(t *testing.T, log string) (string, string) {
 	t.Helper()
-	_, rest, ok1 := strings.Cut(log, "\nBUILD-ONE")
-	one, two, ok2 := strings.Cut(rest, "\nBUILD-TWO")
-	if !ok1 || !ok2 {
-		// Gitea's log lines start with a timestamp: the markers end lines instead.
-		i, j := strings.LastIndex(log, " BUILD-ONE\n"), strings.LastIndex(log, " BUILD-TWO\n")
-		if i < 0 || j < i {
-			t.Fatalf("no BUILD-ONE and BUILD-TWO markers in order:\n%s", log)
+	lines := strings.Split(log, "\n")
+	one, two := -1, -1
+	for i, line := range lines {
+		_, text, _ := strings.Cut(line, " ")
+		switch strings.TrimSpace(text) {
+		case "BUILD-ONE":
+			one = i
+		case "BUILD-TWO":
+			two = i
 		}
-		return log[i:j], log[j:]
 	}
-	return one, two
+	if one < 0 || two < one {
+		t.Fatalf("no BUILD-ONE and BUILD-TWO marker lines in order:\n%s", log)
+	}
+	return strings.Join(lines[one:two], "\n"), strings.Join(lines[two:], "\n")
 }
 
 var (

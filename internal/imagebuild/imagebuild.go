@@ -515,13 +515,9 @@ func (b *builder) debsLayer(ctx context.Context, arch string) (v1.Layer, error) 
 	})
 }
 
-// peerDir is the folder of img's peer for arch.
-func (b *builder) peerDir(img Image, arch string) (string, error) {
-	return b.peerFolder(img.Name, arch)
-}
-
-// peerFolder is the folder of the peer called name for arch.
-func (b *builder) peerFolder(name, arch string) (string, error) {
+// peerDir is the folder of the peer called name (an image's, Image.Peer, or
+// a Tool's) for arch.
+func (b *builder) peerDir(name, arch string) (string, error) {
 	dir := b.opts.Peers[name]
 	if dir == "" {
 		return "", fmt.Errorf("no peer folder for %s (Options.Peers; make images: scripts/peers/%s.sh build)", name, name)
@@ -531,7 +527,7 @@ func (b *builder) peerFolder(name, arch string) (string, error) {
 
 // toolLayer has tool's binary for arch at ToolDir and its wrapper in BinDir.
 func (b *builder) toolLayer(tool Tool, arch string) (v1.Layer, error) {
-	dir, err := b.peerFolder(tool.Peer, arch)
+	dir, err := b.peerDir(tool.Peer, arch)
 	if err != nil {
 		return nil, err
 	}
@@ -547,7 +543,7 @@ func (b *builder) toolLayer(tool Tool, arch string) (v1.Layer, error) {
 // peer for arch, no file setuid, those img.Peer.FileCaps names with their
 // file capabilities.
 func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1.Layer, error) {
-	dir, err := b.peerDir(img, arch)
+	dir, err := b.peerDir(img.Name, arch)
 	if err != nil {
 		return nil, err
 	}
@@ -574,7 +570,7 @@ func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1
 
 // peerBinariesLayer has img.Peer.Binaries from its peer's folder for arch.
 func (b *builder) peerBinariesLayer(img Image, arch string) (v1.Layer, error) {
-	dir, err := b.peerDir(img, arch)
+	dir, err := b.peerDir(img.Name, arch)
 	if err != nil {
 		return nil, err
 	}

@@ -97,8 +97,8 @@ func (b *BuildKit) validate() error {
 // checkBuildReserved rejects a template that uses what injectBuild adds.
 func checkBuildReserved(spec corev1.PodSpec) error {
 	for _, v := range spec.Volumes {
-		if strings.HasPrefix(v.Name, "gdr-buildkit") {
-			return fmt.Errorf("spec.volumes[%s]: the prefix gdr-buildkit is reserved for the build capability", v.Name)
+		if strings.HasPrefix(v.Name, BuildContainer) {
+			return fmt.Errorf("spec.volumes[%s]: the prefix %s is reserved for the build capability", v.Name, BuildContainer)
 		}
 	}
 	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
