@@ -934,6 +934,11 @@ func (in *installation) executorEvicted(ctx context.Context, t *testing.T, repo 
 	// the manual Job is the one that must.
 	in.suspendCronJob(ctx, t, "recover", true)
 	defer in.suspendCronJob(ctx, t, "recover", false)
+	// So is recover's fast path: the runner's final report publishes a finish notice, and a
+	// recover-finish Job that still finds the terminating Pod finishes it and deletes the
+	// payload before the manual Job runs (CI saw it). The notice waits in its stream.
+	in.pauseScaledJob(ctx, t, "recover-finish", true)
+	defer in.pauseScaledJob(ctx, t, "recover-finish", false)
 	in.g.PushWorkflow(t, repo, ".gitea/workflows/evicted.yml", `on: push
 jobs:
   evicted:
@@ -1013,6 +1018,51 @@ func (in *installation) suspendCronJob(ctx context.Context, t *testing.T, name s
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("CronJob %s still has active Jobs: %v", name, cj.Status.Active)
+		}
+	}
+}
+
+// pauseScaledJob sets or removes KEDA's pause annotation on the ScaledJob name; when
+// pausing, it waits until KEDA reports it paused and none of its Jobs is active, so that no
+// Job of it starts or runs after it returns.
+func (in *installation) pauseScaledJob(ctx context.Context, t *testing.T, name string, pause bool) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(in.c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sj := dyn.Resource(schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledjobs"}).Namespace(installNamespace)
+	patch := `{"metadata":{"annotations":{"autoscaling.keda.sh/paused":null}}}`
+	if pause {
+		patch = `{"metadata":{"annotations":{"autoscaling.keda.sh/paused":"true"}}}`
+	}
+	if _, err := sj.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); pause; time.Sleep(time.Second) {
+		obj, err := sj.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+		paused := slices.ContainsFunc(conds, func(c any) bool {
+			m, _ := c.(map[string]any)
+			return m["type"] == "Paused" && m["status"] == "True"
+		})
+		jobs, err := in.cs.BatchV1().Jobs(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "scaledjob.keda.sh/name=" + name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		active := slices.ContainsFunc(jobs.Items, func(j batchv1.Job) bool {
+			return !slices.ContainsFunc(j.Status.Conditions, func(c batchv1.JobCondition) bool {
+				return (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue
+			})
+		})
+		if paused && !active {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ScaledJob %s: paused %v, Jobs active %v after 2 min", name, paused, active)
 		}
 	}
 }
