@@ -108,7 +108,7 @@ func Register(ctx context.Context, rootURL string, hc *http.Client, r Registrati
 		Capabilities: capabilities,
 	}))
 	if err != nil {
-		return Credentials{}, classify("Register", err)
+		return Credentials{}, classify(ctx, "Register", err)
 	}
 	runner := res.Msg.GetRunner()
 	if runner.GetUuid() == "" || runner.GetToken() == "" {
@@ -124,7 +124,7 @@ func (c *Client) Declare(ctx context.Context, labels []string) error {
 	_, err := c.rpc.Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{
 		Version: Version, Labels: labels, Capabilities: capabilities,
 	}))
-	return classify("Declare", err)
+	return classify(ctx, "Declare", err)
 }
 
 // FetchTask claims the oldest waiting job the runner's labels match, or
@@ -142,7 +142,7 @@ func (c *Client) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 	sent := c.tasksVersion.Load()
 	res, err := c.rpc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{TasksVersion: sent}))
 	if err != nil {
-		return nil, classify("FetchTask", err)
+		return nil, classify(ctx, "FetchTask", err)
 	}
 	if task := res.Msg.GetTask(); task != nil {
 		// There may be more: look again next time, whatever the version.
@@ -160,7 +160,7 @@ func (c *Client) FetchTask(ctx context.Context) (*runnerv1.Task, error) {
 func (c *Client) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	res, err := c.rpc.UpdateTask(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, classify("UpdateTask", err)
+		return nil, classify(ctx, "UpdateTask", err)
 	}
 	return res.Msg, nil
 }
@@ -169,7 +169,7 @@ func (c *Client) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest
 func (c *Client) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
 	res, err := c.rpc.UpdateLog(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, classify("UpdateLog", err)
+		return nil, classify(ctx, "UpdateLog", err)
 	}
 	return res.Msg, nil
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
@@ -40,7 +41,7 @@ func TestClassify(t *testing.T) {
 		{connect.NewError(connect.CodeUnknown, errors.New("rpc error: code = NotACode desc = x")),
 			connect.CodeUnknown, "rpc error: code = NotACode desc = x", false},
 	} {
-		err := classify("UpdateTask", tc.err)
+		err := classify(context.Background(), "UpdateTask", tc.err)
 		var e *Error
 		if !errors.As(err, &e) || e.Code != tc.wantCode || e.Message != tc.wantMessage || e.Retryable() != tc.retryable {
 			t.Errorf("classify(%v) = %#v, want code %v message %q retryable %v", tc.err, err, tc.wantCode, tc.wantMessage, tc.retryable)
@@ -52,9 +53,53 @@ func TestClassify(t *testing.T) {
 			t.Errorf("classify(%v) does not wrap the original", tc.err)
 		}
 	}
-	if classify("Declare", nil) != nil || CodeOf(nil) != 0 || CodeOf(errors.New("x")) != connect.CodeUnknown {
+	if classify(context.Background(), "Declare", nil) != nil || CodeOf(nil) != 0 || CodeOf(errors.New("x")) != connect.CodeUnknown {
 		t.Fatal("nil or foreign errors misclassified")
 	}
+}
+
+// stoppingGitea answers FetchTask as Gitea v1.27 does for a call in flight when it
+// shuts down (seen on the real one: "canceled: context canceled"), or, with hold, holds
+// the call until the caller gives up.
+type stoppingGitea struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+	hold bool
+}
+
+func (g stoppingGitea) FetchTask(ctx context.Context, _ *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	if g.hold {
+		<-ctx.Done()
+	}
+	return nil, connect.NewError(connect.CodeCanceled, context.Canceled)
+}
+
+// A call Gitea cancels while the caller still waits is Gitea going away: unavailable and
+// retryable, as the refused connections after it are, so that an outage is one cause (one
+// warning in local mode, a retry in the reporter); a call the caller cancels is its own
+// and stays canceled.
+func TestCanceledByGitea(t *testing.T) {
+	c, _ := fakeGitea(t, stoppingGitea{}, Credentials{UUID: "u", Token: "t"})
+	_, err := c.FetchTask(context.Background())
+	var e *Error
+	if !errors.As(err, &e) || e.Code != connect.CodeUnavailable || !e.Retryable() ||
+		!strings.Contains(e.Message, "Gitea ended the call before answering") || !wraps(err, connect.CodeCanceled) {
+		t.Fatalf("FetchTask canceled by Gitea = %#v, want unavailable and retryable, wrapping the canceled answer", err)
+	}
+	t.Logf("canceled by Gitea: %v", err)
+
+	c, _ = fakeGitea(t, stoppingGitea{hold: true}, Credentials{UUID: "u", Token: "t"})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	_, err = c.FetchTask(ctx)
+	if !errors.As(err, &e) || e.Code != connect.CodeCanceled || e.Retryable() {
+		t.Fatalf("FetchTask canceled by its caller = %#v, want canceled, not retryable", err)
+	}
+}
+
+// wraps reports whether err wraps a Connect error of code.
+func wraps(err error, code connect.Code) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Code() == code
 }
 
 // TestErrTaskGone: the answers of Gitea v1.27 about a task it no longer has
@@ -80,7 +125,7 @@ func TestErrTaskGone(t *testing.T) {
 		{"UpdateTask", connect.NewError(connect.CodeUnavailable, errors.New("connection refused")), false},
 		{"FetchTask", gitea("Internal", "pick task: resource does not exist"), false},
 	} {
-		err := fmt.Errorf("task 7: %w", classify(tc.op, tc.err))
+		err := fmt.Errorf("task 7: %w", classify(context.Background(), tc.op, tc.err))
 		if got := errors.Is(err, taskassignment.ErrTaskGone); got != tc.gone {
 			t.Errorf("%s %v: errors.Is(taskassignment.ErrTaskGone) = %v, want %v", tc.op, tc.err, got, tc.gone)
 		}

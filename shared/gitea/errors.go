@@ -1,6 +1,7 @@
 package gitea
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -76,9 +77,13 @@ func CodeOf(err error) connect.Code {
 // grpcStatus matches Gitea's "rpc error: code = <Code> desc = <text>".
 var grpcStatus = regexp.MustCompile(`rpc error: code = ([A-Za-z]+) desc = (.*)`)
 
-// classify turns a Connect error into an *Error with the real code. A nil
-// error stays nil.
-func classify(op string, err error) error {
+// classify turns a Connect error of a call made with ctx into an *Error with the real
+// code. A nil error stays nil.
+//
+// A call Gitea cancels (its shutdown cancels the requests in flight, answered "canceled")
+// while ctx is not done is Gitea going away: CodeUnavailable, retryable like the refused
+// connections that follow, not a refusal of the call. A call ctx canceled stays canceled.
+func classify(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -86,6 +91,11 @@ func classify(op string, err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		e.Message = ce.Message()
+	}
+	if e.Code == connect.CodeCanceled && ctx.Err() == nil {
+		e.Code = connect.CodeUnavailable
+		e.Message = "Gitea ended the call before answering (stopping or restarting?): " + e.Message
+		return e
 	}
 	if m := grpcStatus.FindStringSubmatch(e.Message); m != nil {
 		var code connect.Code

@@ -41,12 +41,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 )
@@ -182,6 +184,10 @@ func StartWith(dir string, opts Options) (*Plane, error) {
 	// runs a cluster of its own): it watches the children that appear with
 	// this start. starting keeps two starts in one process from mixing.
 	starting.Lock()
+	// envtest logs through controller-runtime's process-wide logger, which prints a stack
+	// trace into the test's output when nothing was set; what envtest says that matters comes
+	// back as Start's error.
+	crlog.SetLogger(logr.Discard())
 	paths := []string{filepath.Join(abs, "etcd"), filepath.Join(abs, "kube-apiserver")}
 	before, _ := childrenRunning(paths)
 	cfg, err := env.Start()
