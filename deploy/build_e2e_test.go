@@ -8,10 +8,14 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,6 +89,8 @@ jobs:
 //     the pool setting;
 //   - CacheIsolation: the same workflow in another repository, after the first ended, builds
 //     from nothing (no step CACHED): no job sees another's build cache;
+//   - SidecarKilled: BuildKit killed in the middle of a build fails that build, saying so, and
+//     the job's next build runs on the sidecar the kubelet started again (buildSidecarKilled);
 //   - MissingProfile: the same workflow in a pool whose seccomp profile no node has fails, its
 //     log naming the sidecar and the kubelet's reason (buildMissingProfile).
 func TestE2EClusterBuild(t *testing.T) {
@@ -121,7 +127,7 @@ func TestE2EClusterBuild(t *testing.T) {
 			if job.Conclusion != "success" {
 				t.Fatalf("job %+v, want success:\n%s", job, log)
 			}
-			one, two := buildLogs(t, log)
+			one, two := buildLogs(t, log, "BUILD-ONE", "BUILD-TWO")
 			if !strings.Contains(one, `[2/2] RUN ["/runner", "--version"]`) || strings.Contains(one, "CACHED") {
 				t.Errorf("the first build did not run its RUN step from nothing:\n%s", one)
 			}
@@ -145,13 +151,137 @@ func TestE2EClusterBuild(t *testing.T) {
 			if job.Conclusion != "success" {
 				t.Fatalf("job %+v, want success:\n%s", job, log)
 			}
-			if one, _ := buildLogs(t, log); strings.Contains(one, "CACHED") {
+			if one, _ := buildLogs(t, log, "BUILD-ONE", "BUILD-TWO"); strings.Contains(one, "CACHED") {
 				t.Fatalf("another repository's build found a step CACHED:\n%s", one)
 			}
 		}},
+		{"SidecarKilled", func(t *testing.T) { in.buildSidecarKilled(ctx, t, in.g.CreateRepo(t, "killed")) }},
 		{"MissingProfile", func(t *testing.T) { in.buildMissingProfile(ctx, t, noProfile) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 	})
+}
+
+// killedWorkflow builds, in the pool build, an image whose RUN step sleeps slowSleep seconds
+// (no base image to pull: /bin/sleep and the libraries its loader lists are the context),
+// with continue-on-error, then a quick one.
+const killedWorkflow = `on: push
+jobs:
+  killed:
+    runs-on: build
+    steps:
+      - name: context
+        run: |
+          mkdir -p "$RUNNER_TEMP/ctx/root" && cd "$RUNNER_TEMP/ctx"
+          for f in /bin/sleep $(/lib64/ld-linux-x86-64.so.2 --list /bin/sleep | grep -o '/[^ ]*'); do cp --parents -L "$f" root/; done
+          printf 'FROM scratch\nCOPY root/ /\nRUN ["/bin/sleep", "` + slowSleep + `"]\n' > Dockerfile.slow
+          printf 'FROM scratch\nCOPY root/ /\nRUN ["/bin/sleep", "1"]\n' > Dockerfile
+      - name: slow
+        continue-on-error: true
+        run: |
+          cd "$RUNNER_TEMP/ctx" && echo BUILD-SLOW
+          buildctl build --progress plain --frontend dockerfile.v0 --local context=. --local dockerfile=. --opt filename=Dockerfile.slow
+      - name: after
+        run: |
+          cd "$RUNNER_TEMP/ctx" && echo BUILD-AFTER
+          buildctl build --progress plain --frontend dockerfile.v0 --local context=. --local dockerfile=.
+`
+
+// slowSleep is the slow build's RUN step's sleep, in seconds: long enough that only the kill
+// ends it within the test, and a number no other process of the machine sleeps.
+const slowSleep = "2971"
+
+// buildSidecarKilled: BuildKit dies in the middle of a job's build (SIGKILL, as the kernel's
+// OOM killer would at the sidecar's memory limit). The fault first: the slow build's RUN step
+// runs under the Pod's buildkitd, which the kill ends, and the kubelet starts the sidecar again
+// (its restart count rises). Then the job: the build in progress fails at once, the wrapper
+// saying that BuildKit ended during the call; the next step's build, in the same job and Pod,
+// succeeds on the restarted sidecar (the wrapper waited for it where it was not yet back).
+func (in *installation) buildSidecarKilled(ctx context.Context, t *testing.T, repo string) {
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/killed.yml", killedWorkflow)
+	var sleeper, buildkitd int
+	for deadline := time.Now().Add(3 * time.Minute); sleeper == 0; time.Sleep(500 * time.Millisecond) {
+		sleeper, buildkitd = sleepUnderBuildkitd(t, []string{"/bin/sleep", slowSleep})
+		if time.Now().After(deadline) {
+			t.Fatalf("no /bin/sleep %s under a buildkitd after 3 min", slowSleep)
+		}
+	}
+	name := in.executorPod(ctx, t, repo)
+	restarts := func() int32 {
+		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range p.Status.InitContainerStatuses {
+			if cs.Name == pod.BuildContainer {
+				return cs.RestartCount
+			}
+		}
+		t.Fatalf("Pod %s has no %s status", name, pod.BuildContainer)
+		return 0
+	}
+	before := restarts()
+	if err := syscall.Kill(buildkitd, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill buildkitd %d: %v", buildkitd, err)
+	}
+	t.Logf("killed buildkitd %d, the parent of the RUN step's /bin/sleep %d, in %s (restarts before: %d)", buildkitd, sleeper, name, before)
+	for deadline := time.Now().Add(time.Minute); restarts() <= before; time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar %s of %s was not started again within a minute of the kill", pod.BuildContainer, name)
+		}
+	}
+	job := in.waitCompleted(ctx, t, repo, "killed", 3*time.Minute)
+	log := in.g.JobLogs(t, repo, job.ID)
+	slow, after := buildLogs(t, log, "BUILD-SLOW", "BUILD-AFTER")
+	const ended = "buildctl: BuildKit beside this job stopped answering during this call: its sidecar gdr-buildkit ended"
+	if !strings.Contains(slow, ended) {
+		t.Errorf("the build BuildKit died in does not say so (%q):\n%s", ended, slow)
+	}
+	if job.Conclusion != "success" || !strings.Contains(after, `RUN ["/bin/sleep", "1"]`) {
+		t.Fatalf("job %+v, want success with the second build's RUN step:\n%s", job, log)
+	}
+	t.Logf("the killed build ends:\n%s\nthe next one:\n%s", tail(slow, 4), tail(after, 8))
+}
+
+// sleepUnderBuildkitd finds the process whose command line is argv and its nearest ancestor
+// named buildkitd, by their PIDs on this machine; 0, 0 while there is none.
+func sleepUnderBuildkitd(t *testing.T, argv []string) (int, int) {
+	t.Helper()
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join(argv, "\x00") + "\x00"
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || string(cmdline) != want {
+			continue
+		}
+		for p := procParent(pid); p > 1; p = procParent(p) {
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.TrimSpace(string(comm)) == "buildkitd" {
+				return pid, p
+			}
+		}
+	}
+	return 0, 0
+}
+
+// procParent is pid's parent PID, 0 once it is gone.
+func procParent(pid int) int {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			ppid, _ := strconv.Atoi(strings.TrimSpace(v))
+			return ppid
+		}
+	}
+	return 0
 }
 
 // missingSeccompProfile is the seccomp profile of the pool build-noprofile: on no node.
@@ -195,23 +325,23 @@ func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, r
 }
 
 // buildLogs splits a build job's log at the workflow's markers, the lines whose text (after
-// Gitea's timestamp) is BUILD-ONE and BUILD-TWO (the step's echo of its script says "echo
-// BUILD-ONE"): the first build's, the second's.
-func buildLogs(t *testing.T, log string) (string, string) {
+// Gitea's timestamp) is first and second (a step's echo of its script says "echo first"): from
+// first to second, and from second on.
+func buildLogs(t *testing.T, log, first, second string) (string, string) {
 	t.Helper()
 	lines := strings.Split(log, "\n")
 	one, two := -1, -1
 	for i, line := range lines {
 		_, text, _ := strings.Cut(line, " ")
 		switch strings.TrimSpace(text) {
-		case "BUILD-ONE":
+		case first:
 			one = i
-		case "BUILD-TWO":
+		case second:
 			two = i
 		}
 	}
 	if one < 0 || two < one {
-		t.Fatalf("no BUILD-ONE and BUILD-TWO marker lines in order:\n%s", log)
+		t.Fatalf("no %s and %s marker lines in order:\n%s", first, second, log)
 	}
 	return strings.Join(lines[one:two], "\n"), strings.Join(lines[two:], "\n")
 }

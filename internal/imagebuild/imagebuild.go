@@ -92,22 +92,45 @@ type Tool struct {
 // ToolDir is where an image's Tools are; BinDir has their wrappers.
 const ToolDir = "/usr/local/libexec/gitea-dynamic-runner"
 
-// buildctlWrapper is runner-host's buildctl: without BUILDKIT_HOST (the pool
-// has no build capability) and without --addr, it fails at once with what
-// to do instead of buildctl's dial error.
+// buildctlWrapper is runner-host's buildctl. Without BUILDKIT_HOST (the pool has no build
+// capability) and without --addr, it fails at once with what to do instead of buildctl's dial
+// error. With it, a BuildKit that does not answer is its sidecar restarting (killed, or out of
+// memory at its limit): it waits for it, GDR_BUILDKIT_WAIT seconds (60), instead of failing to
+// dial, and after a call that failed because BuildKit ended during it, it says so.
 const buildctlWrapper = `#!/bin/sh
 # BuildKit's client. A pool's build capability runs BuildKit beside the job
-# and sets BUILDKIT_HOST; without it, say so instead of failing to dial.
+# (the sidecar gdr-buildkit) and sets BUILDKIT_HOST; without it, say so
+# instead of failing to dial. With it, wait for a sidecar that restarts.
+buildctl=` + ToolDir + `/buildctl
+case " $* " in
+*" --addr"* | *" --version "* | *" --help "* | *" -h "* | "  ") exec "$buildctl" "$@" ;;
+esac
 if [ -z "${BUILDKIT_HOST:-}" ]; then
-	case " $* " in
-	*" --addr"* | *" --version "* | *" --help "* | *" -h "* | "  ") ;;
-	*)
-		echo "buildctl: no BuildKit runs beside this job: its runner pool has no build capability (BUILDKIT_HOST is unset). An operator enables it per pool with build: in the pool's profile (README, Image builds); or pass --addr to a BuildKit of your own." >&2
-		exit 1
-		;;
-	esac
+	echo "buildctl: no BuildKit runs beside this job: its runner pool has no build capability (BUILDKIT_HOST is unset). An operator enables it per pool with build: in the pool's profile (README, Image builds); or pass --addr to a BuildKit of your own." >&2
+	exit 1
 fi
-exec ` + ToolDir + `/buildctl "$@"
+answers() { "$buildctl" debug workers >/dev/null 2>&1; }
+if ! answers; then
+	wait=${GDR_BUILDKIT_WAIT:-60}
+	case $wait in '' | *[!0-9]*) wait=60 ;; esac
+	echo "buildctl: BuildKit beside this job ($BUILDKIT_HOST) does not answer (its sidecar gdr-buildkit starting again?); waiting up to ${wait}s" >&2
+	waited=0
+	until answers; do
+		if [ "$waited" -ge "$wait" ]; then
+			echo "buildctl: BuildKit beside this job did not answer in ${wait}s: the executor Pod's events say why (its sidecar gdr-buildkit)" >&2
+			exit 1
+		fi
+		sleep 1
+		waited=$((waited + 1))
+	done
+	echo "buildctl: BuildKit answers again after ${waited}s" >&2
+fi
+"$buildctl" "$@"
+rc=$?
+if [ "$rc" -ne 0 ] && ! answers; then
+	echo "buildctl: BuildKit beside this job stopped answering during this call: its sidecar gdr-buildkit ended (killed, or out of memory at the pool's build resources) and is started again; the next buildctl waits for it" >&2
+fi
+exit "$rc"
 `
 
 // Peer is what an image built from a peer's folder (a scripts/peers

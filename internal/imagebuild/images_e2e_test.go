@@ -172,7 +172,9 @@ func runHostTools(t *testing.T, dir string) {
 		"python3 -c 'import hashlib, json, ssl; print(\"python-\" + \"ok\")'; " +
 		"tar --zstd -cf a.tar.zst hello.c && tar --zstd -tf a.tar.zst && tar -cJf a.tar.xz hello.c && echo archives-ok; " +
 		// BuildKit's client, and its wrapper's word where the pool builds nothing.
-		"buildctl --version; if buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi"
+		"buildctl --version; if buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi; " +
+		// ... and where the pool's BuildKit does not answer (its sidecar restarting): it waits, then says so.
+		"if BUILDKIT_HOST=unix:///tmp/absent.sock GDR_BUILDKIT_WAIT=1 buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi"
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
 	cmd.Dir = "/"
@@ -190,7 +192,9 @@ func runHostTools(t *testing.T, dir string) {
 	}
 	for _, want := range []string{"git version ", "node v24.", "bash ", "65532", "commits 1", "npm 11.",
 		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok",
-		"buildctl github.com/moby/buildkit ", "buildctl: no BuildKit runs beside this job: its runner pool has no build capability"} {
+		"buildctl github.com/moby/buildkit ", "buildctl: no BuildKit runs beside this job: its runner pool has no build capability",
+		"buildctl: BuildKit beside this job (unix:///tmp/absent.sock) does not answer (its sidecar gdr-buildkit starting again?); waiting up to 1s",
+		"buildctl: BuildKit beside this job did not answer in 1s"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
 		}
