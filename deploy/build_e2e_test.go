@@ -8,9 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -20,6 +17,7 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -246,42 +244,34 @@ func (in *installation) buildSidecarKilled(ctx context.Context, t *testing.T, re
 // named buildkitd, by their PIDs on this machine; 0, 0 while there is none.
 func sleepUnderBuildkitd(t *testing.T, argv []string) (int, int) {
 	t.Helper()
-	procs, err := os.ReadDir("/proc")
+	fs, err := procfs.NewFS(procfs.DefaultMountPoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := strings.Join(argv, "\x00") + "\x00"
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+	procs, err := fs.AllProcs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		if cmdline, err := p.CmdLine(); err != nil || !slices.Equal(cmdline, argv) {
 			continue
 		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || string(cmdline) != want {
-			continue
-		}
-		for p := procParent(pid); p > 1; p = procParent(p) {
-			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.TrimSpace(string(comm)) == "buildkitd" {
-				return pid, p
+		for pid := p.PID; pid > 1; {
+			parent, err := fs.Proc(pid)
+			if err != nil {
+				break // gone
 			}
+			stat, err := parent.Stat()
+			if err != nil {
+				break
+			}
+			if pid != p.PID && stat.Comm == "buildkitd" {
+				return p.PID, pid
+			}
+			pid = stat.PPID
 		}
 	}
 	return 0, 0
-}
-
-// procParent is pid's parent PID, 0 once it is gone.
-func procParent(pid int) int {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-			ppid, _ := strconv.Atoi(strings.TrimSpace(v))
-			return ppid
-		}
-	}
-	return 0
 }
 
 // missingSeccompProfile is the seccomp profile of the pool build-noprofile: on no node.
