@@ -98,8 +98,7 @@ func TestE2EClusterBuild(t *testing.T) {
 	in.g.HostAction(t, giteaenv.VendoredAction("checkout-v4"), "actions", "checkout", "v4")
 	push := func(t *testing.T, name, runsOn string) string {
 		repo := in.g.CreateRepo(t, name)
-		in.g.PushWorkflow(t, repo, "app/Dockerfile", buildDockerfile)
-		in.g.PushWorkflow(t, repo, ".gitea/workflows/image.yml", buildWorkflow(runsOn))
+		in.g.PushFiles(t, repo, map[string]string{"app/Dockerfile": buildDockerfile, ".gitea/workflows/image.yml": buildWorkflow(runsOn)})
 		return repo
 	}
 	var built, refused, noProfile string

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -128,6 +129,41 @@ func (s *Server) PushWorkflow(t testing.TB, repo, path, yaml string) string {
 		"branch":  "main",
 		"sha":     cur.SHA, // empty: create
 	}, &r, http.StatusOK, http.StatusCreated)
+	return r.Commit.SHA
+}
+
+// PushFiles creates or updates the files (path: content) on "main" of repo in one commit by
+// the admin, which fires one push event, and returns that commit's SHA. Gitea detects a push's
+// workflows at the branch's head when it handles the event, so files pushed one commit each
+// (PushWorkflow) can start a workflow twice: once for its own commit, once for an earlier
+// commit's event handled after it.
+func (s *Server) PushFiles(t testing.TB, repo string, files map[string]string) string {
+	t.Helper()
+	type change struct {
+		Operation string `json:"operation"`
+		Path      string `json:"path"`
+		Content   string `json:"content"`
+		SHA       string `json:"sha,omitempty"`
+	}
+	var changes []change
+	for _, path := range slices.Sorted(maps.Keys(files)) {
+		var cur struct {
+			SHA string `json:"sha"`
+		}
+		c := change{Operation: "create", Path: path, Content: base64.StdEncoding.EncodeToString([]byte(files[path]))}
+		if s.must(t, http.MethodGet, "/repos/"+repo+"/contents/"+path+"?ref=main", nil, &cur, http.StatusOK, http.StatusNotFound) == http.StatusOK {
+			c.Operation, c.SHA = "update", cur.SHA
+		}
+		changes = append(changes, c)
+	}
+	var r struct {
+		Commit struct {
+			SHA string `json:"sha"`
+		} `json:"commit"`
+	}
+	s.must(t, http.MethodPost, "/repos/"+repo+"/contents", map[string]any{
+		"branch": "main", "message": "update " + strings.Join(slices.Sorted(maps.Keys(files)), ", "), "files": changes,
+	}, &r, http.StatusCreated)
 	return r.Commit.SHA
 }
 
