@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"slices"
 	"strings"
 	"time"
@@ -199,8 +200,8 @@ func (ix *Index) Usage() Usage {
 //
 // Locks: Update, AddPart and Prune hold the repository's lock, exclusive
 // across every process sharing the storage; Lock takes the storage-wide
-// one. A holder of the storage-wide lock may take a repository's, never the
-// other way round.
+// one; LockUpload an upload's. The order is upload, storage-wide,
+// repository: a holder of one may take those after it, never one before.
 //
 // Crash model: the process may die between any two steps (killed, OOM);
 // what it wrote stays. Invariant: a repository's Usage never counts fewer
@@ -210,9 +211,20 @@ type Storage interface {
 	// index only if f returns nil and changed it. Once it returns nil, the
 	// repository's Usage is what the index sums up to.
 	Update(ctx context.Context, repo string, f func(*Index) error) error
-	// WriteAt writes n bytes of r at offset off of entry id's archive,
-	// creating it; fewer bytes is an error.
+	// Create creates upload id's archive, empty. Only Create creates an
+	// archive: WriteAt and LockUpload of an archive that is gone (its
+	// upload removed) fail with fs.ErrNotExist, and leave nothing behind.
+	Create(ctx context.Context, repo string, id int64) error
+	// LockUpload takes upload id's lock, shared (a chunk being written) or
+	// exclusive (its commit), and returns its release. It is taken before
+	// any other lock of the storage. Dying releases it.
+	LockUpload(ctx context.Context, repo string, id int64, exclusive bool) (func(), error)
+	// WriteAt writes n bytes of r at offset off of entry id's archive;
+	// fewer bytes is an error.
 	WriteAt(ctx context.Context, repo string, id, off int64, r io.Reader, n int64) error
+	// Truncate cuts entry id's archive to size bytes. It takes no lock: it
+	// is called within Update.
+	Truncate(ctx context.Context, repo string, id, size int64) error
 	// AddPart records, under the repository's lock, that bytes
 	// [off, off+n) of upload id are in its archive. ErrNotFound if the
 	// index no longer has id (the archive is then removed), ErrExists if
@@ -373,10 +385,15 @@ func (c *Cache) Reserve(ctx context.Context, s Scope, key, version string, size 
 	if err != nil {
 		return 0, err
 	}
-	if err := c.makeRoom(ctx); err != nil {
+	err = c.Storage.Create(ctx, s.Repository, id)
+	if err == nil {
+		err = c.makeRoom(ctx)
+	}
+	if err != nil {
 		c.undo(ctx, s.Repository, id, func(ix *Index) {
 			ix.Entries = slices.DeleteFunc(ix.Entries, func(e Entry) bool { return e.ID == id })
 		})
+		_ = c.Storage.Remove(ctx, s.Repository, id)
 		return 0, err
 	}
 	return id, nil
@@ -426,6 +443,12 @@ func (c *Cache) undo(ctx context.Context, repo string, id int64, f func(*Index))
 // chunk outgrows its grant (which then at least doubles: a few times per
 // upload).
 //
+// Invariant: an archive never holds more bytes than its entry is charged.
+// A chunk writes only below the upload's charge, under the upload's shared
+// lock, from its check to its record; Commit takes the exclusive lock, so no
+// chunk writes into a committed archive, and cuts the archive to the
+// committed size (bytes of a chunk cut short, or refused, go with it).
+//
 // Crash windows: dying after WriteAt leaves bytes without a record (the
 // commit then refuses the gap, the client retries or the TTL removes them);
 // no window leaves bytes past the upload's charge.
@@ -439,8 +462,13 @@ func (c *Cache) Upload(ctx context.Context, s Scope, id, start, end int64, body 
 	if end >= c.Limits.MaxBytes {
 		return fmt.Errorf("%w: chunk ends at %d, past the limit of %d bytes", ErrTooLarge, end, c.Limits.MaxBytes)
 	}
+	release, err := c.lockUpload(ctx, s, id, false)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var grant int64
-	err := c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err = c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
 		e, err := writable(ix, s, id)
 		if err != nil {
 			return err
@@ -499,6 +527,19 @@ func (c *Cache) grow(ctx context.Context, s Scope, id, grant int64) error {
 	return nil
 }
 
+// lockUpload takes upload id's lock; an upload whose archive is gone is
+// ErrNotFound.
+func (c *Cache) lockUpload(ctx context.Context, s Scope, id int64, exclusive bool) (func(), error) {
+	release, err := c.Storage.LockUpload(ctx, s.Repository, id, exclusive)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
+	case err != nil:
+		return nil, fmt.Errorf("cache entry %d: %w", id, err)
+	}
+	return release, nil
+}
+
 func writable(ix *Index, s Scope, id int64) (*Entry, error) {
 	e := ix.find(id)
 	if e == nil || e.Ref != s.Ref {
@@ -511,15 +552,21 @@ func writable(ix *Index, s Scope, id int64) (*Entry, error) {
 }
 
 // Commit ends entry id's upload: its chunks must cover exactly size bytes.
-// Then the repository's least recently used entries are evicted until it is
-// within its limits. Its charge never grows: size is at most what the
-// upload held.
+// It waits for the chunks being written, and cuts the archive to size
+// before the entry is saved committed. Then the repository's least
+// recently used entries are evicted until it is within its limits. Its
+// charge never grows: size is at most what the upload held.
 func (c *Cache) Commit(ctx context.Context, s Scope, id, size int64) error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	release, err := c.lockUpload(ctx, s, id, true)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var evicted []int64
-	err := c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err = c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
 		e, err := writable(ix, s, id)
 		if err != nil {
 			return err
@@ -533,6 +580,9 @@ func (c *Cache) Commit(ctx context.Context, s Scope, id, size int64) error {
 		}
 		if err := covers(parts, size); err != nil {
 			return err
+		}
+		if err := c.Storage.Truncate(ctx, s.Repository, id, size); err != nil {
+			return fmt.Errorf("cache entry %d: %w", id, err)
 		}
 		now := c.now()
 		e.Committed, e.Size, e.Held, e.Created, e.Used = true, size, 0, now, now

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 	"sync"
 	"testing"
@@ -299,7 +300,14 @@ func TestDirKeepsNoPathFromTheRequest(t *testing.T) {
 			t.Fatalf("repoDir(%q) = %s", repo, d.repoDir(repo))
 		}
 	}
-	if err := d.WriteAt(context.Background(), "r", 1, 0, bytes.NewReader(nil), 0); err != nil {
+	ctx := context.Background()
+	if err := d.WriteAt(ctx, "r", 1, 0, bytes.NewReader(nil), 0); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a write to an upload never created = %v, want fs.ErrNotExist", err)
+	}
+	if err := d.Create(ctx, "r", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteAt(ctx, "r", 1, 0, bytes.NewReader(nil), 0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -32,8 +32,9 @@ const partRecord = 16
 // Dir is a Storage in a directory: one subdirectory per repository, named by
 // the SHA-256 of the repository's name (nothing a job sends becomes a path),
 // holding index.json, its lock file index.lock, usage.json (the index summed
-// up, with the repository's name), one <id>.archive per entry and one
-// <id>.parts per upload under way (its chunk records, appended). Dir's own
+// up, with the repository's name), one <id>.archive per entry (created at
+// its reservation, and the lock file of its upload) and one <id>.parts per
+// upload under way (its chunk records, appended). Dir's own
 // cache.lock is the storage-wide lock. Several processes may share it
 // (gateway replicas on one ReadWriteMany volume): each lock is an exclusive
 // flock(2), and index.json and usage.json are replaced by rename.
@@ -182,12 +183,32 @@ func readCapped(path string, limit int64) ([]byte, error) {
 	return data, err
 }
 
-// WriteAt implements Storage.
-func (d *Dir) WriteAt(ctx context.Context, repo string, id, off int64, r io.Reader, n int64) error {
+// Create implements Storage.
+func (d *Dir) Create(ctx context.Context, repo string, id int64) error {
 	if err := os.MkdirAll(d.repoDir(repo), 0o700); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(d.archive(repo, id), os.O_WRONLY|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(d.archive(repo, id), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// LockUpload implements Storage: an flock(2) of the upload's archive, so
+// that it holds across the processes sharing the directory.
+func (d *Dir) LockUpload(ctx context.Context, repo string, id int64, exclusive bool) (func(), error) {
+	return lockExisting(d.archive(repo, id), exclusive)
+}
+
+// Truncate implements Storage.
+func (d *Dir) Truncate(ctx context.Context, repo string, id, size int64) error {
+	return os.Truncate(d.archive(repo, id), size)
+}
+
+// WriteAt implements Storage.
+func (d *Dir) WriteAt(ctx context.Context, repo string, id, off int64, r io.Reader, n int64) error {
+	f, err := os.OpenFile(d.archive(repo, id), os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -318,3 +319,122 @@ func TestCrashLeavesNothingCountedWrongly(t *testing.T) {
 }
 
 var mainSecond = Scope{Repository: "dave/d", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+
+// cutReader yields n bytes of x, then fails as a connection cut mid-body.
+type cutReader struct{ n int }
+
+func (r *cutReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	k := min(len(p), r.n)
+	copy(p, bytes.Repeat([]byte("x"), k))
+	r.n -= k
+	return k, nil
+}
+
+// volumeBytes is what the files under path hold: every archive, chunk
+// record, index and usage file, as stat sees them (not as an index counts).
+func volumeBytes(t *testing.T, path string) (archives, all int64) {
+	t.Helper()
+	err := filepath.WalkDir(path, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return err
+		}
+		st, err := de.Info()
+		if err != nil {
+			return err
+		}
+		all += st.Size()
+		if strings.HasSuffix(p, ".archive") {
+			archives += st.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return archives, all
+}
+
+// One entry in each of eight repositories: a chunk cut short writes nearly
+// the repository's limit, a one-byte chunk is recorded, and the commit says
+// one byte. Before, each archive kept the cut chunk's bytes while its
+// repository was charged one: eight of them held four times the global
+// limit on disk.
+func TestCutChunksLeaveNoBytesPastTheCharge(t *testing.T) {
+	const limit, total = 64 << 10, 128 << 10
+	c, _ := newCache(t, Limits{MaxBytes: limit, MaxEntries: 100, MaxAge: time.Hour, MaxTotalBytes: total})
+	ctx := context.Background()
+	for i := range 8 {
+		s := Scope{Repository: fmt.Sprintf("mallory/r%d", i), Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+		id, err := c.Reserve(ctx, s, "k", "v1", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Upload(ctx, s, id, 0, 0, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+		// The fault: the body ends 1 byte short of its range.
+		err = c.Upload(ctx, s, id, 1, limit-1, &cutReader{n: limit - 2})
+		if err == nil {
+			t.Fatal("a chunk cut short was accepted")
+		}
+		if err := c.Commit(ctx, s, id, 1); err != nil {
+			t.Fatalf("commit of the recorded byte: %v", err)
+		}
+	}
+	archives, all := volumeBytes(t, c.Storage.(*Dir).Path)
+	if got := charged(t, c); archives > got {
+		t.Fatalf("the archives hold %d bytes on disk, the cache charges %d", archives, got)
+	}
+	if all > total+16<<10 {
+		t.Fatalf("the volume holds %d bytes, the global limit is %d", all, total)
+	}
+}
+
+// A chunk still being written when its upload commits: before, the commit
+// did not wait for it, and its bytes landed in the committed archive past
+// its size (and changed what restores read).
+func TestChunkInFlightAtCommitCannotOutgrowTheEntry(t *testing.T) {
+	const limit = 64 << 10
+	c, _ := newCache(t, Limits{MaxBytes: limit, MaxEntries: 100, MaxAge: time.Hour})
+	ctx := context.Background()
+	id, err := c.Reserve(ctx, mainA, "k", "v1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Upload(ctx, mainA, id, 0, 0, strings.NewReader("a")); err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	uploaded := make(chan error, 1)
+	go func() { uploaded <- c.Upload(ctx, mainA, id, 1, limit-1, pr) }()
+	half := bytes.Repeat([]byte("x"), limit/2)
+	if _, err := pw.Write(half); err != nil { // the chunk is under way
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() { committed <- c.Commit(ctx, mainA, id, 1) }()
+	select {
+	case err := <-committed:
+		t.Logf("the commit returned while the chunk was being written: %v", err)
+		committed <- err
+	case <-time.After(300 * time.Millisecond):
+	}
+	_, _ = pw.Write(half[:limit/2-2]) // the rest but one byte, then the cut
+	_ = pw.CloseWithError(io.ErrUnexpectedEOF)
+	if err := <-uploaded; err == nil {
+		t.Fatal("a chunk cut short was accepted")
+	}
+	if err := <-committed; err != nil {
+		t.Fatalf("commit of the recorded byte: %v", err)
+	}
+	archives, _ := volumeBytes(t, c.Storage.(*Dir).Path)
+	if got := charged(t, c); archives > got {
+		t.Fatalf("the archives hold %d bytes on disk, the cache charges %d", archives, got)
+	}
+	if got := restore(t, c, mainA, "k"); got != "a" {
+		t.Fatalf("restored %q, want the committed byte", got)
+	}
+}

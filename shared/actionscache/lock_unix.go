@@ -19,3 +19,21 @@ func lockFile(path string) (func(), error) {
 	}
 	return func() { _ = f.Close() }, nil // closing releases the lock
 }
+
+// lockExisting takes an flock(2) of path, exclusive or shared, which must
+// exist (fs.ErrNotExist otherwise).
+func lockExisting(path string, exclusive bool) (func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { _ = f.Close() }, nil // closing releases the lock
+}
