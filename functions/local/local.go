@@ -447,8 +447,11 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 	l.gw = function.Server(requests.Wrap(g.Handler()), g.MaxBodyBytes())
 	l.gw.TLSConfig = tlsconfig.MTLSServerConfig(svid, ca, g.Authorizer())
 	g.TrackConnections(l.gw)
-	// stop shuts the servers down; function.Serve caps their connections.
-	go func() { _ = function.Serve(context.Background(), l.gw, ln) }()
+	// stop shuts the servers down. Every executor connects from loopback:
+	// no cap per source (it would be one cap for all jobs), the others hold.
+	limits := function.DefaultLimits()
+	limits.PerSource = 0
+	go func() { _ = function.ServeWithin(context.Background(), l.gw, ln, limits) }()
 	return nil
 }
 

@@ -2,7 +2,6 @@ package function
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -37,7 +36,35 @@ const (
 	// memory): past it, new connections wait in the kernel's backlog until
 	// one closes, and the server keeps serving those it has.
 	MaxConnections = 512
+	// MaxConnectionsPerSource caps the connections one source address (an
+	// executor Pod, with its sidecars) holds on a listener, counted from
+	// accept, before any byte of TLS or HTTP: past it, a new connection of
+	// that address is closed at once, without taking one of
+	// MaxConnections. It is twice the gateway's cap per executor identity,
+	// which only counts once a request authenticated.
+	MaxConnectionsPerSource = 64
+	// HandshakeTimeout bounds a TLS handshake from accept: a connection
+	// that sends no ClientHello, or stalls in the handshake, is closed
+	// after it, instead of holding its slot for ReadHeaderTimeout.
+	HandshakeTimeout = 5 * time.Second
 )
+
+// Limits bound a listener's connections before any request is read.
+type Limits struct {
+	// MaxConnections caps the connections held at once.
+	MaxConnections int
+	// PerSource caps the connections of one source address; 0: no cap but
+	// MaxConnections (local mode's gateway, whose executors all connect
+	// from loopback).
+	PerSource int
+	// Handshake bounds each TLS handshake (with a TLS configuration).
+	Handshake time.Duration
+}
+
+// DefaultLimits are Serve's limits.
+func DefaultLimits() Limits {
+	return Limits{MaxConnections: MaxConnections, PerSource: MaxConnectionsPerSource, Handshake: HandshakeTimeout}
+}
 
 // Server returns the HTTP server of h with every function's timeouts, its
 // request bodies capped at maxBody bytes (a larger one reads as an error
@@ -63,23 +90,31 @@ func server(h http.Handler, maxBody int64, progress time.Duration) *http.Server 
 	}
 }
 
-// Serve answers srv's requests on ln, at most MaxConnections connections at
-// once, until ctx ends, then shuts it down, letting the requests in flight
-// finish within ShutdownGrace. It returns nil after a clean shutdown, and
-// the error that stopped it otherwise.
+// Serve answers srv's requests on ln within DefaultLimits() until ctx ends,
+// then shuts it down, letting the requests in flight finish within
+// ShutdownGrace. It returns nil after a clean shutdown, and the error that
+// stopped it otherwise.
 //
 // With srv.TLSConfig set, Serve terminates TLS itself, over the capped
 // listener: ln must be a plain TCP listener. (A TLS listener wrapped by the
 // cap would hide the *tls.Conn from net/http, and with it every request's
-// peer certificate.)
+// peer certificate.) Each handshake runs on its own, bounded by
+// Limits.Handshake, and only a connection whose handshake completed
+// reaches srv: a client that opens connections and sends nothing holds at
+// most PerSource of them, each for at most Handshake, and never delays
+// another client's handshake or requests.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
-	return serve(ctx, srv, ln, MaxConnections)
+	return ServeWithin(ctx, srv, ln, DefaultLimits())
 }
 
-func serve(ctx context.Context, srv *http.Server, ln net.Listener, maxConns int) error {
-	ln = netutil.LimitListener(ln, maxConns)
+// ServeWithin is Serve within other limits.
+func ServeWithin(ctx context.Context, srv *http.Server, ln net.Listener, limits Limits) error {
+	if limits.PerSource > 0 {
+		ln = &perSourceListener{Listener: ln, max: limits.PerSource}
+	}
+	ln = netutil.LimitListener(ln, limits.MaxConnections)
 	if srv.TLSConfig != nil {
-		ln = tls.NewListener(ln, srv.TLSConfig)
+		ln = newHandshakeListener(ln, srv.TLSConfig, limits.Handshake)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

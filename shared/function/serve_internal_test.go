@@ -3,13 +3,20 @@ package function
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 )
 
 // startServe serves h on 127.0.0.1 as Serve does, with progress as the
@@ -23,7 +30,9 @@ func startServe(t *testing.T, h http.Handler, progress time.Duration, maxConns i
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, server(h, 0, progress), ln, maxConns) }()
+	go func() {
+		served <- ServeWithin(ctx, server(h, 0, progress), ln, Limits{MaxConnections: maxConns, PerSource: maxConns})
+	}()
 	t.Cleanup(func() { cancel(); <-served })
 	return ln.Addr().String()
 }
@@ -161,5 +170,112 @@ func TestServeCapsConnections(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting client was not served within 10 s of a connection closing")
+	}
+}
+
+// tlsConfigs returns a server configuration and a client's that trusts it.
+func tlsConfigs(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	ca, err := svidca.New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svid, err := ca.Mint(spiffeid.RequireFromPath(td, "/gateway"), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tlsconfig.TLSServerConfig(svid), tlsconfig.TLSClientConfig(ca, tlsconfig.AuthorizeID(svid.ID))
+}
+
+// One executor (source 127.0.0.2) opens raw TCP connections and never sends
+// a ClientHello, as many as the listener's cap; another (127.0.0.1) must
+// still complete its calls within a second each. Before, the silent
+// connections held every slot until the server's header timeout (10 s)
+// and the other executor's calls waited in the backlog.
+func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
+	const maxConns, perSource, within = 16, 4, time.Second
+	serverTLS, clientTLS := tlsConfigs(t)
+	srv := server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), 1<<10, time.Second)
+	srv.TLSConfig = serverTLS
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() {
+		served <- ServeWithin(ctx, srv, ln, Limits{MaxConnections: maxConns, PerSource: perSource, Handshake: 2 * time.Second})
+	}()
+	t.Cleanup(func() { cancel(); <-served })
+	addr := ln.Addr().String()
+
+	attacker := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	var silent []net.Conn
+	for range maxConns {
+		c, err := attacker.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range silent {
+			_ = c.Close()
+		}
+	})
+	// The fault: the listener accepted the silent connections (each past
+	// the first perSource is closed at once; the first perSource stay open).
+	closed := 0
+	for _, c := range silent {
+		_ = c.SetReadDeadline(time.Now().Add(within / 4))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF || errors.Is(err, syscall.ECONNRESET) {
+			closed++
+		}
+	}
+	if open := maxConns - closed; open < perSource {
+		t.Fatalf("only %d of one source's silent connections were held open: the fault did not happen", open)
+	} else if open > perSource {
+		t.Errorf("%d silent connections of one source held open, the cap per source is %d", open, perSource)
+	}
+
+	client := &http.Client{Timeout: within, Transport: &http.Transport{TLSClientConfig: clientTLS, DisableKeepAlives: true}}
+	for i := range 5 {
+		start := time.Now()
+		resp, err := client.Get("https://" + addr + "/")
+		if err != nil {
+			t.Fatalf("call %d of another executor while one holds silent connections: %v (after %v)", i, err, time.Since(start))
+		}
+		_ = resp.Body.Close()
+	}
+}
+
+// A connection that sends no ClientHello is closed after the handshake
+// timeout, not the server's header timeout.
+func TestSilentConnectionClosedAfterHandshakeTimeout(t *testing.T) {
+	const handshake = 500 * time.Millisecond
+	serverTLS, _ := tlsConfigs(t)
+	srv := server(http.NotFoundHandler(), 1<<10, time.Second)
+	srv.TLSConfig = serverTLS
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() {
+		served <- ServeWithin(ctx, srv, ln, Limits{MaxConnections: 4, PerSource: 4, Handshake: handshake})
+	}()
+	t.Cleanup(func() { cancel(); <-served })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(ReadHeaderTimeout))
+	_, err = c.Read(make([]byte, 1))
+	if took := time.Since(start); err == nil || took > handshake+time.Second {
+		t.Fatalf("a silent connection ended after %v (%v), want closed within about %v", took, err, handshake)
 	}
 }
