@@ -45,14 +45,20 @@ import (
 	"io"
 	"io/fs"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
 
 // Scope is what a caller may see, derived from its authenticated task.
 type Scope struct {
-	// Repository is the lower-cased "owner/name" of the caller's task.
+	// Repository is the lower-cased "owner/name" of the caller's task, for
+	// what the cache logs.
 	Repository string
+	// RepositoryID is Gitea's ID of that repository: what the entries are
+	// kept under. A repository deleted and created again by its name has
+	// another ID, and inherits nothing; a renamed one keeps its entries.
+	RepositoryID int64
 	// Ref is the task's ref (refs/heads/feature, refs/pull/3/head): what it
 	// writes to, and what it restores first.
 	Ref string
@@ -76,11 +82,14 @@ func (s Scope) readable() []string {
 }
 
 func (s Scope) check() error {
-	if s.Repository == "" || s.Ref == "" {
-		return fmt.Errorf("%w: scope without repository or ref", ErrInvalid)
+	if s.RepositoryID <= 0 || s.Ref == "" {
+		return fmt.Errorf("%w: scope of %q without a repository ID or a ref", ErrInvalid, s.Repository)
 	}
 	return nil
 }
+
+// key is what Storage keeps the scope's repository under.
+func (s Scope) key() string { return "id/" + strconv.FormatInt(s.RepositoryID, 10) }
 
 // Limits bound the cache. A repository is charged the sizes of its committed
 // entries plus what its uploads under way hold (Entry.charge).
@@ -167,7 +176,8 @@ func (ix *Index) find(id int64) *Entry {
 
 // Usage is a repository's index summed up for the global limit.
 type Usage struct {
-	// Repository is the repository's name; empty when Storage cannot tell
+	// Repository is the key Storage keeps the repository under (Scope's
+	// key, or before keys by ID its name); empty when Storage cannot tell
 	// (an index saved before usage was kept): counted, never swept.
 	Repository string `json:"repository"`
 	// Bytes is the repository's charge.
@@ -293,7 +303,7 @@ func (c *Cache) Lookup(ctx context.Context, s Scope, keys []string, version stri
 	}
 	var hit *Entry
 	var evicted []int64
-	err := c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err := c.Storage.Update(ctx, s.key(), func(ix *Index) error {
 		evicted = c.sweep(ix, 0)
 		if e := match(ix, s, keys, version); e != nil {
 			e.Used = c.now()
@@ -305,7 +315,7 @@ func (c *Cache) Lookup(ctx context.Context, s Scope, keys []string, version stri
 	if err != nil {
 		return Entry{}, err
 	}
-	c.remove(ctx, s.Repository, evicted)
+	c.remove(ctx, s.key(), evicted)
 	if hit == nil {
 		return Entry{}, ErrNotFound
 	}
@@ -364,7 +374,7 @@ func (c *Cache) Reserve(ctx context.Context, s Scope, key, version string, size 
 		return 0, err
 	}
 	defer unlock()
-	err = c.admit(ctx, s.Repository, func(ix *Index) error {
+	err = c.admit(ctx, s.key(), func(ix *Index) error {
 		pending := 0
 		for _, e := range ix.Entries {
 			if e.Key == key && e.Version == version && e.Ref == s.Ref {
@@ -385,15 +395,15 @@ func (c *Cache) Reserve(ctx context.Context, s Scope, key, version string, size 
 	if err != nil {
 		return 0, err
 	}
-	err = c.Storage.Create(ctx, s.Repository, id)
+	err = c.Storage.Create(ctx, s.key(), id)
 	if err == nil {
 		err = c.makeRoom(ctx)
 	}
 	if err != nil {
-		c.undo(ctx, s.Repository, id, func(ix *Index) {
+		c.undo(ctx, s.key(), id, func(ix *Index) {
 			ix.Entries = slices.DeleteFunc(ix.Entries, func(e Entry) bool { return e.ID == id })
 		})
-		_ = c.Storage.Remove(ctx, s.Repository, id)
+		_ = c.Storage.Remove(ctx, s.key(), id)
 		return 0, err
 	}
 	return id, nil
@@ -468,7 +478,7 @@ func (c *Cache) Upload(ctx context.Context, s Scope, id, start, end int64, body 
 	}
 	defer release()
 	var grant int64
-	err = c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err = c.Storage.Update(ctx, s.key(), func(ix *Index) error {
 		e, err := writable(ix, s, id)
 		if err != nil {
 			return err
@@ -490,10 +500,10 @@ func (c *Cache) Upload(ctx context.Context, s Scope, id, start, end int64, body 
 		}
 	}
 	n := end - start + 1
-	if err := c.Storage.WriteAt(ctx, s.Repository, id, start, body, n); err != nil {
+	if err := c.Storage.WriteAt(ctx, s.key(), id, start, body, n); err != nil {
 		return fmt.Errorf("cache entry %d: %w", id, err)
 	}
-	if err := c.Storage.AddPart(ctx, s.Repository, id, start, n, maxParts); err != nil {
+	if err := c.Storage.AddPart(ctx, s.key(), id, start, n, maxParts); err != nil {
 		return fmt.Errorf("cache entry %d: %w", id, err)
 	}
 	return nil
@@ -508,7 +518,7 @@ func (c *Cache) grow(ctx context.Context, s Scope, id, grant int64) error {
 	}
 	defer unlock()
 	var old int64
-	err = c.admit(ctx, s.Repository, func(ix *Index) error {
+	err = c.admit(ctx, s.key(), func(ix *Index) error {
 		e, err := writable(ix, s, id)
 		if err != nil {
 			return err
@@ -521,7 +531,7 @@ func (c *Cache) grow(ctx context.Context, s Scope, id, grant int64) error {
 		return err
 	}
 	if err := c.makeRoom(ctx); err != nil {
-		c.undo(ctx, s.Repository, id, func(ix *Index) { ix.find(id).Held = old })
+		c.undo(ctx, s.key(), id, func(ix *Index) { ix.find(id).Held = old })
 		return err
 	}
 	return nil
@@ -530,7 +540,7 @@ func (c *Cache) grow(ctx context.Context, s Scope, id, grant int64) error {
 // lockUpload takes upload id's lock; an upload whose archive is gone is
 // ErrNotFound.
 func (c *Cache) lockUpload(ctx context.Context, s Scope, id int64, exclusive bool) (func(), error) {
-	release, err := c.Storage.LockUpload(ctx, s.Repository, id, exclusive)
+	release, err := c.Storage.LockUpload(ctx, s.key(), id, exclusive)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -566,7 +576,7 @@ func (c *Cache) Commit(ctx context.Context, s Scope, id, size int64) error {
 	}
 	defer release()
 	var evicted []int64
-	err = c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err = c.Storage.Update(ctx, s.key(), func(ix *Index) error {
 		e, err := writable(ix, s, id)
 		if err != nil {
 			return err
@@ -574,14 +584,14 @@ func (c *Cache) Commit(ctx context.Context, s Scope, id, size int64) error {
 		if size <= 0 || size > c.Limits.MaxBytes || size > e.charge() || (e.Declared > 0 && size != e.Declared) {
 			return fmt.Errorf("%w: size %d (declared %d)", ErrInvalid, size, e.Declared)
 		}
-		parts, err := c.Storage.Parts(ctx, s.Repository, id)
+		parts, err := c.Storage.Parts(ctx, s.key(), id)
 		if err != nil {
 			return fmt.Errorf("cache entry %d: %w", id, err)
 		}
 		if err := covers(parts, size); err != nil {
 			return err
 		}
-		if err := c.Storage.Truncate(ctx, s.Repository, id, size); err != nil {
+		if err := c.Storage.Truncate(ctx, s.key(), id, size); err != nil {
 			return fmt.Errorf("cache entry %d: %w", id, err)
 		}
 		now := c.now()
@@ -592,10 +602,10 @@ func (c *Cache) Commit(ctx context.Context, s Scope, id, size int64) error {
 	if err != nil {
 		return err
 	}
-	c.remove(ctx, s.Repository, evicted)
+	c.remove(ctx, s.key(), evicted)
 	// The entry's chunk records, and whatever a crash left behind; a
 	// failure leaves them to the next commit.
-	_ = c.Storage.Prune(ctx, s.Repository)
+	_ = c.Storage.Prune(ctx, s.key())
 	return nil
 }
 
@@ -625,7 +635,7 @@ func (c *Cache) Open(ctx context.Context, s Scope, id int64) (io.ReadSeekCloser,
 		return nil, Entry{}, err
 	}
 	var got Entry
-	err := c.Storage.Update(ctx, s.Repository, func(ix *Index) error {
+	err := c.Storage.Update(ctx, s.key(), func(ix *Index) error {
 		e := ix.find(id)
 		if e == nil || !e.Committed || !slices.Contains(s.readable(), e.Ref) || c.expired(*e) {
 			return fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -636,7 +646,7 @@ func (c *Cache) Open(ctx context.Context, s Scope, id int64) (io.ReadSeekCloser,
 	if err != nil {
 		return nil, Entry{}, err
 	}
-	f, err := c.Storage.Open(ctx, s.Repository, id)
+	f, err := c.Storage.Open(ctx, s.key(), id)
 	if err != nil {
 		return nil, Entry{}, fmt.Errorf("cache entry %d: %w", id, err)
 	}

@@ -14,10 +14,10 @@ import (
 )
 
 var (
-	mainA    = Scope{Repository: "alice/a", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
-	featureA = Scope{Repository: "alice/a", Ref: "refs/heads/feature", DefaultRef: "refs/heads/main"}
-	prA      = Scope{Repository: "alice/a", Ref: "refs/pull/3/head", BaseRef: "refs/heads/release", DefaultRef: "refs/heads/main"}
-	mainB    = Scope{Repository: "bob/b", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+	mainA    = Scope{Repository: "alice/a", RepositoryID: 1, Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+	featureA = Scope{Repository: "alice/a", RepositoryID: 1, Ref: "refs/heads/feature", DefaultRef: "refs/heads/main"}
+	prA      = Scope{Repository: "alice/a", RepositoryID: 1, Ref: "refs/pull/3/head", BaseRef: "refs/heads/release", DefaultRef: "refs/heads/main"}
+	mainB    = Scope{Repository: "bob/b", RepositoryID: 2, Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
 )
 
 // clock is a settable test clock.
@@ -111,11 +111,30 @@ func TestAnotherRepositorysEntryIsNeverServed(t *testing.T) {
 	}
 }
 
+// alice/a is deleted and created again by that name: the new repository
+// (another ID) restores nothing of the old one's, and saves its own.
+func TestARecreatedRepositoryInheritsNothing(t *testing.T) {
+	c, _ := newCache(t, Limits{MaxBytes: 1 << 20, MaxEntries: 10, MaxAge: time.Hour})
+	save(t, c, mainA, "deps", "old repository's")
+	recreated := mainA
+	recreated.RepositoryID = 99
+	if got := restore(t, c, recreated, "deps"); got != "" {
+		t.Fatalf("the re-created repository restored %q of the deleted one", got)
+	}
+	save(t, c, recreated, "deps", "its own")
+	if got := restore(t, c, recreated, "deps"); got != "its own" {
+		t.Fatalf("restored %q", got)
+	}
+	if _, err := c.Lookup(context.Background(), Scope{Repository: "alice/a", Ref: "refs/heads/main"}, []string{"deps"}, "v1"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a scope without a repository ID = %v, want ErrInvalid", err)
+	}
+}
+
 func TestBranchRestoreRule(t *testing.T) {
 	c, _ := newCache(t, Limits{})
 	save(t, c, mainA, "k-main", "from main")
 	save(t, c, featureA, "k-feature", "from feature")
-	save(t, c, Scope{Repository: "alice/a", Ref: "refs/heads/release", DefaultRef: "refs/heads/main"}, "k-release", "from release")
+	save(t, c, Scope{Repository: "alice/a", RepositoryID: 1, Ref: "refs/heads/release", DefaultRef: "refs/heads/main"}, "k-release", "from release")
 	save(t, c, featureA, "shared", "feature's shared")
 	save(t, c, mainA, "shared", "main's shared")
 	for _, tc := range []struct {
@@ -214,7 +233,7 @@ func TestEvictionLeastRecentlyUsed(t *testing.T) {
 		c, _ := newCache(t, Limits{MaxBytes: 4, MaxEntries: 100, MaxAge: time.Hour})
 		id := save(t, c, mainA, "one", "1111")
 		save(t, c, mainA, "two", "2222")
-		if _, err := c.Storage.Open(context.Background(), mainA.Repository, id); err == nil {
+		if _, err := c.Storage.Open(context.Background(), mainA.key(), id); err == nil {
 			t.Fatal("the evicted entry's archive is still there")
 		}
 	})

@@ -46,10 +46,10 @@ func TestConcurrentAbandonedReservationsStayWithinTheLimit(t *testing.T) {
 			}
 			wg.Wait()
 			d := c.Storage.(*Dir)
-			if got := onDisk(t, d, mainA.Repository); got > limit {
+			if got := onDisk(t, d, mainA.key()); got > limit {
 				t.Fatalf("abandoned uploads hold %d bytes on disk, the repository's limit is %d", got, limit)
 			}
-			if got := indexOf(t, d, mainA.Repository).Usage().Bytes; got > limit {
+			if got := indexOf(t, d, mainA.key()).Usage().Bytes; got > limit {
 				t.Fatalf("the repository is charged %d bytes, the limit is %d", got, limit)
 			}
 		})
@@ -100,9 +100,9 @@ func TestAbandonedReservationIsRemovedByAnotherRepository(t *testing.T) {
 		if _, err := c.Reserve(ctx, mainB, fmt.Sprintf("b-%s", tc.after), "v1", 1); err != nil {
 			t.Fatal(err)
 		}
-		held := indexOf(t, d, mainA.Repository).find(id) != nil
-		_, statErr := os.Stat(d.archive(mainA.Repository, id))
-		_, partsErr := os.Stat(d.parts(mainA.Repository, id))
+		held := indexOf(t, d, mainA.key()).find(id) != nil
+		_, statErr := os.Stat(d.archive(mainA.key(), id))
+		_, partsErr := os.Stat(d.parts(mainA.key(), id))
 		if tc.gone && (held || !errors.Is(statErr, fs.ErrNotExist) || !errors.Is(partsErr, fs.ErrNotExist)) {
 			t.Fatalf("%s after its reservation, A's abandoned upload is still there (in the index: %v, archive: %v, chunks: %v)", tc.after, held, statErr, partsErr)
 		}
@@ -113,7 +113,7 @@ func TestAbandonedReservationIsRemovedByAnotherRepository(t *testing.T) {
 }
 
 func TestGlobalLimitEvictsLeastRecentlyUsedAcrossRepositories(t *testing.T) {
-	mainC := Scope{Repository: "carol/c", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+	mainC := Scope{Repository: "carol/c", RepositoryID: 3, Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
 	type step struct {
 		save    bool // else restore
 		scope   Scope
@@ -192,7 +192,7 @@ func TestChunkUploadDoesNotRewriteTheIndex(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join(c.Storage.(*Dir).repoDir(mainA.Repository), "index.json")
+			path := filepath.Join(c.Storage.(*Dir).repoDir(mainA.key()), "index.json")
 			// Replaced by rename: another inode (unless the file system reuses
 			// the old one at once), another time or other bytes.
 			type version struct {
@@ -231,7 +231,7 @@ func TestChunkUploadDoesNotRewriteTheIndex(t *testing.T) {
 			if got := restore(t, c, mainA, "k"); got != strings.Repeat("x", 64) {
 				t.Fatalf("restored %q", got)
 			}
-			if _, err := os.Stat(c.Storage.(*Dir).parts(mainA.Repository, id)); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(c.Storage.(*Dir).parts(mainA.key(), id)); !errors.Is(err, fs.ErrNotExist) {
 				t.Fatalf("the committed entry's chunk records are left: %v", err)
 			}
 		})
@@ -255,24 +255,24 @@ func TestCrashLeavesNothingCountedWrongly(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := c.Storage.(*Dir)
-	if err := d.WriteAt(ctx, mainA.Repository, id, 30, strings.NewReader("yyyyy"), 5); err != nil {
+	if err := d.WriteAt(ctx, mainA.key(), id, 30, strings.NewReader("yyyyy"), 5); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(d.parts(mainA.Repository, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(d.parts(mainA.key(), id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, _ = f.Write([]byte{0, 0, 0})
 	_ = f.Close()
 	// Gone between saving an index without an entry and removing its file.
-	orphan := filepath.Join(d.repoDir(mainA.Repository), "12345.archive")
+	orphan := filepath.Join(d.repoDir(mainA.key()), "12345.archive")
 	if err := os.WriteFile(orphan, []byte(strings.Repeat("o", 50)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// Gone between writing B's grown usage.json and its index.json.
 	save(t, c, mainB, "b", "bb")
-	stale := Usage{Repository: mainB.Repository, Bytes: 50, LRU: clk.t, OldestUpload: clk.t}
-	if err := replaceFile(filepath.Join(d.repoDir(mainB.Repository), "usage.json"), mustJSON(t, stale)); err != nil {
+	stale := Usage{Repository: mainB.key(), Bytes: 50, LRU: clk.t, OldestUpload: clk.t}
+	if err := replaceFile(filepath.Join(d.repoDir(mainB.key()), "usage.json"), mustJSON(t, stale)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -313,12 +313,12 @@ func TestCrashLeavesNothingCountedWrongly(t *testing.T) {
 	if got := total(); got != 60+2+1 {
 		t.Fatalf("the cache counts %d bytes, its indexes hold 63", got)
 	}
-	if got := onDisk(t, d, mainA.Repository); got != 60 {
+	if got := onDisk(t, d, mainA.key()); got != 60 {
 		t.Fatalf("A's archives hold %d bytes, its index 60", got)
 	}
 }
 
-var mainSecond = Scope{Repository: "dave/d", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+var mainSecond = Scope{Repository: "dave/d", RepositoryID: 4, Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
 
 // cutReader yields n bytes of x, then fails as a connection cut mid-body.
 type cutReader struct{ n int }
@@ -367,7 +367,7 @@ func TestCutChunksLeaveNoBytesPastTheCharge(t *testing.T) {
 	c, _ := newCache(t, Limits{MaxBytes: limit, MaxEntries: 100, MaxAge: time.Hour, MaxTotalBytes: total})
 	ctx := context.Background()
 	for i := range 8 {
-		s := Scope{Repository: fmt.Sprintf("mallory/r%d", i), Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
+		s := Scope{Repository: fmt.Sprintf("mallory/r%d", i), RepositoryID: int64(100 + i), Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}
 		id, err := c.Reserve(ctx, s, "k", "v1", 0)
 		if err != nil {
 			t.Fatal(err)

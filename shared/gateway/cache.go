@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"net/http"
 	"strings"
 
@@ -23,7 +24,7 @@ func (g *Gateway) MaxBodyBytes() int64 {
 // cacheScoped admits a cache request whose TLS peer and headers authenticate
 // (as the runner protocol's) and whose caller is bound to its task's
 // payload, with the scope derived from that task in its context: the
-// repository of the verified SVID, the task's ref, its pull request's base
+// repository of the verified SVID (by Gitea's ID of it), the task's ref, its pull request's base
 // and its repository's default branch. Nothing of the request chooses them.
 // A refused request is answered before any byte of its body is read.
 func (g *Gateway) cacheScoped(next http.Handler) http.Handler {
@@ -65,6 +66,13 @@ func cacheScope(task *runnerv1.Task) actionscache.Scope {
 	s := actionscache.Scope{Repository: strings.ToLower(str("repository")), Ref: str("ref"), BaseRef: branch(str("base_ref"))}
 	if repo := fields["event"].GetStructValue().GetFields()["repository"].GetStructValue(); repo != nil {
 		s.DefaultRef = branch(repo.GetFields()["default_branch"].GetStringValue())
+		// Gitea's ID of the repository (the event payload's repository.id):
+		// what the cache keeps entries under, so that a repository created
+		// again by a deleted one's name inherits nothing. Absent or not a
+		// positive integer: 0, which the cache refuses.
+		if id := repo.GetFields()["id"].GetNumberValue(); id >= 1 && id <= 1<<53 && id == math.Trunc(id) {
+			s.RepositoryID = int64(id)
+		}
 	}
 	if s.Ref == "" {
 		s.Ref = s.DefaultRef

@@ -30,9 +30,10 @@ func cacheFixtureOf(t testing.TB, maxBytes int64) fixture {
 		g.Cache = &actionscache.Cache{Storage: &actionscache.Dir{Path: t.TempDir()},
 			Limits: actionscache.Limits{MaxBytes: maxBytes, MaxEntries: 10, MaxAge: time.Hour}}
 	})
+	repoIDs := map[string]int{"alice/repo": 7, "bob/other": 8}
 	for id, task := range map[int64][2]string{21: {"alice/repo", "refs/heads/main"}, 22: {"bob/other", "refs/heads/main"}, 23: {"Alice/Repo", "refs/heads/feature"}} {
 		c, err := structpb.NewStruct(map[string]any{"repository": task[0], "job": "build", "ref": task[1],
-			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}})
+			"event": map[string]any{"repository": map[string]any{"id": repoIDs[strings.ToLower(task[0])], "default_branch": "main"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,14 +191,21 @@ func TestCacheScopeComesFromTheTask(t *testing.T) {
 		want    actionscache.Scope
 	}{
 		{"a push to a feature branch", map[string]any{"repository": "Alice/Repo", "ref": "refs/heads/feature",
-			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}},
-			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/feature", DefaultRef: "refs/heads/main"}},
+			"event": map[string]any{"repository": map[string]any{"id": 7, "default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", RepositoryID: 7, Ref: "refs/heads/feature", DefaultRef: "refs/heads/main"}},
 		{"a pull request restores its base branch", map[string]any{"repository": "alice/repo", "ref": "refs/pull/3/head", "base_ref": "release",
-			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}},
-			actionscache.Scope{Repository: "alice/repo", Ref: "refs/pull/3/head", BaseRef: "refs/heads/release", DefaultRef: "refs/heads/main"}},
+			"event": map[string]any{"repository": map[string]any{"id": 7, "default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", RepositoryID: 7, Ref: "refs/pull/3/head", BaseRef: "refs/heads/release", DefaultRef: "refs/heads/main"}},
 		{"no ref: the default branch", map[string]any{"repository": "alice/repo",
-			"event": map[string]any{"repository": map[string]any{"default_branch": "trunk"}}},
-			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/trunk", DefaultRef: "refs/heads/trunk"}},
+			"event": map[string]any{"repository": map[string]any{"id": 7, "default_branch": "trunk"}}},
+			actionscache.Scope{Repository: "alice/repo", RepositoryID: 7, Ref: "refs/heads/trunk", DefaultRef: "refs/heads/trunk"}},
+		// The cache then refuses the scope: no ID, no entries (never the name's).
+		{"no repository ID in the event", map[string]any{"repository": "alice/repo", "ref": "refs/heads/main",
+			"event": map[string]any{"repository": map[string]any{"default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}},
+		{"a repository ID that is not a positive integer", map[string]any{"repository": "alice/repo", "ref": "refs/heads/main",
+			"event": map[string]any{"repository": map[string]any{"id": 7.5, "default_branch": "main"}}},
+			actionscache.Scope{Repository: "alice/repo", Ref: "refs/heads/main", DefaultRef: "refs/heads/main"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := structpb.NewStruct(tc.context)
