@@ -2,9 +2,12 @@ package pod
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +36,24 @@ const (
 	// DefaultBuildCache bounds the sidecar's state (layers, build cache):
 	// an emptyDir of the Pod, gone with it.
 	DefaultBuildCache = "10Gi"
+	// DefaultBuildMemory is the sidecar's memory limit, and its memory
+	// request unless the pool sets one. RUN steps run in the sidecar's
+	// cgroup, so this bounds a build; it is the shipped runner container's
+	// limit. Request and limit are equal because memory cannot be taken
+	// back: a sidecar using more than it requested is, under node memory
+	// pressure, the first the kubelet evicts or the kernel kills, for
+	// another Pod's use.
+	DefaultBuildMemory = "4Gi"
+	// DefaultBuildCPU is the sidecar's CPU limit: two cores for a build's
+	// compilers, so one job's build cannot take a node's every core.
+	DefaultBuildCPU = "2"
+	// DefaultBuildCPURequest is the sidecar's CPU request unless the pool
+	// sets one (at most its CPU limit). The request is held for the whole
+	// job while BuildKit idles between builds, and CPU is throttled, never
+	// killed: a request below the limit costs a build speed on a busy node,
+	// never the build. With the shipped runner container's 500m, a build
+	// Pod reserves 750m.
+	DefaultBuildCPURequest = "250m"
 
 	buildSocketVolume  = "gdr-buildkit-socket"
 	buildStateVolume   = "gdr-buildkit-state"
@@ -55,6 +76,9 @@ const (
 //	  image: registry.example.com/gdr-buildkit:v1   # make images' buildkit
 //	  seccompProfile: gdr/buildkit.json             # the default
 //	  cacheSize: 10Gi                               # the default
+//	  resources:                                    # the defaults
+//	    requests: {cpu: 250m, memory: 4Gi}
+//	    limits: {cpu: "2", memory: 4Gi}
 //
 // The sidecar runs as the image's user 65532 with every capability dropped
 // but SETUID and SETGID (its newuidmap and newgidmap hold those as file
@@ -62,7 +86,8 @@ const (
 // Localhost seccomp profile SeccompProfile (containerd's default plus the
 // namespace system calls RootlessKit and runc need: internal/buildseccomp).
 // It is never privileged. Its state, the build cache included, is an
-// emptyDir of the Pod: no job sees another's cache.
+// emptyDir of the Pod: no job sees another's cache. Its CPU and memory are
+// always bounded (see BuildResources).
 type BuildKit struct {
 	// Image is the buildkit image (make images). Required.
 	Image string `json:"image"`
@@ -72,9 +97,103 @@ type BuildKit struct {
 	// CacheSize bounds the sidecar's state (the emptyDir's sizeLimit).
 	// Default DefaultBuildCache.
 	CacheSize string `json:"cacheSize,omitempty"`
-	// Resources are the sidecar's requests and limits (none by default:
-	// the namespace's LimitRange, if any, applies).
-	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// Resources are the sidecar's requests and limits; what it leaves out
+	// is defaulted, never unset (see BuildResources).
+	Resources BuildResources `json:"resources,omitempty"`
+
+	// requirements are Resources with the defaults, set by validate.
+	requirements corev1.ResourceRequirements
+}
+
+// BuildResources are a build sidecar's requests and limits, each a quantity
+// by resource name as in a container's resources, kept as written so that
+// an empty value is refused naming its field. After validation the sidecar
+// always has a CPU and a memory limit and request: a resource the pool
+// leaves out gets its default (limits.memory DefaultBuildMemory,
+// limits.cpu DefaultBuildCPU, requests.memory the memory limit,
+// requests.cpu DefaultBuildCPURequest or the CPU limit if lower); one it
+// writes empty, null, zero or negative, or a request above its limit (the
+// pool's or the default), is an error naming the field. A pool may set any
+// other positive values, lower or higher, and other resources
+// (ephemeral-storage) as Kubernetes takes them.
+type BuildResources struct {
+	Requests map[corev1.ResourceName]json.RawMessage `json:"requests,omitempty"`
+	Limits   map[corev1.ResourceName]json.RawMessage `json:"limits,omitempty"`
+}
+
+// requirements returns r with the defaults, or an error naming the field at
+// fault (see BuildResources).
+func (r BuildResources) requirements() (corev1.ResourceRequirements, error) {
+	requests, err := buildQuantities("requests", r.Requests)
+	if err != nil {
+		return corev1.ResourceRequirements{}, err
+	}
+	limits, err := buildQuantities("limits", r.Limits)
+	if err != nil {
+		return corev1.ResourceRequirements{}, err
+	}
+	defaulted := map[corev1.ResourceName]bool{}
+	for name, q := range map[corev1.ResourceName]string{corev1.ResourceMemory: DefaultBuildMemory, corev1.ResourceCPU: DefaultBuildCPU} {
+		if _, ok := limits[name]; !ok {
+			limits[name], defaulted[name] = resource.MustParse(q), true
+		}
+	}
+	if _, ok := requests[corev1.ResourceMemory]; !ok {
+		requests[corev1.ResourceMemory] = limits[corev1.ResourceMemory]
+	}
+	if _, ok := requests[corev1.ResourceCPU]; !ok {
+		cpu, limit := resource.MustParse(DefaultBuildCPURequest), limits[corev1.ResourceCPU]
+		if limit.Cmp(cpu) < 0 {
+			cpu = limit
+		}
+		requests[corev1.ResourceCPU] = cpu
+	}
+	for _, name := range slices.Sorted(maps.Keys(requests)) {
+		q, l := requests[name], limits[name]
+		if _, ok := limits[name]; !ok || q.Cmp(l) <= 0 {
+			continue
+		}
+		if defaulted[name] {
+			return corev1.ResourceRequirements{}, fmt.Errorf("resources.requests.%s: %s is above resources.limits.%s %s (the default); set resources.limits.%s too", name, q.String(), name, l.String(), name)
+		}
+		return corev1.ResourceRequirements{}, fmt.Errorf("resources.requests.%s: %s is above resources.limits.%s %s", name, q.String(), name, l.String())
+	}
+	return corev1.ResourceRequirements{Requests: requests, Limits: limits}, nil
+}
+
+// buildQuantities parses the quantities of resources.<kind>, each positive.
+func buildQuantities(kind string, raw map[corev1.ResourceName]json.RawMessage) (corev1.ResourceList, error) {
+	list := corev1.ResourceList{}
+	for _, name := range slices.Sorted(maps.Keys(raw)) {
+		text := raw[name]
+		field := "resources." + kind + "." + string(name)
+		if len(text) == 0 || string(text) == "null" {
+			return nil, fmt.Errorf("%s: empty; %s", field, buildQuantityHint(kind, name))
+		}
+		var q resource.Quantity
+		if err := json.Unmarshal(text, &q); err != nil {
+			return nil, fmt.Errorf("%s: %s is not a quantity such as 4Gi or 500m: %w", field, text, err)
+		}
+		if q.Sign() <= 0 {
+			return nil, fmt.Errorf("%s: %s is not positive; %s", field, q.String(), buildQuantityHint(kind, name))
+		}
+		list[name] = q
+	}
+	return list, nil
+}
+
+// buildQuantityHint says what to write in resources.<kind>.<name>.
+func buildQuantityHint(kind string, name corev1.ResourceName) string {
+	def := map[string]string{
+		"limits." + string(corev1.ResourceMemory):   DefaultBuildMemory,
+		"limits." + string(corev1.ResourceCPU):      DefaultBuildCPU,
+		"requests." + string(corev1.ResourceMemory): "the memory limit",
+		"requests." + string(corev1.ResourceCPU):    DefaultBuildCPURequest,
+	}[kind+"."+string(name)]
+	if def == "" {
+		return "set a positive quantity or leave it out"
+	}
+	return "set a positive quantity (default " + def + ") or leave it out for the default"
 }
 
 // validate checks b and fills in its defaults.
@@ -90,6 +209,9 @@ func (b *BuildKit) validate() error {
 	q, err := resource.ParseQuantity(b.CacheSize)
 	if err != nil || q.Sign() <= 0 {
 		return fmt.Errorf("cacheSize %q: want a positive quantity such as %s", b.CacheSize, DefaultBuildCache)
+	}
+	if b.requirements, err = b.Resources.requirements(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -122,8 +244,9 @@ func checkBuildReserved(spec corev1.PodSpec) error {
 	return nil
 }
 
-// injectBuild adds b to a validated template: the sidecar BuildContainer
-// (see BuildKit) with its three emptyDirs (socket, state, runtime), and in the
+// injectBuild adds b, validated, to a validated template: the sidecar
+// BuildContainer (see BuildKit), bounded by b's resources with their
+// defaults, with its three emptyDirs (socket, state, runtime), and in the
 // runner container the socket folder read-only at BuildSocketDir and
 // BUILDKIT_HOST. The sidecar pulls its image as the runner container does;
 // a startup probe holds the runner back until buildkitd answers, so the
@@ -144,7 +267,7 @@ func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
 		Image:           b.Image,
 		ImagePullPolicy: runner.ImagePullPolicy,
 		RestartPolicy:   &always,
-		Resources:       b.Resources,
+		Resources:       b.requirements,
 		Env:             []corev1.EnvVar{{Name: "XDG_RUNTIME_DIR", Value: buildRuntimeDir}},
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: buildSocketVolume, MountPath: BuildSocketDir},

@@ -1,6 +1,7 @@
 package pod
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -8,6 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
 const buildTemplate = `"podTemplate":{"spec":{"containers":[{"name":"runner","image":"r:1","imagePullPolicy":"IfNotPresent"}]}}`
@@ -108,4 +113,140 @@ func TestBuildCapabilityRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// buildPool is a pool profile with the build capability and settings
+// (JSON members after the image, or "").
+func buildPool(settings string) json.RawMessage {
+	return json.RawMessage(`{"build":{"image":"bk:1"` + settings + `},` + buildTemplate + `}`)
+}
+
+// TestBuildResources: the sidecar of every Pod of a build pool is bounded. A
+// pool that sets no resources gets the defaults (memory 4Gi requested and
+// limited, CPU 250m requested and 2 limited); a pool that sets some gets
+// those, the others defaulted (a memory request follows the memory limit, a
+// CPU request is at most the CPU limit); other resources pass as set.
+func TestBuildResources(t *testing.T) {
+	ctx := context.Background()
+	type rl = map[corev1.ResourceName]string
+	for _, tc := range []struct {
+		name, settings string
+		requests       rl
+		limits         rl
+	}{
+		{name: "none", settings: "",
+			requests: rl{"cpu": "250m", "memory": "4Gi"}, limits: rl{"cpu": "2", "memory": "4Gi"}},
+		{name: "empty", settings: `,"resources":{}`,
+			requests: rl{"cpu": "250m", "memory": "4Gi"}, limits: rl{"cpu": "2", "memory": "4Gi"}},
+		{name: "raised", settings: `,"resources":{"requests":{"cpu":"2","memory":"12Gi"},"limits":{"cpu":"4","memory":"12Gi"}}`,
+			requests: rl{"cpu": "2", "memory": "12Gi"}, limits: rl{"cpu": "4", "memory": "12Gi"}},
+		{name: "memory limit alone", settings: `,"resources":{"limits":{"memory":"8Gi"}}`,
+			requests: rl{"cpu": "250m", "memory": "8Gi"}, limits: rl{"cpu": "2", "memory": "8Gi"}},
+		{name: "lowered", settings: `,"resources":{"limits":{"cpu":"100m","memory":"1Gi"}}`,
+			requests: rl{"cpu": "100m", "memory": "1Gi"}, limits: rl{"cpu": "100m", "memory": "1Gi"}},
+		{name: "requests alone", settings: `,"resources":{"requests":{"cpu":1,"memory":"2Gi"}}`,
+			requests: rl{"cpu": "1", "memory": "2Gi"}, limits: rl{"cpu": "2", "memory": "4Gi"}},
+		{name: "another resource", settings: `,"resources":{"limits":{"ephemeral-storage":"1Gi"}}`,
+			requests: rl{"cpu": "250m", "memory": "4Gi"}, limits: rl{"cpu": "2", "memory": "4Gi", "ephemeral-storage": "1Gi"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			client := fake.NewClientset()
+			cfg.Client = client
+			cfg.Pools[0].Profile = buildPool(tc.settings)
+			b, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := testAssignment(t, 21, "")
+			if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
+				t.Fatal(err)
+			}
+			pod, err := client.CoreV1().Pods("ci").Get(ctx, b.PodName(a.ID), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == BuildContainer })
+			if i < 0 {
+				t.Fatalf("no %s in %+v", BuildContainer, pod.Spec.InitContainers)
+			}
+			got := pod.Spec.InitContainers[i].Resources
+			for which, pair := range map[string]struct {
+				got  corev1.ResourceList
+				want rl
+			}{"requests": {got.Requests, tc.requests}, "limits": {got.Limits, tc.limits}} {
+				if len(pair.got) != len(pair.want) {
+					t.Errorf("%s %v, want %v", which, pair.got, pair.want)
+				}
+				for name, want := range pair.want {
+					if q, ok := pair.got[name]; !ok || q.Cmp(resource.MustParse(want)) != 0 {
+						t.Errorf("%s.%s = %v (set: %v), want %s", which, name, q.String(), ok, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBuildResourcesRefused: a pool that would leave its build sidecar
+// unbounded (a limit or request written empty, null or zero or negative) or
+// whose requests exceed its limits, its own or the defaults, is refused
+// when the backend reads it, naming the pool and the field.
+func TestBuildResourcesRefused(t *testing.T) {
+	for _, tc := range []struct{ name, settings, err string }{
+		{"empty memory limit", `,"resources":{"limits":{"memory":""}}`,
+			`pool "linux": profile build: resources.limits.memory: "" is not a quantity`},
+		{"null memory limit", `,"resources":{"limits":{"memory":null}}`,
+			`pool "linux": profile build: resources.limits.memory: empty; set a positive quantity (default 4Gi) or leave it out for the default`},
+		{"zero cpu limit", `,"resources":{"limits":{"cpu":0}}`,
+			`pool "linux": profile build: resources.limits.cpu: 0 is not positive; set a positive quantity (default 2) or leave it out for the default`},
+		{"zero memory limit as text", `,"resources":{"limits":{"memory":"0"}}`,
+			`pool "linux": profile build: resources.limits.memory: 0 is not positive`},
+		{"negative cpu limit", `,"resources":{"limits":{"cpu":"-1"}}`,
+			`pool "linux": profile build: resources.limits.cpu: -1 is not positive`},
+		{"zero cpu request", `,"resources":{"requests":{"cpu":"0"}}`,
+			`pool "linux": profile build: resources.requests.cpu: 0 is not positive; set a positive quantity (default 250m) or leave it out for the default`},
+		{"empty ephemeral-storage limit", `,"resources":{"limits":{"ephemeral-storage":""}}`,
+			`pool "linux": profile build: resources.limits.ephemeral-storage: "" is not a quantity`},
+		{"request above its limit", `,"resources":{"requests":{"memory":"8Gi"},"limits":{"memory":"6Gi"}}`,
+			`pool "linux": profile build: resources.requests.memory: 8Gi is above resources.limits.memory 6Gi`},
+		{"request above the default limit", `,"resources":{"requests":{"memory":"8Gi"}}`,
+			`pool "linux": profile build: resources.requests.memory: 8Gi is above resources.limits.memory 4Gi (the default); set resources.limits.memory too`},
+		{"claims", `,"resources":{"claims":[{"name":"x"}]}`, `unknown field "claims"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Pools[0].Profile = buildPool(tc.settings)
+			_, err := New(cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.err)
+			}
+		})
+	}
+	// As an operator writes it: a YAML pools file whose memory limit has
+	// no value.
+	t.Run("pools file", func(t *testing.T) {
+		pools, err := runnerpool.Parse([]byte(`pools:
+- name: builds
+  labels: [build]
+  backend: pod
+  capacity: 1
+  profile:
+    build:
+      image: bk:1
+      resources:
+        limits:
+          memory:
+    podTemplate: {spec: {containers: [{name: runner, image: r:1}]}}
+`), t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig(t)
+		cfg.Pools = pools
+		_, err = New(cfg)
+		if want := `pool "builds": profile build: resources.limits.memory: empty`; err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("err = %v, want it to contain %q", err, want)
+		}
+	})
 }
