@@ -1318,7 +1318,11 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 	if build {
 		for name, profile := range map[string]string{"build": "", "build-noprofile": missingSeccompProfile} {
 			b := copyOf(name, "IfNotPresent")
-			settings := map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest"}
+			// The test node has 2 cores: the sidecars of the build tests'
+			// executors (several at once) request little CPU; the limits stay.
+			settings := map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest",
+				"resources": map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "1Gi"},
+					"limits": map[string]any{"cpu": "2", "memory": "1Gi"}}}
 			if profile != "" {
 				settings["seccompProfile"] = profile
 			}
