@@ -34,7 +34,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -45,7 +44,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/kedaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/registryenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
@@ -727,149 +725,6 @@ jobs:
 	t.Logf("cancelled job's executor Pod %s gone %v after the cancel", pod, time.Since(t0).Round(time.Millisecond))
 	if job := in.waitCompleted(ctx, t, repo, "long", time.Minute); job.Conclusion != "cancelled" {
 		t.Fatalf("job %+v, want cancelled", job)
-	}
-}
-
-// handleKilled force-deletes the handle Pod (SIGKILL, no chance to ack)
-// while it holds the assignment unsettled in the middle of Create: it mints
-// the executor's SVID (GDR_POD_IDENTITY=minted) before it creates the Pod,
-// and the SPIRE server is paused (SIGSTOP), so the mint hangs. The kill is
-// asserted to land there: the message delivered and unacknowledged, no
-// executor Pod yet. The message comes back (AckWait) before the server
-// resumes, a handle other than the killed ones accepts it after the kill and
-// creates the executor, and the job must still succeed, with its executor
-// created once.
-func (in *installation) handleKilled(ctx context.Context, t *testing.T, repo string) {
-	w, err := in.cs.CoreV1().Pods(jobsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: executorSelector})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	created := make(chan string, 16)
-	go func() {
-		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added && p.Annotations[repositoryAnnotation] == repo {
-				created <- p.Name
-			}
-		}
-		close(created)
-	}()
-	in.spire.Pause(t)
-	paused := true
-	resume := func() {
-		if paused {
-			in.spire.Resume(t)
-			paused = false
-		}
-	}
-	defer resume()
-	in.g.PushWorkflow(t, repo, ".gitea/workflows/crash.yml", `on: push
-jobs:
-  crash:
-    runs-on: ubuntu-latest
-    steps:
-      - run: echo "ran in $(cat /etc/hostname)"
-`)
-	// A handle holds the message: delivered, not acknowledged, for 3 s on
-	// end (its mint cannot finish).
-	var (
-		handles  []string
-		held     time.Time
-		deadline = time.Now().Add(3 * time.Minute)
-	)
-	for held.IsZero() || time.Since(held) < 3*time.Second {
-		time.Sleep(250 * time.Millisecond)
-		c, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
-		handles = in.runningHandles(ctx, t)
-		if err != nil || c.AckPending == 0 || len(handles) == 0 {
-			held = time.Time{}
-		} else if held.IsZero() {
-			held = time.Now()
-		}
-		if time.Now().After(deadline) {
-			in.dump(ctx, t)
-			t.Fatal("no handle held the assignment 3 minutes after the push")
-		}
-	}
-	select {
-	case p := <-created:
-		t.Fatalf("no fault: executor %s exists although its SVID could not be minted", p)
-	default:
-	}
-	before, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range handles {
-		if err := in.cs.CoreV1().Pods(installNamespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	killedAt := time.Now()
-	t.Logf("assignment held unacknowledged by %v, its mint hanging; killed", handles)
-	// A force-deleted Pod's process dies when the kubelet gets to it, a moment after the API
-	// object is gone: SPIRE stays paused until the message has been delivered again (after
-	// AckWait, which the dead handle no longer extends), so the killed process cannot finish
-	// its mint and create the executor itself (seen in CI when SPIRE resumed at once).
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
-		c, _, err := jetstreamenv.MonitoredConsumer(ctx, in.monitor, "CI_RUNNER", "pod")
-		if err == nil && c.Redelivered > before.Redelivered {
-			t.Logf("the assignment delivered again %v after the kill", time.Since(killedAt).Round(time.Millisecond))
-			break
-		}
-		if time.Now().After(deadline) {
-			in.dump(ctx, t)
-			t.Fatalf("the assignment not delivered again 3 minutes after the kill (%+v, %v)", c, err)
-		}
-	}
-	resume()
-
-	var executor string
-	select {
-	case executor = <-created:
-	case <-time.After(3 * time.Minute):
-		in.dump(ctx, t)
-		t.Fatal("no executor Pod 3 minutes after the kill")
-	}
-	ep, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, executor, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ep.CreationTimestamp.Time.Before(killedAt.Truncate(time.Second)) {
-		t.Fatalf("no fault: executor %s was created at %v, before the kill", executor, ep.CreationTimestamp)
-	}
-	assignment := ep.Labels["gitea-dynamic-runner.io/assignment-id"]
-	acceptedBy := make(chan string, 1)
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go func() {
-		for watchCtx.Err() == nil {
-			if by := in.acceptedAfter(watchCtx, assignment, killedAt, handles); by != "" {
-				acceptedBy <- by
-				return
-			}
-			time.Sleep(time.Second)
-		}
-	}()
-	job := in.waitCompleted(ctx, t, repo, "crash", 5*time.Minute)
-	if job.Conclusion != "success" {
-		t.Fatalf("job %+v, want success after its handle was killed", job)
-	}
-	if log := in.g.JobLogs(t, repo, job.ID); !strings.Contains(log, "ran in "+executor) {
-		t.Fatalf("job crash's log does not show it ran in %s:\n%s", executor, log)
-	}
-	select {
-	case again := <-created:
-		t.Fatalf("a second executor Pod %s was created for the job", again)
-	default:
-	}
-	// The message came back after the kill (AckWait), and a handle that was
-	// not killed accepted the assignment after it.
-	select {
-	case by := <-acceptedBy:
-		t.Logf("assignment %s delivered again and accepted by %s", assignment, by)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no handle but the killed ones accepted %s after the kill: the fault tested nothing", assignment)
 	}
 }
 

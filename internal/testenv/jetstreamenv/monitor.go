@@ -20,6 +20,9 @@ type ConsumerState struct {
 	// (state.last_ts; zero while the stream is empty): a message taken and
 	// acknowledged between two polls still moves it.
 	StreamLast time.Time
+	// LastDelivered is when the consumer last delivered a message
+	// (delivered.last_active; zero before its first).
+	LastDelivered time.Time
 }
 
 // MonitoredConsumer reads the consumer of stream from the monitoring
@@ -47,6 +50,9 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 					NumPending  uint64 `json:"num_pending"`
 					AckPending  uint64 `json:"num_ack_pending"`
 					Redelivered uint64 `json:"num_redelivered"`
+					Delivered   struct {
+						Last time.Time `json:"last_active"`
+					} `json:"delivered"`
 				} `json:"consumer_detail"`
 			} `json:"stream_detail"`
 		} `json:"account_details"`
@@ -58,7 +64,7 @@ func MonitoredConsumer(ctx context.Context, addr, stream, consumer string) (Cons
 		for _, st := range a.Streams {
 			for _, c := range st.Consumers {
 				if st.Name == stream && c.Name == consumer {
-					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending, Redelivered: c.Redelivered, StreamLast: st.State.LastTime}, true, nil
+					return ConsumerState{Pending: c.NumPending, AckPending: c.AckPending, Redelivered: c.Redelivered, StreamLast: st.State.LastTime, LastDelivered: c.Delivered.Last}, true, nil
 				}
 			}
 		}
