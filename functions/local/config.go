@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -27,7 +29,8 @@ type Config struct {
 	Capacity          int           `envconfig:"GDR_CAPACITY" default:"2" desc:"local: the capacity of its one pool: jobs run at once (flag --capacity)"`
 	GatewayAddr       string        `envconfig:"GDR_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
 	WebhookAddr       string        `envconfig:"GDR_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
-	WebhookSecret     string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
+	WebhookSecret     string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"local: secret of the Gitea workflow_job webhook; empty: deliveries are not checked, which local mode allows only on a loopback --webhook-addr (127.0.0.0/8, ::1, localhost) or with GDR_ALLOW_UNSIGNED_WEBHOOKS"`
+	AllowUnsigned     bool          `envconfig:"GDR_ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"local: accept webhook deliveries without a signature on a --webhook-addr that is not loopback when GDR_WEBHOOK_SECRET is empty"`
 	PollInterval      time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
 	BusyPollInterval  time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"local: how often Gitea is asked while busy: for GDR_BUSY_WINDOW after a job was claimed or ended, or a webhook came (not below GDR_POLL_INTERVAL: never busy)"`
 	BusyWindow        time.Duration `envconfig:"GDR_BUSY_WINDOW" default:"30s" desc:"local: how long the pool stays busy after its last sign of work"`
@@ -80,6 +83,9 @@ func (c *Config) Check() error {
 	if c.Capacity < 1 {
 		errs = append(errs, fmt.Errorf("--capacity %d: want at least 1", c.Capacity))
 	}
+	if c.WebhookAddr != "" && c.WebhookSecret == "" && !c.AllowUnsigned && !isLoopback(c.WebhookAddr) {
+		errs = append(errs, fmt.Errorf("--webhook-addr %s is not a loopback address and GDR_WEBHOOK_SECRET is not set: unsigned webhook deliveries from the network are refused (set GDR_WEBHOOK_SECRET and the webhook's secret in Gitea, listen on 127.0.0.1, or GDR_ALLOW_UNSIGNED_WEBHOOKS=true accepts them)", c.WebhookAddr))
+	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty"))
 	}
@@ -96,6 +102,22 @@ func (c *Config) Check() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// isLoopback says whether the listen address addr (host:port) reaches this
+// machine only: a loopback IP (127.0.0.0/8, ::1) or localhost. Every other
+// host, an empty one (every interface) or a name that may resolve anywhere,
+// is not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // cacheDir is where the actions cache lives: GDR_CACHE_DIR, else the state

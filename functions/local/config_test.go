@@ -88,3 +88,55 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatalf("a negative busy window: error %v, want it named", err)
 	}
 }
+
+// TestUnsignedWebhooksOnlyOnLoopback: a webhook listener anyone on the
+// network can reach must check Gitea's signature: without
+// GDR_WEBHOOK_SECRET, --webhook-addr must be a loopback address, or
+// GDR_ALLOW_UNSIGNED_WEBHOOKS=true must say unsigned deliveries are wanted
+// (dispatch serve's name and meaning).
+func TestUnsignedWebhooksOnlyOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr          string
+		secret, allow string
+		wantErr       bool
+	}{
+		{"0.0.0.0:8080", "", "", true},
+		{":8080", "", "", true}, // every interface
+		{"[::]:8080", "", "", true},
+		{"192.0.2.7:8080", "", "", true},
+		{"gitea-runner.example.org:8080", "", "", true}, // a name that is not localhost may resolve anywhere
+		{"127.0.0.1:8080", "", "", false},
+		{"127.3.4.5:8080", "", "", false},
+		{"[::1]:8080", "", "", false},
+		{"localhost:8080", "", "", false},
+		{"0.0.0.0:8080", "hook-secret", "", false},
+		{"0.0.0.0:8080", "", "true", false},
+		{"0.0.0.0:8080", "", "false", true},
+		{"", "", "", false}, // no webhook: poll only
+	} {
+		t.Run(tc.addr+"/secret="+tc.secret+"/allow="+tc.allow, func(t *testing.T) {
+			for name, value := range map[string]string{"GDR_WEBHOOK_SECRET": tc.secret, "GDR_ALLOW_UNSIGNED_WEBHOOKS": tc.allow} {
+				t.Setenv(name, value) // restored after the test
+				if value == "" {
+					_ = os.Unsetenv(name)
+				}
+			}
+			var c Config
+			_, err := program.Load(&c, []string{"--gitea-url", "http://x", "--webhook-addr", tc.addr}, io.Discard)
+			if !tc.wantErr {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("unsigned deliveries accepted from the network: no error")
+			}
+			for _, name := range []string{"--webhook-addr " + tc.addr, "GDR_WEBHOOK_SECRET", "GDR_ALLOW_UNSIGNED_WEBHOOKS"} {
+				if !strings.Contains(err.Error(), name) {
+					t.Errorf("error %q does not name %s", err, name)
+				}
+			}
+		})
+	}
+}

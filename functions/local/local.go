@@ -117,6 +117,12 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 		return nil, err
 	}
 	l.lock = lock
+	// The state directory holds the pool's credentials, keys and CA: it is
+	// the user's alone, also when it existed before with a wider mode (the
+	// lock creates a missing one 0700 and leaves an existing one as it is).
+	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+		return nil, l.fail(fmt.Errorf("make the state directory the user's alone: %w", err))
+	}
 	giteaClient, err := l.registration(ctx)
 	if err != nil {
 		return nil, l.fail(err)

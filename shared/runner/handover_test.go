@@ -19,9 +19,17 @@ import (
 // values back and prints what it got.
 const envHandoverChild = "GDR_TEST_HANDOVER_CHILD"
 
+// envUndumpChild makes the test binary play the runner's two selves
+// ("runner": the second self starts as Main starts it; "control": the same
+// without secondSelf) that then run a step, or the step ("step").
+const envUndumpChild = "GDR_TEST_UNDUMP_CHILD"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(envHandoverChild) == "1" {
 		os.Exit(handoverChild())
+	}
+	if mode := os.Getenv(envUndumpChild); mode != "" {
+		os.Exit(undumpChild(mode))
 	}
 	os.Exit(m.Run())
 }
@@ -30,7 +38,7 @@ func handoverChild() int {
 	for _, arg := range os.Args[1:] {
 		var fd int
 		if _, err := fmt.Sscanf(arg, "-bootstrap-fd=%d", &fd); err == nil {
-			v, err := readValues(fd)
+			v, err := secondSelf(fd)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 3

@@ -105,7 +105,7 @@ func Main(self []string, args []string) int {
 	if *fd < 0 {
 		return scrubAndReexec(self)
 	}
-	v, err := readValues(*fd)
+	v, err := secondSelf(*fd)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 2
@@ -193,6 +193,19 @@ func isSecretVar(name string) bool {
 		}
 	}
 	return false
+}
+
+// secondSelf starts the re-executed runner: it makes itself non-dumpable,
+// then reads the bootstrap values from the descriptor fd. From then on the
+// runner's memory (its SVID key, its capability) is closed to its job's
+// steps, processes of its own user: they can neither ptrace it nor read
+// /proc/<runner>/mem. The runner never executes anything itself again,
+// which would make it dumpable anew.
+func secondSelf(fd int) (values, error) {
+	if err := undump(); err != nil {
+		return values{}, fmt.Errorf("close the runner's memory to its steps: %w", err)
+	}
+	return readValues(fd)
 }
 
 func readValues(fd int) (values, error) {
