@@ -32,7 +32,7 @@ type Config struct {
 
 	Stream        string        `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	KeepAlive     time.Duration `envconfig:"GDR_KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
-	WebhookSecret string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS, local mode accepts unsigned deliveries"`
+	WebhookSecret string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS (local mode: unless its webhook listens on loopback)"`
 	AllowUnsigned bool          `envconfig:"GDR_ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"serve: accept webhook deliveries without a signature when GDR_WEBHOOK_SECRET is empty"`
 	Interval      time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
 	BusyInterval  time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"serve: dispatch a busy pool this often instead: for GDR_BUSY_WINDOW after a round claimed or dropped a task, a task of the pool ended, or a webhook named one of its jobs (0, or not below GDR_POLL_INTERVAL: never busy)"`
