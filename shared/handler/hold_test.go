@@ -288,6 +288,63 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		expectOutstanding(t, q, 0)
 	})
 
+	// The warm handle's key case: a lingering run (GDR_LINGER > 0) that holds a
+	// message fetches nothing more, and a second message queued meanwhile
+	// starts exactly one Job (lag 2 - 1 running), which takes it.
+	t.Run("held by a lingering run", func(t *testing.T) {
+		q, c, _ := queue(t, 4)
+		publish(t, q, assignment(t, 10))
+		release := make(chan struct{})
+		offered := make(chan int64, 64)
+		waits := acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+			offered <- a.Task.ID
+			select {
+			case <-release:
+				return true, nil
+			default:
+				return false, nil
+			}
+		})
+		j := job(c, waits, nil)
+		j.NakDelay, j.HoldFor, j.Linger = 200*time.Millisecond, time.Minute, 500*time.Millisecond
+		done := runInBackground(context.Background(), j)
+		expectOffers(t, offered, 2, 5*time.Second) // offered again: held
+		publish(t, q, assignment(t, 11))
+		var started int64
+		var taken []int64
+		for range polls {
+			lag := kedaLag(t, c)
+			n := kedaNewJobs(lag, lagThreshold, 1, maxReplicaCount)
+			for range n {
+				extra := job(c, acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+					taken = append(taken, a.Task.ID)
+					return true, nil
+				}), nil)
+				extra.Wait = pollingInterval
+				if _, err := extra.Run(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			started += n
+			time.Sleep(pollingInterval)
+		}
+		if started != 1 || !slices.Equal(taken, []int64{11}) {
+			t.Fatalf("KEDA started %d Jobs (taking %v) for a second message while a lingering run holds the first, want 1 taking [11]", started, taken)
+		}
+		close(release)
+		r := <-done
+		if r.err != nil || r.sum != (Summary{Fetched: 1, Accepted: 1}) {
+			t.Fatalf("the lingering run = %+v, %v; want it to fetch the held message alone", r.sum, r.err)
+		}
+		close(offered)
+		for id := range offered {
+			if id != 10 {
+				t.Fatalf("the lingering run was offered task %d while it held task 10: it fetched again", id)
+			}
+		}
+		expectOutstanding(t, q, 0)
+	})
+
 	t.Run("handed back", func(t *testing.T) {
 		q, c, _ := queue(t, 4)
 		publish(t, q, assignment(t, 9))
