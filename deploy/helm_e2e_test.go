@@ -109,10 +109,27 @@ func TestE2EClusterHelm(t *testing.T) {
 	})
 }
 
-// helmUninstall runs helm uninstall and checks what is gone and what stays.
+// helmUninstall runs helm uninstall and checks what is gone and what stays. The release is
+// first upgraded to spire.podIdentity workload-api, the one mode whose release holds a
+// cluster-scoped object (the ClusterRole gitea-dynamic-runner-nodes), so that its removal is
+// checked on an object that was there: with the shipped mode there is none to remove.
 func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 	if _, err := in.cs.AppsV1().Deployments(installNamespace).Get(ctx, "gateway", metav1.GetOptions{}); err != nil {
 		t.Fatalf("before the uninstall: %v", err)
+	}
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrade := action.NewUpgrade(helmConfig(t, in.c))
+	upgrade.Namespace = installNamespace
+	upgrade.ReuseValues = true
+	upgrade.WaitStrategy = kube.HookOnlyStrategy
+	if _, err := upgrade.RunWithContext(ctx, helmRelease, chrt, map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}}); err != nil {
+		t.Fatalf("helm upgrade to spire.podIdentity workload-api: %v", err)
+	}
+	if _, err := in.cs.RbacV1().ClusterRoles().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{}); err != nil {
+		t.Fatalf("no fault to check: the release with spire.podIdentity workload-api has no ClusterRole gitea-dynamic-runner-nodes: %v", err)
 	}
 	uninstall := action.NewUninstall(helmConfig(t, in.c))
 	uninstall.WaitStrategy = kube.HookOnlyStrategy
@@ -134,6 +151,10 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 		},
 		"ClusterRole gitea-dynamic-runner-nodes": func() error {
 			_, err := in.cs.RbacV1().ClusterRoles().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{})
+			return err
+		},
+		"ClusterRoleBinding gitea-dynamic-runner-nodes": func() error {
+			_, err := in.cs.RbacV1().ClusterRoleBindings().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{})
 			return err
 		},
 	}

@@ -37,12 +37,13 @@ const kubectlVersion = "v1.37.2"
 
 // readmeHook is what TestE2EClusterReadme adds after the install block of that name, because
 // the test cluster has no DNS and no SPIFFE CSI driver (docs/CLUSTER.md, "The README's
-// install", shows it): the component deploy/testdata/readme-e2e, the pools' Workload API by
-// hostPath, and the executors' namespace allowing that hostPath.
+// install", shows it): the component deploy/testdata/readme-e2e and the pools' Workload API
+// by hostPath (unused by executors with the default minted identity). The executors'
+// namespace keeps the README's own label (Pod Security restricted): an executor the install
+// makes must pass it.
 const readmeHook = `echo 'components: [../deploy/testdata/readme-e2e]' >> my-deploy/kustomization.yaml
 sed -i 's|^\( *\)#   \(workloadAPI: {hostPath: /run/spire/agent-sockets, socket: spire-agent.sock}\)$|\1\2|' my-deploy/pools.yaml
 grep -q '^      workloadAPI: {hostPath: /run/spire/agent-sockets' my-deploy/pools.yaml
-kubectl label --overwrite namespace gitea-dynamic-runner-jobs pod-security.kubernetes.io/enforce=privileged
 `
 
 // TestE2EClusterReadme runs deploy/README.md's install, upgrade and uninstall as written: every
