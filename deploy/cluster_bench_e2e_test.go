@@ -38,11 +38,19 @@ import (
 // cluster of its own and runs
 //
 //	single  GDR_BENCH_JOBS jobs (default 10) one after another, each pushed
-//	        once the one before has ended and its executor Pod is gone;
-//	burst   GDR_BENCH_JOBS jobs in one push.
+//	        once the one before has ended and its executor Pod is gone (a
+//	        lingering handle usually takes the next: warm);
+//	lone    GDR_BENCH_LONE jobs (default 3) one after another, each pushed
+//	        once no handle runs at all: the first job after a quiet spell
+//	        (cold: KEDA's poll and a new handle Job on its path);
+//	burst   GDR_BENCH_JOBS jobs in one push;
+//	floor burst  GDR_BENCH_JOBS twins alone in one push: Gitea's floor for a
+//	        burst without our jobs' load on Gitea (our idle polling still runs).
 //
-// and prints, for each, `cluster pickup <variant>/<single|burst> p50 <s> p95
-// <s> floor p50 <s>`, and for single also where the time went:
+// and prints, for each, `cluster pickup <variant>/<single|lone|burst> p50 <s>
+// p95 <s> floor p50 <s> over floor p50 <s> p95 <s>`, where "over floor" is
+// each job's paired difference to its own twin (the same push), and for
+// single and lone also where the time went:
 //
 //	queued  push -> the assignment is stored in the stream (the server's time, from /jsz)
 //	handle  -> the executor Pod exists: a warm handle's fetch and Accept, or, when KEDA started
@@ -111,6 +119,13 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 			b.Fatalf("GDR_BENCH_JOBS %q: want a positive count", v)
 		}
 	}
+	lone := 3
+	if v := os.Getenv("GDR_BENCH_LONE"); v != "" {
+		var err error
+		if lone, err = strconv.Atoi(v); err != nil || lone < 0 {
+			b.Fatalf("GDR_BENCH_LONE %q: want a count", v)
+		}
+	}
 	in := installKEDAWith(ctx, b, o)
 	label := "ubuntu-latest" // the pool linux's
 	if o.build {
@@ -123,36 +138,13 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	go seen.watchJobs(ctx, b, in)
 	go seen.watchPods(ctx, b, in)
 
-	var total, twin, queued, keda, handle, pod, runner []time.Duration // keda: cold jobs only
 	// details are the per-job lines, logged after the summary: the testing
 	// package keeps only a benchmark's first 10 lines of log.
 	var details []string
 	b.ResetTimer()
-	for i := range n {
-		name := fmt.Sprintf("s%d", i)
-		pushed := pushWithTwins(b, in, repo, label, name)
-		started := in.waitRunning(ctx, b, repo, pushed, name)[name]
-		q, j, p, r := seen.after(pushed)
-		if q.IsZero() || p.IsZero() || r.IsZero() {
-			b.Fatalf("job %s: a step went unseen (queued %v, Pod %v, running %v)", name, q, p, r)
-		}
-		// Cold: KEDA started a handle Job between the queueing and the executor Pod.
-		how := "warm"
-		if !j.IsZero() && j.Before(p) {
-			how = "cold, keda " + j.Sub(q).Round(time.Millisecond).String()
-			keda = append(keda, j.Sub(q))
-		}
-		total = append(total, started.Sub(pushed))
-		twin = append(twin, floor.claimed(b, twinJob(name)).Sub(pushed))
-		queued = append(queued, q.Sub(pushed))
-		handle = append(handle, p.Sub(q))
-		pod = append(pod, r.Sub(p))
-		runner = append(runner, started.Sub(r))
-		details = append(details, fmt.Sprintf("%s: total %v (floor %v) = queued %v + handle %v (%s) + pod %v + runner %v", name,
-			total[i].Round(time.Millisecond), twin[i].Round(time.Millisecond), queued[i].Round(time.Millisecond),
-			handle[i].Round(time.Millisecond), how, pod[i].Round(time.Millisecond), runner[i].Round(time.Millisecond)))
-		in.idle(ctx, b, repo, name)
-	}
+	single := measureSeries(ctx, b, in, repo, label, floor, seen, "s", n, nil, &details)
+	quiet := func() { in.noHandleRunning(ctx, b) }
+	loneJobs := measureSeries(ctx, b, in, repo, label, floor, seen, "l", lone, quiet, &details)
 
 	names := make([]string, n)
 	for i := range names {
@@ -168,13 +160,36 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	burstPods, burstRunners := seen.podsAfter(pushed)
 	burstHandles := seen.jobsAfter(pushed)
 	in.idle(ctx, b, repo, names...)
+	// The floor alone: the same burst of twins, with no job of ours claimed,
+	// started and reported at the same time.
+	twinsOnly := make([]string, n)
+	for i := range twinsOnly {
+		twinsOnly[i] = fmt.Sprintf("f%d", i)
+	}
+	pushed = pushWithTwins(b, in, repo, "", twinsOnly...)
+	var floorAlone []time.Duration
+	for _, name := range twinsOnly {
+		floorAlone = append(floorAlone, floor.claimed(b, twinJob(name)).Sub(pushed))
+	}
 	b.StopTimer()
 
 	sec := func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()) }
-	b.Logf("cluster pickup %s/single p50 %s p95 %s floor p50 %s", variant, sec(p50(total)), sec(p95(total)), sec(p50(twin)))
-	b.Logf("cluster pickup %s/single split p50: queued %s handle %s pod %s runner %s; %d of %d cold (a new handle Job), their keda p50 %s", variant,
-		sec(p50(queued)), sec(p50(handle)), sec(p50(pod)), sec(p50(runner)), len(keda), n, sec(p50(keda)))
-	b.Logf("cluster pickup %s/burst p50 %s p95 %s floor p50 %s", variant, sec(p50(burst)), sec(p95(burst)), sec(p50(burstTwin)))
+	for _, r := range []struct {
+		name string
+		s    series
+	}{{"single", single}, {"lone", loneJobs}} {
+		if len(r.s.total) == 0 {
+			continue
+		}
+		over := overFloor(r.s.total, r.s.twin)
+		b.Logf("cluster pickup %s/%s p50 %s p95 %s floor p50 %s over floor p50 %s p95 %s", variant, r.name,
+			sec(p50(r.s.total)), sec(p95(r.s.total)), sec(p50(r.s.twin)), sec(p50(over)), sec(p95(over)))
+		b.Logf("cluster pickup %s/%s split p50: queued %s handle %s pod %s runner %s; %d of %d cold (a new handle Job), their keda p50 %s", variant, r.name,
+			sec(p50(r.s.queued)), sec(p50(r.s.handle)), sec(p50(r.s.pod)), sec(p50(r.s.runner)), len(r.s.keda), len(r.s.total), sec(p50(r.s.keda)))
+	}
+	burstOver := overFloor(burst, burstTwin)
+	b.Logf("cluster pickup %s/burst p50 %s p95 %s floor p50 %s over floor p50 %s p95 %s; the floor alone (twins only, our idle polling running) p50 %s p95 %s",
+		variant, sec(p50(burst)), sec(p95(burst)), sec(p50(burstTwin)), sec(p50(burstOver)), sec(p95(burstOver)), sec(p50(floorAlone)), sec(p95(floorAlone)))
 	b.Logf("cluster pickup %s/burst from the push, p50 (p95): executor Pods exist %s (%s), their runners run %s (%s), first steps run %s (%s); %d executor Pods, %d new handle Jobs",
 		variant, sec(p50(burstPods)), sec(p95(burstPods)), sec(p50(burstRunners)), sec(p95(burstRunners)), sec(p50(burst)), sec(p95(burst)), len(burstPods), burstHandles)
 	for _, d := range details {
@@ -184,10 +199,81 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		unit string
 		d    time.Duration
 	}{
-		{"single-p50-ms", p50(total)}, {"single-p95-ms", p95(total)}, {"single-floor-p50-ms", p50(twin)},
+		{"single-p50-ms", p50(single.total)}, {"single-p95-ms", p95(single.total)}, {"single-floor-p50-ms", p50(single.twin)},
+		{"single-over-floor-p95-ms", p95(overFloor(single.total, single.twin))},
+		{"lone-p50-ms", p50(loneJobs.total)}, {"lone-p95-ms", p95(loneJobs.total)},
+		{"lone-over-floor-p95-ms", p95(overFloor(loneJobs.total, loneJobs.twin))},
 		{"burst-p50-ms", p50(burst)}, {"burst-p95-ms", p95(burst)}, {"burst-floor-p50-ms", p50(burstTwin)},
+		{"burst-over-floor-p95-ms", p95(burstOver)}, {"burst-floor-alone-p50-ms", p50(floorAlone)},
 	} {
 		b.ReportMetric(float64(m.d.Milliseconds()), m.unit)
+	}
+}
+
+// series is what measureSeries saw of its jobs, one entry per job (keda:
+// the cold jobs only).
+type series struct {
+	total, twin, queued, keda, handle, pod, runner []time.Duration
+}
+
+// measureSeries pushes count jobs named prefix<i> one after another (with
+// their twins), each once the one before has ended and its executor Pod is
+// gone and, if before is not nil, once before returns; it appends a line per
+// job to details.
+func measureSeries(ctx context.Context, b *testing.B, in *installation, repo, label string, floor *floorLoop, seen *sightings,
+	prefix string, count int, before func(), details *[]string) series {
+	var s series
+	for i := range count {
+		if before != nil {
+			b.StopTimer()
+			before()
+			b.StartTimer()
+		}
+		name := fmt.Sprintf("%s%d", prefix, i)
+		pushed := pushWithTwins(b, in, repo, label, name)
+		started := in.waitRunning(ctx, b, repo, pushed, name)[name]
+		q, j, p, r := seen.after(pushed)
+		if q.IsZero() || p.IsZero() || r.IsZero() {
+			b.Fatalf("job %s: a step went unseen (queued %v, Pod %v, running %v)", name, q, p, r)
+		}
+		// Cold: KEDA started a handle Job between the queueing and the executor Pod.
+		how := "warm"
+		if !j.IsZero() && j.Before(p) {
+			how = "cold, keda " + j.Sub(q).Round(time.Millisecond).String()
+			s.keda = append(s.keda, j.Sub(q))
+		}
+		s.total = append(s.total, started.Sub(pushed))
+		s.twin = append(s.twin, floor.claimed(b, twinJob(name)).Sub(pushed))
+		s.queued = append(s.queued, q.Sub(pushed))
+		s.handle = append(s.handle, p.Sub(q))
+		s.pod = append(s.pod, r.Sub(p))
+		s.runner = append(s.runner, started.Sub(r))
+		*details = append(*details, fmt.Sprintf("%s: total %v (floor %v) = queued %v + handle %v (%s) + pod %v + runner %v", name,
+			s.total[i].Round(time.Millisecond), s.twin[i].Round(time.Millisecond), s.queued[i].Round(time.Millisecond),
+			s.handle[i].Round(time.Millisecond), how, s.pod[i].Round(time.Millisecond), s.runner[i].Round(time.Millisecond)))
+		in.idle(ctx, b, repo, name)
+	}
+	return s
+}
+
+// overFloor is each job's time minus its own twin's: the pairs share one
+// push, so Gitea's own variation (its queue, its database) cancels out.
+func overFloor(total, twin []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(total))
+	for i := range total {
+		out[i] = total[i] - twin[i]
+	}
+	return out
+}
+
+// noHandleRunning waits until no handle Job's Pod runs (the lingering ones
+// ended), at most LingerMax and a margin.
+func (in *installation) noHandleRunning(ctx context.Context, tb testing.TB) {
+	tb.Helper()
+	for deadline := time.Now().Add(10 * time.Minute); len(in.runningHandles(ctx, tb)) > 0; time.Sleep(time.Second) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			tb.Fatalf("handles still running 10 minutes on: %v", in.runningHandles(ctx, tb))
+		}
 	}
 }
 
@@ -198,14 +284,16 @@ const twinLabel = "gdr-bench-twin"
 func twinJob(job string) string { return "twin-" + job }
 
 // pushWithTwins pushes one workflow with the jobs names (one `sleep 1` step
-// each, runs-on label) and each one's twin, and returns when the push
-// returned.
+// each, runs-on label; none with label "") and each one's twin, and returns
+// when the push returned.
 func pushWithTwins(tb testing.TB, in *installation, repo, label string, names ...string) time.Time {
 	tb.Helper()
 	var w strings.Builder
 	w.WriteString("on: push\njobs:\n")
 	for _, name := range names {
-		fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: sleep 1\n", name, label)
+		if label != "" {
+			fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: sleep 1\n", name, label)
+		}
 		fmt.Fprintf(&w, "  %s:\n    runs-on: %s\n    steps:\n      - run: \"true\"\n", twinJob(name), twinLabel)
 	}
 	in.g.PushWorkflow(tb, repo, ".gitea/workflows/bench.yml", w.String())

@@ -730,7 +730,7 @@ jobs:
 
 // runningHandles names the handle-pod Pods that are running (not
 // handle-setup's, not finished ones).
-func (in *installation) runningHandles(ctx context.Context, t *testing.T) []string {
+func (in *installation) runningHandles(ctx context.Context, t testing.TB) []string {
 	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=handle"})
 	if err != nil {
 		t.Fatal(err)
