@@ -339,13 +339,14 @@ func TestChaos(t *testing.T) {
 		return !errors.Is(err, jetstream.ErrMsgNotFound)
 	}}
 	records := gitea.Records()
-	tally := judge(records, st.Tasks, execs.Records(), func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) })
+	tally := judge(records, st.Tasks, execs.Records(), func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) },
+		payloadGone(t, kvStream))
 	lost, cut, wrong, lines := tally.Lost, tally.Cut, tally.WronglyFailed, tally.Lines
 	dups, dupLines := duplicated(osb.Created(), keys)
 	leaked, leakLines := leaks(context.Background(), osb, js)
 	kills, byKind := fleet.Kills()
 	ncalls, faulted := gitea.Calls()
-	es, er, eu := execs.Counts()
+	es, er, eu, en := execs.Counts()
 	attributed := 0
 	for _, c := range calls {
 		if c.PID != 0 {
@@ -355,7 +356,10 @@ func TestChaos(t *testing.T) {
 	t.Logf("processes started: %v; killed: %v; NATS servers SIGKILLed: %d (leaders: %v; %d during a leader election)", fleet.Starts(), byKind, nk.kills, nk.leaders, nk.duringElection)
 	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded attributed to their process; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
 		ncalls, faulted, attributed, len(calls), claimants(records, evidence.Dispatches), len(osb.Created()), osb.Calls("POST", "/sandboxes"))
-	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records(), fleet.KindOf))
+	t.Logf("executors: %d started, %d reported, %d ended without reporting, %d ended without their task; results: %s",
+		es, er, eu, en, results(gitea.Records(), fleet.KindOf))
+	shareOK, share := ownShare(tally.OwnReports, st.Tasks)
+	t.Log(share)
 	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
 	t.Logf("wall time %s", time.Since(started).Round(time.Second))
 	for _, l := range slices.Concat(lines, dupLines, leakLines) {
@@ -380,8 +384,33 @@ func TestChaos(t *testing.T) {
 	if nk.kills < st.NATSKills || (st.NATSKills >= 2 && nk.duringElection == 0) {
 		t.Errorf("NATS faults: %d server kills (want %d), %d during a leader election (want 1)", nk.kills, st.NATSKills, nk.duringElection)
 	}
+	if !shareOK {
+		t.Errorf("too few tasks ended by their executor's own report: %s", share)
+	}
 	if lost+dups+leaked+wrong > 0 || kills < st.Kills {
 		t.Fail()
+	}
+}
+
+// payloadGone reads from the payload bucket's stream since when each
+// payload is gone (PayloadGone): a payload key's last message is its delete
+// or purge marker once it is removed (markers are kept for the bucket's TTL,
+// far longer than a run).
+func payloadGone(t *testing.T, kvStream jetstream.Stream) PayloadGone {
+	return func(id string) (time.Time, bool) {
+		m, err := kvStream.GetLastMsgForSubject(context.Background(), "$KV."+assignmentqueue.DefaultPayloadBucket+"."+id)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return time.Time{}, true // never written
+		}
+		if err != nil {
+			t.Errorf("the payload bucket's record of %s: %v", id, err)
+			return time.Time{}, false // unknown: no excuse
+		}
+		switch m.Header.Get("KV-Operation") { // the header jetstream's KV writes on a marker
+		case "DEL", "PURGE":
+			return m.Time, true
+		}
+		return time.Time{}, false
 	}
 }
 
