@@ -128,13 +128,15 @@ type ClaimEvidence struct {
 // cutClaim reports whether the claim of r (a task claimed once that never
 // got a final result of its own, or was reaped) was cut by a SIGKILL in the
 // one window the runner protocol leaves: the FetchTask answer carrying the
-// task came on a connection opened by a dispatch process (Call.PID, found
-// from the kernel's socket tables as the connection was accepted), that
-// process ended by the harness's SIGKILL at most CutWindow after the answer
-// was written, it made no later call for the task's pool, and no payload of
-// the task was ever written. The second string says why, either way.
+// task came on a connection to the endpoint given to one dispatch process
+// alone (Call.Endpoint, Life.Endpoint: known from the address the
+// connection came to, however late Gitea accepted it), that process ended
+// by the harness's SIGKILL at most CutWindow after the answer was written
+// (or before it: an answer written to a process already gone), it made no
+// later call for the task's pool, and no payload of the task was ever
+// written. The second string says why, either way.
 //
-// "No later call" counts the calls of the same process with the same
+// "No later call" counts the calls to the same endpoint with the same
 // registration (Call.Runner: each pool registers its own runner) whose
 // handlers started after the claim's: dispatch runs the rounds of different
 // pools concurrently (dispatcher.Rounds, one goroutine per pool), so a call
@@ -155,34 +157,29 @@ func cutClaim(r TaskRecord, ev ClaimEvidence) (bool, string) {
 			return false, "its payload was written"
 		}
 	}
-	if c.PID == 0 {
-		return false, fmt.Sprintf("the process that received its claim (connection %d) is unknown", c.Conn)
+	if c.Endpoint == "" {
+		return false, fmt.Sprintf("its claim (connection %d) came to no process's own endpoint", c.Conn)
 	}
-	var life *Life
-	for i, l := range ev.Dispatches {
-		if l.PID == c.PID && !c.ConnAt.Before(l.Started) && !c.ConnAt.After(l.Ended) {
-			life = &ev.Dispatches[i]
-		}
+	i := slices.IndexFunc(ev.Dispatches, func(l Life) bool { return l.Endpoint == c.Endpoint })
+	if i < 0 {
+		return false, fmt.Sprintf("its claim came to %s, no dispatch's endpoint", c.Endpoint)
 	}
-	if life == nil {
-		return false, fmt.Sprintf("its claim was answered to pid %d, no dispatch", c.PID)
-	}
+	life := ev.Dispatches[i]
 	if !life.Killed {
-		return false, fmt.Sprintf("its claim was answered to dispatch pid %d, which was not SIGKILLed", c.PID)
+		return false, fmt.Sprintf("its claim was answered to dispatch pid %d, which was not SIGKILLed", life.PID)
 	}
 	if after := life.Ended.Sub(c.Answered); after > CutWindow {
 		return false, fmt.Sprintf("dispatch pid %d was SIGKILLed %s after its claim's answer, beyond the window of %s",
-			c.PID, after.Round(time.Millisecond), CutWindow)
+			life.PID, after.Round(time.Millisecond), CutWindow)
 	}
 	for _, l := range ev.Calls {
-		if l.Seq > c.Seq && l.PID == c.PID && l.Runner == c.Runner && l.Method != "Declare" &&
-			!l.ConnAt.Before(life.Started) && !l.ConnAt.After(life.Ended) {
+		if l.Seq > c.Seq && l.Endpoint == c.Endpoint && l.Runner == c.Runner && l.Method != "Declare" {
 			return false, fmt.Sprintf("dispatch pid %d called %s for the same pool at %s, after its claim's answer at %s",
-				c.PID, l.Method, clock(l.Started), clock(c.Answered))
+				life.PID, l.Method, clock(l.Started), clock(c.Answered))
 		}
 	}
 	return true, fmt.Sprintf("its claim was answered at %s to dispatch pid %d, SIGKILLed %s later with no later call for the pool and no payload written",
-		clock(c.Answered), c.PID, life.Ended.Sub(c.Answered).Round(time.Millisecond))
+		clock(c.Answered), life.PID, life.Ended.Sub(c.Answered).Round(time.Millisecond))
 }
 
 // accepted returns r's accepted final result: the first one, which Gitea
@@ -237,8 +234,8 @@ func judgeFinal(f Final, execs []ExecRecord, gone PayloadGone) (Verdict, string)
 		return Fine, "its executor's report (" + e.Sandbox + ")"
 	}
 	by := f.By
-	if f.PID != 0 {
-		by += fmt.Sprintf(" (pid %d)", f.PID)
+	if f.Endpoint != "" {
+		by += " (via " + f.Endpoint + ")"
 	}
 	ours := fmt.Sprintf("%s by %s at %s", name(f.Result), by, clock(f.At))
 	if f.By == "runner" {
@@ -375,13 +372,13 @@ func claimants(records []TaskRecord, lives []Life) string {
 		if c.Seq == 0 {
 			continue
 		}
-		i := slices.IndexFunc(lives, func(l Life) bool { return l.PID == c.PID && !c.ConnAt.Before(l.Started) && !c.ConnAt.After(l.Ended) })
+		i := slices.IndexFunc(lives, func(l Life) bool { return c.Endpoint != "" && l.Endpoint == c.Endpoint })
 		if i < 0 {
 			other++
 			continue
 		}
 		dispatch++
-		pids[c.PID] = true
+		pids[lives[i].PID] = true
 	}
 	return fmt.Sprintf("%d dispatch processes (%d claims), %d other or unknown", len(pids), dispatch, other)
 }
@@ -395,8 +392,8 @@ func finals(fs []Final) string {
 	var parts []string
 	for _, f := range fs {
 		s := fmt.Sprintf("%s by %s", name(f.Result), f.By)
-		if f.PID != 0 {
-			s += fmt.Sprintf(" pid %d", f.PID)
+		if f.Endpoint != "" {
+			s += " via " + f.Endpoint
 		}
 		s += " at " + clock(f.At)
 		if !f.Accepted {

@@ -2,8 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"net"
-	"os"
 	"testing"
 	"time"
 
@@ -25,21 +23,31 @@ const (
 	fail = runnerv1.Result_RESULT_FAILURE
 )
 
+// endpoint is the endpoint of Gitea given to the process n (a pid, unless
+// a test gives two processes of one pid their own).
+func endpoint(n int) string { return fmt.Sprintf("http://127.0.0.1:%d/", 40000+n) }
+
 // A claim of task 9 (pool linux, registration 1) answered at 1 s to the
-// dispatch of pid 100 on its connection 3, opened at 0.5 s; the other pool
-// is registration 2.
+// dispatch of pid 100 on its connection 3 to its endpoint, opened at 0.5 s;
+// the other pool is registration 2.
 func claimed() TaskRecord {
 	return TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}, Claims: 1, ClaimedAt: at(1000),
-		Claim: Call{Seq: 10, Method: "FetchTask", Runner: 1, Conn: 3, ConnAt: at(500), PID: 100, Started: at(990), Answered: at(1000), Task: 9}}
+		Claim: Call{Seq: 10, Method: "FetchTask", Runner: 1, Conn: 3, ConnAt: at(500), Endpoint: endpoint(100), Started: at(990), Answered: at(1000), Task: 9}}
 }
 
-// call is a later call of pid on a connection of the claim's process.
+// call is a later call of pid to its endpoint.
 func call(seq int64, method string, runner int64, pid, ms int) Call {
-	return Call{Seq: seq, Method: method, Runner: runner, Conn: 3, ConnAt: at(500), PID: pid, Started: at(ms), Answered: at(ms + 2)}
+	return Call{Seq: seq, Method: method, Runner: runner, Conn: 3, ConnAt: at(500), Endpoint: endpoint(pid), Started: at(ms), Answered: at(ms + 2)}
 }
 
 func dispatchLife(pid, started, ended int, killed bool) Life {
-	return Life{Kind: "dispatch", PID: pid, Started: at(started), Ended: at(ended), Killed: killed}
+	return Life{Kind: "dispatch", PID: pid, Started: at(started), Ended: at(ended), Killed: killed, Endpoint: endpoint(pid)}
+}
+
+// givenEndpoint is l given the endpoint of n instead of its pid's.
+func givenEndpoint(l Life, n int) Life {
+	l.Endpoint = endpoint(n)
+	return l
 }
 
 func TestCutClaim(t *testing.T) {
@@ -75,15 +83,22 @@ func TestCutClaim(t *testing.T) {
 			[]Call{call(11, "FetchTask", 1, 101, 1700)}, nothing, true},
 		{"a call before the claim is no evidence", claimed(), killedSoon, []Call{call(9, "FetchTask", 1, 100, 700)}, nothing, true},
 		{"the same PID again in a later process is no evidence",
-			claimed(), []Life{dispatchLife(100, 0, 1400, true), dispatchLife(100, 2000, 9000, false)},
-			[]Call{{Seq: 20, Method: "FetchTask", Runner: 1, Conn: 7, ConnAt: at(2100), PID: 100, Started: at(2100)}}, nothing, true},
+			claimed(), []Life{dispatchLife(100, 0, 1400, true), givenEndpoint(dispatchLife(100, 2000, 9000, false), 1000)},
+			[]Call{{Seq: 20, Method: "FetchTask", Runner: 1, Conn: 7, ConnAt: at(2100), Endpoint: endpoint(1000), Started: at(2100)}}, nothing, true},
 		{"its payload was written", claimed(), killedSoon, nil, func(id string) bool { return id == "linux-9" }, false},
 		{"its dispatch was not killed", claimed(), []Life{dispatchLife(100, 0, 1400, false)}, nil, nothing, false},
-		{"answered to an unknown process", func() TaskRecord { r := claimed(); r.Claim.PID = 0; return r }(), killedSoon, nil, nothing, false},
+		{"answered on the endpoint every process shares", func() TaskRecord { r := claimed(); r.Claim.Endpoint = ""; return r }(), killedSoon, nil, nothing, false},
 		{"answered to a process that is no dispatch", claimed(), []Life{dispatchLife(101, 0, 1400, true)}, nil, nothing, false},
-		{"its connection was opened by an earlier process of the same PID",
-			claimed(), []Life{dispatchLife(100, 0, 400, true), dispatchLife(100, 450, 600000, true)}, nil, nothing, false},
+		{"its endpoint was a later process's of the same PID, killed beyond the window",
+			claimed(), []Life{givenEndpoint(dispatchLife(100, 0, 400, true), 1000), dispatchLife(100, 450, 600000, true)}, nil, nothing, false},
 		{"never claimed", TaskRecord{ID: 9, Labels: []string{"ubuntu-latest"}}, killedSoon, nil, nothing, false},
+		// A busy machine: Gitea accepted the connection, and answered the
+		// claim, only after the dispatch that opened it was killed and reaped.
+		{"its connection accepted after its dispatch was reaped", func() TaskRecord {
+			r := claimed()
+			r.Claim.ConnAt, r.Claim.Started, r.Claim.Answered = at(1500), at(1510), at(1511)
+			return r
+		}(), killedSoon, nil, nothing, true},
 	} {
 		got, why := cutClaim(tc.r, ClaimEvidence{Dispatches: tc.lives, Calls: tc.calls, Written: tc.written})
 		if got != tc.want {
@@ -111,7 +126,7 @@ func TestJudgeFinal(t *testing.T) {
 		e.Result, e.Answer, e.SentAt = result, answer, at(sentMs)
 		return e
 	}
-	recovered := Final{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000), PID: 300}
+	recovered := Final{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000), Endpoint: endpoint(300)}
 	// refused is an executor whose fetch the gateway refused at refusedMs
 	// (0: it never fetched), ending it at endedMs.
 	refused := func(refusedMs, endedMs int) ExecRecord {
@@ -194,7 +209,7 @@ func TestJudge(t *testing.T) {
 	// minutes later.
 	claim := func(id int64, seq int64, pid int) TaskRecord {
 		r := claimed()
-		r.ID, r.Claim.Seq, r.Claim.PID, r.Claim.Task = id, seq, pid, id
+		r.ID, r.Claim.Seq, r.Claim.Endpoint, r.Claim.Task = id, seq, endpoint(pid), id
 		return r
 	}
 	otherPool := func(r TaskRecord) TaskRecord {
@@ -275,44 +290,6 @@ func TestJudge(t *testing.T) {
 	}
 }
 
-// The connection's owner is found from the kernel's tables: here this
-// process, which dials itself.
-func TestConnOwner(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	client, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server := <-accepted
-	if server == nil {
-		t.Fatal("no connection accepted")
-	}
-	defer server.Close()
-	if got := connOwner(server.RemoteAddr(), server.LocalAddr(), []int{os.Getpid() + 1_000_000, os.Getpid()}); got != os.Getpid() {
-		t.Errorf("connOwner = %d, want this process, %d", got, os.Getpid())
-	}
-	if got := connOwner(server.RemoteAddr(), server.LocalAddr(), []int{os.Getpid() + 1_000_000}); got != 0 {
-		t.Errorf("connOwner among other processes = %d, want 0", got)
-	}
-	// The server's own end is no client's.
-	if got := connOwner(server.LocalAddr(), server.RemoteAddr(), nil); got != 0 {
-		t.Errorf("connOwner with no process = %d, want 0", got)
-	}
-}
-
 func TestDuplicated(t *testing.T) {
 	keys, err := taskassignment.NewKeys("gitea-dynamic-runner.io")
 	if err != nil {
@@ -340,7 +317,7 @@ func TestJudgeRefusingGateway(t *testing.T) {
 		r := claimed()
 		r.ID, r.Claim.Task, r.Claim.Seq = id, id, id*10
 		r.Result = fail
-		r.Finals = []Final{{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000), PID: 300}}
+		r.Finals = []Final{{Result: fail, Accepted: true, By: "protocol", Log: reason, At: at(5000), Endpoint: endpoint(300)}}
 		records = append(records, r)
 		execs = append(execs, ExecRecord{Sandbox: fmt.Sprintf("s%d", id), Assignment: fmt.Sprintf("linux-%d", id), Task: id,
 			Created: at(1100), End: ExecNoTask, EndedAt: at(1600), RefusedAt: at(1500), Refusal: "permission_denied: refused"})
