@@ -39,12 +39,12 @@ import (
 // executors end without reporting a tenth of the time (Executors.Unreported,
 // 0.1), and recover fails those tasks; a few more end by a cut claim or a
 // sandbox stopped by a backend fault. Measured: 896 to 909 of 1,000 tasks
-// in full runs, 53 to 57 of 60 in short ones (docs/BENCHMARKS.md). Below
+// in full runs, 52 to 57 of 60 in short ones (docs/BENCHMARKS.md). Below
 // 75% the run fails: with a tenth unreported, 16 or more of 60 tasks
 // unreported has a chance of 2e-4 (binomial), 251 or more of 1,000 of
-// 1e-42, so a run under the floor means the product failed tasks its executors could have
-// reported on (a gateway refusing them, reports lost), even those the rules
-// per task cannot pin on one executor.
+// 1e-42, so a run under the floor means the product failed tasks its
+// executors could have reported on (a gateway refusing them, reports lost),
+// even those the rules per task cannot pin on one executor.
 const MinOwnShare = 0.75
 
 // MinTasksForShare is the least number of tasks for which MinOwnShare is
