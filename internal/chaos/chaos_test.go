@@ -199,7 +199,7 @@ func TestChaos(t *testing.T) {
 	// stream and consumer (handle's setup mode) and the payload bucket
 	// (dispatch's first round, with nothing queued yet).
 	setup := NewFleet(env, logs, st.Seed)
-	gitea.AttributeConns(setup.Owner)
+	setup.SetEndpoints(giteaEndpoints(gitea))
 	for _, step := range []struct {
 		name, bin string
 		extra     []string
@@ -245,7 +245,7 @@ func TestChaos(t *testing.T) {
 	}()
 	var wg sync.WaitGroup
 	fleet := NewFleet(env, logs, st.Seed)
-	gitea.AttributeConns(fleet.Owner) // which process made each call (the verdict's cut claims)
+	fleet.SetEndpoints(giteaEndpoints(gitea)) // which process made each call (the verdict's cut claims)
 	// A test that stops early leaves no process.
 	t.Cleanup(func() { fleet.Close(time.Second) })
 	// dispatch and the gateway are Deployments: restarted whenever they
@@ -321,7 +321,7 @@ func TestChaos(t *testing.T) {
 	gitea.SetFaults(false)
 	osb.SetFaults(nil)
 	final := NewFleet(env, logs, st.Seed)
-	gitea.AttributeConns(final.Owner)
+	final.SetEndpoints(giteaEndpoints(gitea))
 	if err := final.Run("recover-final", bins.Recover, recoverEnv); err != nil {
 		t.Errorf("final recover pass: %v\n%s", err, testenv.LogTail(filepath.Join(logs, "recover-final.log"), 20))
 	}
@@ -339,23 +339,27 @@ func TestChaos(t *testing.T) {
 		return !errors.Is(err, jetstream.ErrMsgNotFound)
 	}}
 	records := gitea.Records()
-	tally := judge(records, st.Tasks, execs.Records(), func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) })
+	tally := judge(records, st.Tasks, execs.Records(), func(r TaskRecord) (bool, string) { return cutClaim(r, evidence) },
+		payloadGone(t, kvStream))
 	lost, cut, wrong, lines := tally.Lost, tally.Cut, tally.WronglyFailed, tally.Lines
 	dups, dupLines := duplicated(osb.Created(), keys)
 	leaked, leakLines := leaks(context.Background(), osb, js)
 	kills, byKind := fleet.Kills()
 	ncalls, faulted := gitea.Calls()
-	es, er, eu := execs.Counts()
+	es, er, eu, en := execs.Counts()
 	attributed := 0
 	for _, c := range calls {
-		if c.PID != 0 {
+		if c.Endpoint != "" {
 			attributed++
 		}
 	}
 	t.Logf("processes started: %v; killed: %v; NATS servers SIGKILLed: %d (leaders: %v; %d during a leader election)", fleet.Starts(), byKind, nk.kills, nk.leaders, nk.duringElection)
-	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded attributed to their process; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
+	t.Logf("gitea: %d calls, %d faulted, %d of %d recorded came to a process's own endpoint; claims answered to %s; opensandbox: %d sandboxes created, %d create calls",
 		ncalls, faulted, attributed, len(calls), claimants(records, evidence.Dispatches), len(osb.Created()), osb.Calls("POST", "/sandboxes"))
-	t.Logf("executors: %d started, %d reported, %d ended without reporting; results: %s", es, er, eu, results(gitea.Records(), fleet.KindOf))
+	t.Logf("executors: %d started, %d reported, %d ended without reporting, %d ended without their task; results: %s",
+		es, er, eu, en, results(gitea.Records(), fleet.KindOf))
+	shareOK, share := ownShare(tally.OwnReports, st.Tasks)
+	t.Log(share)
 	t.Logf("streams after the final pass (only %s counts as leaked): %s", assignmentqueue.DefaultStream, streams(context.Background(), js))
 	t.Logf("wall time %s", time.Since(started).Round(time.Second))
 	for _, l := range slices.Concat(lines, dupLines, leakLines) {
@@ -380,8 +384,49 @@ func TestChaos(t *testing.T) {
 	if nk.kills < st.NATSKills || (st.NATSKills >= 2 && nk.duringElection == 0) {
 		t.Errorf("NATS faults: %d server kills (want %d), %d during a leader election (want 1)", nk.kills, st.NATSKills, nk.duringElection)
 	}
+	if !shareOK {
+		t.Errorf("too few tasks ended by their executor's own report: %s", share)
+	}
 	if lost+dups+leaked+wrong > 0 || kills < st.Kills {
 		t.Fail()
+	}
+}
+
+// payloadGone reads from the payload bucket's stream since when each
+// payload is gone (PayloadGone): a payload key's last message is its delete
+// or purge marker once it is removed (markers are kept for the bucket's TTL,
+// far longer than a run).
+func payloadGone(t *testing.T, kvStream jetstream.Stream) PayloadGone {
+	return func(id string) (time.Time, bool) {
+		m, err := kvStream.GetLastMsgForSubject(context.Background(), "$KV."+assignmentqueue.DefaultPayloadBucket+"."+id)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return time.Time{}, true // never written
+		}
+		if err != nil {
+			t.Errorf("the payload bucket's record of %s: %v", id, err)
+			return time.Time{}, false // unknown: no excuse
+		}
+		switch m.Header.Get("KV-Operation") { // the header jetstream's KV writes on a marker
+		case "DEL", "PURGE":
+			return m.Time, true
+		}
+		return time.Time{}, false
+	}
+}
+
+// giteaEndpoints gives each process that calls Gitea (all but handle) its
+// own endpoint of g, as its GDR_GITEA_URL (Fleet.SetEndpoints), so that
+// every call is known by the process that made it (Gitea.Endpoint).
+func giteaEndpoints(g *Gitea) func(kind string) ([]string, string, error) {
+	return func(kind string) ([]string, string, error) {
+		if kind == "handle" { // never calls Gitea; would its call come, it comes to g.URL, unattributed
+			return nil, "", nil
+		}
+		url, err := g.Endpoint()
+		if err != nil {
+			return nil, "", err
+		}
+		return []string{"GDR_GITEA_URL=" + url}, url, nil
 	}
 }
 
@@ -643,8 +688,8 @@ func leaks(ctx context.Context, osb *sandboxapitest.Server, js jetstream.JetStre
 }
 
 // results sums the final results, by result and by the kind of process
-// that sent it (kindOf a sender's PID; "" if not of the fleet).
-func results(records []TaskRecord, kindOf func(pid int) string) string {
+// that sent it (kindOf the endpoint it came to; "" if not of the fleet).
+func results(records []TaskRecord, kindOf func(endpoint string) string) string {
 	count := map[string]int{}
 	for _, r := range records {
 		for _, f := range r.Finals {
@@ -653,7 +698,7 @@ func results(records []TaskRecord, kindOf func(pid int) string) string {
 			}
 			by := f.By
 			if f.By == "protocol" {
-				switch kindOf(f.PID) {
+				switch kindOf(f.Endpoint) {
 				case "gateway":
 					by = "executor via gateway"
 				case "dispatch":

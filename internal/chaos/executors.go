@@ -58,9 +58,11 @@ type ExecEnd string
 const (
 	// ExecRunning: it has not ended.
 	ExecRunning ExecEnd = ""
-	// ExecNoTask: it ended without its task (the payload gone, the gateway
-	// unreachable for too long, an assignment ID it cannot read), so it
-	// reported nothing.
+	// ExecNoTask: it ended without its task, so it reported nothing: the
+	// gateway refused its fetch (an error the runner does not retry, or
+	// another task or none handed out), or never answered it for
+	// gatewayRetry, or its sandbox's variables were unusable (RefusedAt and
+	// Refusal say when and why).
 	ExecNoTask ExecEnd = "no-task"
 	// ExecReported: it sent its final result (Result) and ended.
 	ExecReported ExecEnd = "reported"
@@ -95,6 +97,12 @@ type ExecRecord struct {
 	Result, Answer runnerv1.Result
 	SentAt         time.Time
 	ReportErr      string
+	// RefusedAt is, for ExecNoTask, when the refusal began: the send time
+	// of the fetch the gateway refused, or of its first fetch when the
+	// gateway never answered one; zero if it never fetched (its sandbox's
+	// variables were unusable, EndedAt then). Refusal says what it was told.
+	RefusedAt time.Time
+	Refusal   string
 }
 
 // Run starts an executor for every sandbox created, until ctx ends; it
@@ -235,7 +243,7 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	client, err := x.client(sb)
 	if err != nil {
 		x.mu.Lock()
-		rec.ReportErr = err.Error()
+		rec.Refusal = err.Error()
 		x.mu.Unlock()
 		x.end(rec, ExecNoTask, time.Time{})
 		x.Sandboxes.Transition(id, "Failed")
@@ -252,13 +260,16 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 	// The runner fetches its task through the gateway, which reads the
 	// payload and marks it started; the runner retries while the gateway
 	// cannot (killed, NATS electing), and gives up on a payload that is gone.
-	if !x.fetch(ctx, client, taskID) {
+	if ok, refusedAt, refusal := x.fetch(ctx, client, taskID); !ok {
 		switch _, ok := x.Sandboxes.Sandbox(id); {
 		case ctx.Err() != nil:
 			x.end(rec, ExecAbandoned, time.Time{})
 		case !ok:
 			x.stopped(rec)
 		default:
+			x.mu.Lock()
+			rec.RefusedAt, rec.Refusal = refusedAt, refusal
+			x.mu.Unlock()
 			x.end(rec, ExecNoTask, time.Time{})
 			x.Sandboxes.Transition(id, "Failed")
 		}
@@ -312,20 +323,31 @@ func (x *Executors) run(ctx context.Context, sb sandboxapitest.Sandbox) {
 }
 
 // fetch gets the task through the gateway (which marks it started),
-// retrying for up to gatewayRetry as the runner does; false if the gateway
-// refuses (the payload gone, the task over) or never answers, or hands out
-// another task.
-func (x *Executors) fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, taskID int64) bool {
-	deadline := time.Now().Add(gatewayRetry)
+// retrying for up to gatewayRetry as the runner does. It returns false if
+// the gateway refuses (an error the runner does not retry: the payload
+// gone, the task over, ...), hands out another task or none, or never
+// answers; then refusedAt is when the refusal began (the send time of the
+// refused fetch, or of the first one when no fetch was answered) and
+// refusal what the gateway said.
+func (x *Executors) fetch(ctx context.Context, c runnerv1connect.RunnerServiceClient, taskID int64) (ok bool, refusedAt time.Time, refusal string) {
+	first := time.Now()
+	deadline := first.Add(gatewayRetry)
 	for {
+		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		res, err := c.FetchTask(cctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
 		cancel()
 		if err == nil {
-			return res.Msg.GetTask().GetId() == taskID
+			if got := res.Msg.GetTask().GetId(); got != taskID {
+				return false, sent, fmt.Sprintf("the gateway handed out task %d, not %d", got, taskID)
+			}
+			return true, time.Time{}, ""
 		}
-		if !retryable(err) || time.Now().After(deadline) || !x.sleep(ctx, 200*time.Millisecond) {
-			return false
+		if !retryable(err) {
+			return false, sent, err.Error()
+		}
+		if time.Now().After(deadline) || !x.sleep(ctx, 200*time.Millisecond) {
+			return false, first, fmt.Sprintf("no answer for %s: %v", time.Since(first).Round(time.Second), err)
 		}
 	}
 }
@@ -344,8 +366,8 @@ func (x *Executors) Records() []ExecRecord {
 }
 
 // Counts returns how many executors started (fetched their task), reported,
-// and ended without reporting.
-func (x *Executors) Counts() (started, reported, unreported int) {
+// ended without reporting, and ended without their task.
+func (x *Executors) Counts() (started, reported, unreported, noTask int) {
 	for _, r := range x.Records() {
 		if !r.Started.IsZero() {
 			started++
@@ -355,7 +377,9 @@ func (x *Executors) Counts() (started, reported, unreported int) {
 			reported++
 		case ExecUnreported:
 			unreported++
+		case ExecNoTask:
+			noTask++
 		}
 	}
-	return started, reported, unreported
+	return started, reported, unreported, noTask
 }

@@ -38,9 +38,10 @@ import (
 //   - With faults on, a share of all calls (FaultRate) answers 500, 502,
 //     503 or 429 before taking effect, from a seeded source.
 //   - Every call that reaches it is recorded (CallLog): when its handler
-//     started and ended, which registration made it, and which process of
-//     the fleet opened its connection (AttributeConns); a claim keeps the
-//     call that carried it.
+//     started and ended, which registration made it, and to which of its
+//     endpoints it came (Endpoint: each process of the fleet is given its
+//     own, so the endpoint names the process); a claim keeps the call that
+//     carried it.
 //
 // Its methods are safe for concurrent use.
 type Gitea struct {
@@ -58,8 +59,6 @@ type Gitea struct {
 	rngMu sync.Mutex
 	rng   *mathrand.Rand
 
-	// owner finds the process that opened a connection (AttributeConns).
-	owner   atomic.Pointer[func(client, server net.Addr) int]
 	connSeq atomic.Int64
 	callSeq atomic.Int64
 
@@ -115,9 +114,9 @@ type Final struct {
 	Log string
 	// At is when Gitea received it.
 	At time.Time
-	// PID is the process of the fleet that sent it over the protocol (see
-	// Call), 0 if unknown or not sent over the protocol.
-	PID int
+	// Endpoint is the endpoint the call that sent it over the protocol came
+	// to (see Call), "" if none of Endpoint's or not sent over the protocol.
+	Endpoint string
 }
 
 // Call is one call that reached the scripted Gitea (faulted ones included).
@@ -130,11 +129,13 @@ type Call struct {
 	// if none.
 	Runner int64
 	// Conn numbers its connection; ConnAt is when that connection was
-	// accepted, and PID the process of the fleet that opened it (0 if
-	// unknown: no owner set, or the process was gone by then).
-	Conn   int64
-	ConnAt time.Time
-	PID    int
+	// accepted, and Endpoint the root URL of the endpoint it came to (one
+	// Endpoint opened; "" for the URL every process shares), which names the
+	// process it was given to, whenever the connection was accepted and
+	// whatever became of the process since.
+	Conn     int64
+	ConnAt   time.Time
+	Endpoint string
 	// Started is when its handler started, Answered when its answer was
 	// written (the handler returned).
 	Started, Answered time.Time
@@ -191,17 +192,26 @@ func StartGitea(ctx context.Context, o GiteaOptions) (*Gitea, error) {
 	return g, nil
 }
 
-// AttributeConns has every connection accepted from now on attributed to
-// the process owner names (see Fleet.Owner): owner is given the client's and
-// the server's end of the connection, and is called once per connection, as
-// it is accepted, while its client still holds it.
-func (g *Gitea) AttributeConns(owner func(client, server net.Addr) int) { g.owner.Store(&owner) }
+// Endpoint opens a new endpoint of the scripted Gitea, a listener of its own
+// on 127.0.0.1, and returns its root URL (as URL is). Every call that comes
+// to it is recorded with that URL (Call.Endpoint): given to one process
+// only, it names that process from the address the kernel delivered the
+// connection to, with no lookup that could race the process's end. It
+// listens until Stop, so that no later endpoint reuses its port.
+func (g *Gitea) Endpoint() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("scripted gitea: listen for an endpoint: %w", err)
+	}
+	go func() { _ = g.srv.Serve(l) }()
+	return "http://" + l.Addr().String() + "/", nil
+}
 
 // conn is what the server knows of one connection.
 type conn struct {
-	id  int64
-	at  time.Time
-	pid int
+	id       int64
+	at       time.Time
+	endpoint string
 }
 
 type connKey struct{}
@@ -210,8 +220,8 @@ type callKey struct{}
 
 func (g *Gitea) connContext(ctx context.Context, c net.Conn) context.Context {
 	info := &conn{id: g.connSeq.Add(1), at: time.Now()}
-	if owner := g.owner.Load(); owner != nil {
-		info.pid = (*owner)(c.RemoteAddr(), c.LocalAddr())
+	if u := "http://" + c.LocalAddr().String() + "/"; u != g.URL {
+		info.endpoint = u
 	}
 	return context.WithValue(ctx, connKey{}, info)
 }
@@ -222,7 +232,7 @@ func (g *Gitea) record(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &Call{Seq: g.callSeq.Add(1), Method: r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:], Started: time.Now()}
 		if info, ok := r.Context().Value(connKey{}).(*conn); ok {
-			c.Conn, c.ConnAt, c.PID = info.id, info.at, info.pid
+			c.Conn, c.ConnAt, c.Endpoint = info.id, info.at, info.endpoint
 		}
 		g.mu.Lock()
 		if rn := g.runners[r.Header.Get("x-runner-uuid")]; rn != nil {
@@ -466,7 +476,7 @@ func (g *Gitea) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.Up
 	if len(t.finals) > n {
 		t.finals[n].Log = t.lastLog
 		if call != nil {
-			t.finals[n].PID = call.PID
+			t.finals[n].Endpoint = call.Endpoint
 		}
 	}
 	return connect.NewResponse(&runnerv1.UpdateTaskResponse{State: &runnerv1.TaskState{Id: t.id, Result: result}}), nil

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,6 +78,8 @@ type localMode struct {
 	mu        sync.Mutex
 	proc      *testenv.Process
 	lives     int
+	// starts are when each life started, in order.
+	starts []time.Time
 }
 
 // start starts the next life; its output goes to logs/local-<life>.log.
@@ -97,6 +100,7 @@ func (l *localMode) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.proc = p
+	l.starts = append(l.starts, time.Now())
 }
 
 // kill SIGKILLs local mode's process alone (not its group: the executors
@@ -207,11 +211,12 @@ func (w *executorWatch) poll() {
 	}
 }
 
-// running counts the executors whose runner is alive now (recorded, no
-// status file yet, its process the one recorded).
-func (w *executorWatch) running() int {
+// running returns the executors whose runner is alive now (recorded, no
+// status file yet, its process the one recorded), by ID: the assignment's,
+// one per job (one task per job, none re-run).
+func (w *executorWatch) running() []string {
 	w.poll()
-	n := 0
+	var ids []string
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, p := range w.seen {
@@ -219,10 +224,10 @@ func (w *executorWatch) running() int {
 			continue
 		}
 		if startOf(p.PID) == p.Start {
-			n++
+			ids = append(ids, id)
 		}
 	}
-	return n
+	return ids
 }
 
 // startOf is a process's start time (/proc/<pid>/stat field 22), 0 if it
@@ -384,11 +389,11 @@ func TestChaosGitea(t *testing.T) {
 	lm.args = lm.args[:len(lm.args)-2]
 
 	// The faults. Each waits for a job to run, so that it lands mid-job.
-	midJob := func(what string) int {
+	midJob := func(what string) []string {
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
-			if n := watch.running(); n > 0 {
-				return n
+			if ids := watch.running(); len(ids) > 0 {
+				return ids
 			}
 			if lm.exited() {
 				t.Fatalf("local mode exited by itself before %s:\n%s", what, lm.tail(40))
@@ -403,8 +408,9 @@ func TestChaosGitea(t *testing.T) {
 	for len(giteaAfter) < min(s.GiteaKills, s.Kills) {
 		giteaAfter[r.IntN(s.Kills)] = true
 	}
-	kills, giteaKills, inFlight := 0, 0, 0
-	var killedAt []time.Time
+	kills, giteaKills := 0, 0
+	inFlight := map[string]bool{} // the jobs running at any kill
+	var localKilled, giteaKilled []time.Time
 	for k := range s.Kills {
 		sleep(ctx, time.Second/2+time.Duration(r.Int64N(int64(3*time.Second))))
 		running := midJob(fmt.Sprintf("kill %d", k+1))
@@ -412,20 +418,22 @@ func TestChaosGitea(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		killedAt = append(killedAt, time.Now())
+		localKilled = append(localKilled, time.Now())
 		kills++
-		inFlight += running
-		t.Logf("kill %d: local pid %d SIGKILLed with %d jobs running", kills, pid, running)
+		for _, id := range running {
+			inFlight[id] = true
+		}
+		t.Logf("kill %d: local pid %d SIGKILLed with %d jobs running", kills, pid, len(running))
 		sleep(ctx, time.Duration(r.Int64N(int64(time.Second))))
 		lm.start(t)
 		if giteaAfter[k] {
 			sleep(ctx, time.Second+time.Duration(r.Int64N(int64(2*time.Second))))
 			running := midJob(fmt.Sprintf("Gitea's kill %d", giteaKills+1))
 			killGitea(t, g)
-			killedAt = append(killedAt, time.Now())
+			giteaKilled = append(giteaKilled, time.Now())
 			giteaKills++
 			down := time.Second + time.Duration(r.Int64N(int64(3*time.Second)))
-			t.Logf("Gitea kill %d: SIGKILLed with %d jobs running, down for %s", giteaKills, running, down.Round(time.Millisecond))
+			t.Logf("Gitea kill %d: SIGKILLed with %d jobs running, down for %s", giteaKills, len(running), down.Round(time.Millisecond))
 			sleep(ctx, down)
 			g.Restart(t)
 		}
@@ -433,12 +441,12 @@ func TestChaosGitea(t *testing.T) {
 	for range s.GiteaKills - giteaKills { // more Gitea kills than local ones asked for
 		midJob("a kill of Gitea")
 		killGitea(t, g)
-		killedAt = append(killedAt, time.Now())
+		giteaKilled = append(giteaKilled, time.Now())
 		giteaKills++
 		g.Restart(t)
 	}
-	t.Logf("faults done %s after the start: %d kills of local mode (%d jobs running at them), %d of Gitea",
-		time.Since(began).Round(time.Second), kills, inFlight, giteaKills)
+	t.Logf("faults done %s after the start: %d kills of local mode (%d distinct jobs running at them), %d of Gitea",
+		time.Since(began).Round(time.Second), kills, len(inFlight), giteaKills)
 
 	// The drain: every job ends, every executor is cleaned up.
 	deadline := time.Now().Add(s.Drain)
@@ -451,7 +459,7 @@ func TestChaosGitea(t *testing.T) {
 			}
 		}
 		left, _ := os.ReadDir(watch.dir)
-		if done == len(jobs) && len(left) == 0 && watch.running() == 0 {
+		if done == len(jobs) && len(left) == 0 && len(watch.running()) == 0 {
 			break
 		}
 		if lm.exited() {
@@ -467,11 +475,15 @@ func TestChaosGitea(t *testing.T) {
 	time.Sleep(time.Second) // the last runners' process groups, if any, are reaped
 
 	var records []GiteaJobRecord
-	claimed := 0
-	for _, j := range g.Jobs(t, repo) {
+	jobs, tasks := g.Jobs(t, repo), giteaTasks(t, g, repo)
+	names := map[string]int{}
+	for _, j := range jobs {
+		names[j.Name]++
+	}
+	for _, j := range jobs {
 		rec := GiteaJobRecord{ID: j.ID, Name: j.Name, Status: j.Status, Conclusion: j.Conclusion, Attempt: j.RunAttempt, Started: j.StartedAt}
-		if !j.StartedAt.IsZero() {
-			claimed++
+		if ids := tasks[j.Name]; len(ids) == 1 && names[j.Name] == 1 {
+			rec.TaskID = ids[0]
 		}
 		for _, st := range j.Steps {
 			rec.Steps = append(rec.Steps, st.Conclusion)
@@ -483,8 +495,33 @@ func TestChaosGitea(t *testing.T) {
 		records = append(records, rec)
 	}
 	received := lm.received(t)
-	ev := CutEvidence{Kills: killedAt, Unreceived: max(0, claimed-len(received))}
-	t.Logf("%d jobs claimed from Gitea, %d tasks received by local mode", claimed, len(received))
+	ev := CutEvidence{Received: received, GiteaKills: giteaKilled}
+	for i, start := range lm.starts {
+		l := LocalLife{Started: start}
+		if i < len(localKilled) { // kill i ended life i; the last life was stopped
+			l.Killed = localKilled[i]
+		}
+		ev.Lives = append(ev.Lives, l)
+	}
+	var unreceived []int64
+	ntasks := 0
+	for _, ids := range tasks {
+		ntasks += len(ids)
+		for _, id := range ids {
+			if !received[id] {
+				unreceived = append(unreceived, id)
+			}
+		}
+	}
+	slices.Sort(unreceived)
+	known := 0
+	for _, rec := range records {
+		if rec.TaskID != 0 {
+			known++
+		}
+	}
+	t.Logf("%d tasks created by Gitea (%d of %d jobs' known), %d received by local mode; never received: %v",
+		ntasks, known, len(records), len(received), unreceived)
 	tally := JudgeGitea(s.Jobs, records, ev, watch.leftovers())
 	for _, l := range tally.Lines {
 		t.Log(l)
@@ -497,6 +534,31 @@ func TestChaosGitea(t *testing.T) {
 	}
 	if tally.Lost+tally.Wrong+tally.Leaked > 0 {
 		t.Errorf("the verdict failed the run (seed %d)", s.Seed)
+	}
+}
+
+// giteaTasks returns the IDs of the tasks Gitea created in repo, by the name
+// of their job (its API lists tasks with their job's name, not its ID).
+func giteaTasks(t *testing.T, g *giteaenv.Server, repo string) map[string][]int64 {
+	t.Helper()
+	byName := map[string][]int64{}
+	for page, seen := 1, 0; ; page++ {
+		var r struct {
+			Tasks []struct {
+				ID   int64  `json:"id"`
+				Name string `json:"name"`
+			} `json:"workflow_runs"` // sic: Gitea's ActionTaskResponse
+			TotalCount int `json:"total_count"`
+		}
+		if code := g.Do(t, http.MethodGet, fmt.Sprintf("/repos/%s/actions/tasks?page=%d&limit=50", repo, page), nil, &r); code != http.StatusOK {
+			t.Fatalf("list the tasks of %s: status %d", repo, code)
+		}
+		for _, task := range r.Tasks {
+			byName[task.Name] = append(byName[task.Name], task.ID)
+		}
+		if seen += len(r.Tasks); len(r.Tasks) == 0 || seen >= r.TotalCount {
+			return byName
+		}
 	}
 }
 

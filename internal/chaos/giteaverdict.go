@@ -102,20 +102,32 @@ type GiteaJobRecord struct {
 	Started time.Time
 	// HasLog is whether Gitea holds a log of the job (a runner wrote one).
 	HasLog bool
+	// TaskID is the task Gitea created for the job (its claim), 0 if it
+	// created none or its task cannot be told (Gitea lists tasks by job
+	// name, and two jobs or two tasks share it).
+	TaskID int64
 }
 
 // CutEvidence is what a cut claim is judged from.
 type CutEvidence struct {
-	// Kills are the moments of every SIGKILL of the run, of local mode and
-	// of Gitea.
-	Kills []time.Time
-	// Unreceived is how many of Gitea's tasks local mode never received:
-	// Gitea created one task per job it handed out (one runner, no re-run),
-	// and local mode logs every FetchTask answer it receives ("job picked
-	// up", with the task's ID), so the tasks created minus the IDs any life
-	// of local mode logged are claims whose answer never reached it.
-	Unreceived int
+	// Received are the IDs of the tasks any life of local mode logged
+	// receiving ("job picked up", written as the FetchTask answer arrives).
+	Received map[int64]bool
+	// Lives are local mode's lives, in order: each from its start to its
+	// SIGKILL (Killed zero for a life not killed).
+	Lives []LocalLife
+	// GiteaKills are the moments Gitea was SIGKILLed.
+	GiteaKills []time.Time
 }
+
+// LocalLife is one process of local mode, from its start to its SIGKILL.
+type LocalLife struct {
+	Started, Killed time.Time
+}
+
+// claimResolution is how finely Gitea records a claim's moment (its
+// started_at is Unix seconds): the claim came in [Started, Started+1s).
+const claimResolution = time.Second
 
 // cutClaimGitea reports whether job j's claim was cut: the one window
 // Gitea's runner protocol leaves (docs/OPERATIONS.md): Gitea created the
@@ -125,25 +137,50 @@ type CutEvidence struct {
 // of: the job failed with no log (no runner ever wrote a line of it) and
 // every step failed, as Gitea 1.27.3's reaper marks the steps it created at
 // the claim (seen in a run; none ran: a run step that failed leaves the
-// next ones skipped); a SIGKILL came at most dispatcher.ClaimTimeout after its claim (the
-// longest a FetchTask answer is awaited); and fewer jobs were judged cut
-// than tasks local mode never received (ev.Unreceived), so every cut job
-// is one such task.
-func cutClaimGitea(j GiteaJobRecord, ev CutEvidence, cutSoFar int) (bool, string) {
+// next ones skipped); its task's ID is known and no life of local mode
+// logged receiving it (ev.Received); and the kill nearest after the claim
+// (the first SIGKILL of local mode or of Gitea at or after Started) came at
+// most dispatcher.ClaimTimeout after it (the longest a FetchTask answer is
+// awaited) and, if it was local mode's, ended the life that was running at
+// the claim (started before the claim's second ended): a claim made while
+// local mode was down is not the next life's. The second string says why
+// not, "" when j is no reaped claim at all.
+func cutClaimGitea(j GiteaJobRecord, ev CutEvidence) (bool, string) {
 	if j.Status != "completed" || j.Conclusion != "failure" || j.HasLog || j.Started.IsZero() ||
 		slices.ContainsFunc(j.Steps, func(c string) bool { return c != "failure" }) {
 		return false, ""
 	}
-	if cutSoFar >= ev.Unreceived {
-		return false, fmt.Sprintf("no task local mode never received is left for it (%d)", ev.Unreceived)
+	if j.TaskID == 0 {
+		return false, "its task is not known (Gitea lists none, or several, by its name)"
 	}
-	for _, k := range ev.Kills {
-		if after := k.Sub(j.Started); after >= 0 && after <= dispatcher.ClaimTimeout {
-			return true, fmt.Sprintf("job %d %q claimed at %s, a SIGKILL %s later; failed by Gitea's zombie reaper with no step run",
-				j.ID, j.Name, clock(j.Started), after.Round(time.Millisecond))
+	if ev.Received[j.TaskID] {
+		return false, fmt.Sprintf("local mode received its task %d", j.TaskID)
+	}
+	var kill time.Time
+	var life *LocalLife
+	for i, l := range ev.Lives {
+		if !l.Killed.IsZero() && !l.Killed.Before(j.Started) && (kill.IsZero() || l.Killed.Before(kill)) {
+			kill, life = l.Killed, &ev.Lives[i]
 		}
 	}
-	return false, fmt.Sprintf("no SIGKILL came within %s after its claim at %s", dispatcher.ClaimTimeout, clock(j.Started))
+	for _, k := range ev.GiteaKills {
+		if !k.Before(j.Started) && (kill.IsZero() || k.Before(kill)) {
+			kill, life = k, nil
+		}
+	}
+	switch after := kill.Sub(j.Started); {
+	case kill.IsZero() || after > dispatcher.ClaimTimeout:
+		return false, fmt.Sprintf("no SIGKILL came within %s after its claim at %s", dispatcher.ClaimTimeout, clock(j.Started))
+	case life != nil && !life.Started.Before(j.Started.Add(claimResolution)):
+		return false, fmt.Sprintf("the kill nearest after its claim at %s (%s) ended a life of local mode started after its claim, at %s",
+			clock(j.Started), clock(kill), clock(life.Started))
+	case life == nil:
+		return true, fmt.Sprintf("job %d %q claimed at %s as task %d, never received; Gitea SIGKILLed %s later; failed by Gitea's zombie reaper with no step run",
+			j.ID, j.Name, clock(j.Started), j.TaskID, after.Round(time.Millisecond))
+	default:
+		return true, fmt.Sprintf("job %d %q claimed at %s as task %d, never received; local mode SIGKILLed %s later; failed by Gitea's zombie reaper with no step run",
+			j.ID, j.Name, clock(j.Started), j.TaskID, after.Round(time.Millisecond))
+	}
 }
 
 // GiteaTally is the verdict over a run.
@@ -205,7 +242,7 @@ func JudgeGitea(want int, jobs []GiteaJobRecord, ev CutEvidence, leftovers []str
 			}
 		}
 		if v == WronglyFailed {
-			if cut, reason := cutClaimGitea(j, ev, t.Cut); cut {
+			if cut, reason := cutClaimGitea(j, ev); cut {
 				v, why = Cut, reason
 			} else if reason != "" {
 				why += "; not a cut claim: " + reason

@@ -19,11 +19,26 @@ func fineJob(n int, code string) GiteaJobRecord {
 }
 
 // reaped is job n (a succeeding one) as Gitea's zombie reaper leaves a task
-// no runner ever ran: failed, every step failed, no log, claimed at started.
+// no runner ever ran: failed, every step failed, no log, claimed at started
+// as task 500+n.
 func reaped(n int, started time.Time) GiteaJobRecord {
 	j := fineJob(n, "0")
 	j.Conclusion, j.Steps, j.Marks, j.Started, j.HasLog = "failure", []string{"failure", "failure", "failure"}, 0, started, false
+	j.TaskID = int64(500 + n)
 	return j
+}
+
+// life is a life of local mode from startMs to its SIGKILL at killMs.
+func life(startMs, killMs int) LocalLife { return LocalLife{Started: at(startMs), Killed: at(killMs)} }
+
+// cutEvidence is what TestChaosGitea gathers: local mode's lives, Gitea's
+// kills, the task IDs local mode received.
+func cutEvidence(received []int64, lives []LocalLife, giteaKills ...time.Time) CutEvidence {
+	ev := CutEvidence{Lives: lives, GiteaKills: giteaKills, Received: map[int64]bool{}}
+	for _, id := range received {
+		ev.Received[id] = true
+	}
+	return ev
 }
 
 func TestEarned(t *testing.T) {
@@ -98,20 +113,33 @@ func TestJudgeGitea(t *testing.T) {
 		{"re-run", 1, []GiteaJobRecord{edit(fineJob(0, "0"), func(j *GiteaJobRecord) { j.Attempt = 2 })}, CutEvidence{}, nil, 0, 1, 0, 0, "re-run"},
 		{"two jobs of one number", 1, []GiteaJobRecord{fineJob(0, "0"), edit(fineJob(0, "0"), func(j *GiteaJobRecord) { j.ID = 7 })}, CutEvidence{}, nil, 0, 1, 0, 0, "second job"},
 		{"a job beyond those pushed", 1, []GiteaJobRecord{fineJob(0, "0"), fineJob(1, "0")}, CutEvidence{}, nil, 0, 1, 0, 0, "beyond"},
-		{"a cut claim: reaped with no step, a kill 2 s after its claim, a task never received", 1,
-			[]GiteaJobRecord{reaped(0, at(1000))}, CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 0, 0, 1, "zombie reaper"},
+		{"a cut claim: reaped with no step, its life SIGKILLed 2 s after its claim, its task never received", 1,
+			[]GiteaJobRecord{reaped(0, at(1000))}, cutEvidence(nil, []LocalLife{life(0, 3000)}), nil, 0, 0, 0, 1, "zombie reaper"},
+		{"a cut claim: Gitea SIGKILLed 200 ms after the claim", 1,
+			[]GiteaJobRecord{reaped(0, at(1000))}, cutEvidence(nil, []LocalLife{life(0, 60000)}, at(1200)), nil, 0, 0, 0, 1, "Gitea SIGKILLed"},
 		{"not cut: no kill within ClaimTimeout after its claim", 1,
-			[]GiteaJobRecord{reaped(0, at(1000))}, CutEvidence{Kills: []time.Time{at(500), at(1000 + 31000)}, Unreceived: 1}, nil, 0, 1, 0, 0, "no SIGKILL came"},
-		{"not cut: local mode received every task", 1,
-			[]GiteaJobRecord{reaped(0, at(1000))}, CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 0}, nil, 0, 1, 0, 0, "never received is left"},
-		{"not cut: more reaped jobs than tasks never received", 2,
-			[]GiteaJobRecord{reaped(0, at(1000)), reaped(1, at(1100))}, CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 1, "never received is left"},
+			[]GiteaJobRecord{reaped(0, at(1000))}, cutEvidence(nil, []LocalLife{life(0, 500), life(600, 1000+31000)}), nil, 0, 1, 0, 0, "no SIGKILL came"},
+		{"not cut: local mode received its task", 1,
+			[]GiteaJobRecord{reaped(0, at(1000))}, cutEvidence([]int64{500}, []LocalLife{life(0, 3000)}), nil, 0, 1, 0, 0, "local mode received its task 500"},
+		// Matched by ID, not by count: the job whose task local mode never
+		// received is the cut one, whichever comes first.
+		{"two reaped jobs, local mode received the first one's task", 2,
+			[]GiteaJobRecord{reaped(0, at(1000)), reaped(1, at(1100))}, cutEvidence([]int64{500}, []LocalLife{life(0, 3000)}),
+			nil, 0, 1, 0, 1, "local mode received its task 500"},
+		{"not cut: its task is not known", 1,
+			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.TaskID = 0 })},
+			cutEvidence(nil, []LocalLife{life(0, 3000)}), nil, 0, 1, 0, 0, "its task is not known"},
+		// The window is the life the nearest kill ended: a claim made while
+		// local mode was down is not cut by the next life's kill.
+		{"not cut: claimed while local mode was down, the next life killed within ClaimTimeout", 1,
+			[]GiteaJobRecord{reaped(0, at(1000))}, cutEvidence(nil, []LocalLife{life(0, 900), life(2500, 5000)}),
+			nil, 0, 1, 0, 0, "started after its claim"},
 		{"not cut: a step ran", 1,
 			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.Steps = []string{"success", "failure", "failure"} })},
-			CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 0, "wrongly-failed"},
+			cutEvidence(nil, []LocalLife{life(0, 3000)}), nil, 0, 1, 0, 0, "wrongly-failed"},
 		{"not cut: a runner wrote its log", 1,
 			[]GiteaJobRecord{edit(reaped(0, at(1000)), func(j *GiteaJobRecord) { j.HasLog = true })},
-			CutEvidence{Kills: []time.Time{at(3000)}, Unreceived: 1}, nil, 0, 1, 0, 0, "wrongly-failed"},
+			cutEvidence(nil, []LocalLife{life(0, 3000)}), nil, 0, 1, 0, 0, "wrongly-failed"},
 		{"an executor left", 1, []GiteaJobRecord{fineJob(0, "0")}, CutEvidence{}, []string{"executor local-5: its state directory"}, 0, 0, 1, 0, "LEAKED: executor local-5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

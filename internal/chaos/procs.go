@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -49,6 +49,8 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 type Fleet struct {
 	env  []string
 	logs string
+	// endpoints gives each process its own endpoint of a peer (SetEndpoints).
+	endpoints func(kind string) (env []string, endpoint string, err error)
 
 	mu       sync.Mutex
 	live     map[int]*member
@@ -62,10 +64,11 @@ type Fleet struct {
 }
 
 type member struct {
-	kind    string
-	proc    *testenv.Process
-	started time.Time
-	killed  bool
+	kind     string
+	proc     *testenv.Process
+	started  time.Time
+	killed   bool
+	endpoint string
 }
 
 // Life is one process of the fleet, from its start to its end.
@@ -75,6 +78,9 @@ type Life struct {
 	Started, Ended time.Time
 	// Killed: it ended by the fleet's SIGKILL.
 	Killed bool
+	// Endpoint names the endpoint of a peer given to it alone (SetEndpoints),
+	// "" if none.
+	Endpoint string
 }
 
 // NewFleet returns a fleet whose processes get env (and nothing of the test's
@@ -82,6 +88,18 @@ type Life struct {
 func NewFleet(env []string, logs string, seed uint64) *Fleet {
 	return &Fleet{env: env, logs: logs, live: map[int]*member{}, starts: map[string]int{}, exits: map[string]int{},
 		kills: map[string]int{}, rng: mathrand.New(mathrand.NewPCG(seed, 0x6b696c6c))}
+}
+
+// SetEndpoints has every process started from now on given its own endpoint
+// of a peer: open is called before each start with the process's kind and
+// returns the variables that name the endpoint to the process (added to its
+// environment last, so they override the fleet's) and the endpoint's name,
+// recorded as its Life.Endpoint ("" and no variables: none). Open must not
+// return an endpoint it returned before.
+func (f *Fleet) SetEndpoints(open func(kind string) (env []string, endpoint string, err error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.endpoints = open
 }
 
 // ErrClosed is returned by Run once the fleet is closed.
@@ -95,21 +113,30 @@ func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
 		f.mu.Unlock()
 		return ErrClosed
 	}
+	open := f.endpoints
 	f.mu.Unlock()
+	var endpointEnv []string
+	var endpoint string
+	if open != nil {
+		var err error
+		if endpointEnv, endpoint, err = open(kind); err != nil {
+			return fmt.Errorf("%s: its endpoint: %w", kind, err)
+		}
+	}
 	logf, err := os.OpenFile(filepath.Join(f.logs, kind+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append([]string{}, f.env...), extra...)
+	cmd.Env = slices.Concat(f.env, extra, endpointEnv)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	p, err := testenv.StartProcess(cmd)
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
-	f.live[p.PID()] = &member{kind: kind, proc: p, started: time.Now()}
+	f.live[p.PID()] = &member{kind: kind, proc: p, started: time.Now(), endpoint: endpoint}
 	f.starts[kind]++
 	killSoon := f.killNext > 0 && !f.closed
 	var after time.Duration
@@ -130,7 +157,7 @@ func (f *Fleet) Run(kind, bin string, extra []string, args ...string) error {
 	<-p.Exited()
 	f.mu.Lock()
 	m := f.live[p.PID()]
-	f.lives = append(f.lives, Life{Kind: kind, PID: p.PID(), Started: m.started, Ended: time.Now(), Killed: m.killed})
+	f.lives = append(f.lives, Life{Kind: kind, PID: p.PID(), Started: m.started, Ended: time.Now(), Killed: m.killed, Endpoint: m.endpoint})
 	delete(f.live, p.PID())
 	f.exits[kind]++
 	f.mu.Unlock()
@@ -225,32 +252,17 @@ func (f *Fleet) Lives(kind string) []Life {
 	return out
 }
 
-// KindOf returns the kind of the fleet's process pid, "" if it started
-// none with that PID (a PID reused by a later process of the fleet gives
-// the later one's kind).
-func (f *Fleet) KindOf(pid int) string {
+// KindOf returns the kind of the ended process of the fleet that was given
+// endpoint (SetEndpoints), "" if none was.
+func (f *Fleet) KindOf(endpoint string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	kind := ""
 	for _, l := range f.lives {
-		if l.PID == pid {
-			kind = l.Kind
+		if endpoint != "" && l.Endpoint == endpoint {
+			return l.Kind
 		}
 	}
-	return kind
-}
-
-// Owner returns the live process of the fleet that opened the TCP
-// connection whose client end is client and server end server (see
-// connOwner), 0 if none did.
-func (f *Fleet) Owner(client, server net.Addr) int {
-	f.mu.Lock()
-	pids := make([]int, 0, len(f.live))
-	for pid := range f.live {
-		pids = append(pids, pid)
-	}
-	f.mu.Unlock()
-	return connOwner(client, server, pids)
+	return ""
 }
 
 // Starts returns the processes started so far, by kind.
