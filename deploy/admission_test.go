@@ -267,21 +267,19 @@ func containerNamed(p *corev1.Pod, name string) *corev1.Container {
 	return nil
 }
 
-// TestExecutorsAdmissionPolicy evaluates deploy/admission's policy in the API server's own
-// ValidatingAdmissionPolicy plugin (k8s.io/apiserver: CEL compiled and run as the server does,
-// its matcher, binding and parameter resolution) on the executor Pod the real pod backend
-// makes for a build pool, and on that Pod changed: the build sidecar's exception holds for the
-// installed buildkit image, its user 65532 and its Localhost profile alone, with the image's own
-// entrypoint; every container but the sidecar stays restricted; an ephemeral container added
-// through the pods/ephemeralcontainers subresource (what kubectl debug does) is held to
-// restricted too; outside the executors' namespace the policy does not apply.
-func TestExecutorsAdmissionPolicy(t *testing.T) {
-	objs := loadAdmission(t)
-	plane := startAdmission(t, objs)
-	built := buildExecutorPod(t, buildImage(objs))
-	if built.Namespace != jobsNamespace {
-		t.Fatalf("executor Pod in %q, want %q", built.Namespace, jobsNamespace)
-	}
+// admissionCase is a change to the build executor Pod and the policy's answer to it.
+type admissionCase struct {
+	name string
+	// subresource "ephemeralcontainers": an update of the stored Pod through it; "": a create.
+	subresource string
+	namespace   string // "": the executors'
+	edit        func(p *corev1.Pod)
+	want        string // "": admitted; else the refusal names it
+}
+
+// admissionCases are what TestExecutorsAdmissionPolicy asks the API server's policy plugin
+// and TestE2EExecutorsAdmissionPolicy a real kube-apiserver.
+func admissionCases() []admissionCase {
 	sidecar := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.BuildContainer) }
 	runner := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.RunnerContainer) }
 	no, yes := false, true
@@ -302,14 +300,7 @@ func TestExecutorsAdmissionPolicy(t *testing.T) {
 		restricted    = "every container of an executor Pod but the build sidecar gdr-buildkit is restricted"
 		ephemeralRule = "an ephemeral container of an executor Pod is restricted"
 	)
-	for _, tc := range []struct {
-		name string
-		// subresource "ephemeralcontainers": an update of the stored Pod through it; "": a create.
-		subresource string
-		namespace   string // "": the executors'
-		edit        func(p *corev1.Pod)
-		want        string // "": admitted; else the refusal names it
-	}{
+	return []admissionCase{
 		{name: "the build Pod as the pod backend makes it"},
 		{name: "the sidecar from another image", want: sidecarRule,
 			edit: func(p *corev1.Pod) { sidecar(p).Image = "registry.example.com/anything:latest" }},
@@ -351,7 +342,13 @@ func TestExecutorsAdmissionPolicy(t *testing.T) {
 			})},
 		{name: "the sidecar from another image in another namespace", namespace: "elsewhere",
 			edit: func(p *corev1.Pod) { sidecar(p).Image = "registry.example.com/anything:latest" }},
-	} {
+	}
+}
+
+// checkAdmission asks admit (create p, or update old to p through subresource) about each
+// case's change to built, and checks the answer.
+func checkAdmission(t *testing.T, built *corev1.Pod, admit func(p, old *corev1.Pod, subresource string) error) {
+	for _, tc := range admissionCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			p := built.DeepCopy()
 			if tc.namespace != "" {
@@ -364,7 +361,7 @@ func TestExecutorsAdmissionPolicy(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(p)
 			}
-			err := plane.admit(p, old, tc.subresource)
+			err := admit(p, old, tc.subresource)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -377,6 +374,24 @@ func TestExecutorsAdmissionPolicy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExecutorsAdmissionPolicy evaluates deploy/admission's policy in the API server's own
+// ValidatingAdmissionPolicy plugin (k8s.io/apiserver: CEL compiled and run as the server does,
+// its matcher, binding and parameter resolution) on the executor Pod the real pod backend
+// makes for a build pool, and on that Pod changed: the build sidecar's exception holds for the
+// installed buildkit image, its user 65532 and its Localhost profile alone, with the image's own
+// entrypoint; every container but the sidecar stays restricted; an ephemeral container added
+// through the pods/ephemeralcontainers subresource (what kubectl debug does) is held to
+// restricted too; outside the executors' namespace the policy does not apply.
+func TestExecutorsAdmissionPolicy(t *testing.T) {
+	objs := loadAdmission(t)
+	plane := startAdmission(t, objs)
+	built := buildExecutorPod(t, buildImage(objs))
+	if built.Namespace != jobsNamespace {
+		t.Fatalf("executor Pod in %q, want %q", built.Namespace, jobsNamespace)
+	}
+	checkAdmission(t, built, plane.admit)
 }
 
 // TestExecutorsAdmissionPolicyWithoutParameters: the policy pins the sidecar to what the
