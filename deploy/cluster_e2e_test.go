@@ -49,6 +49,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/spireenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
@@ -344,6 +345,17 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			if ns.Labels[k] != v {
 				t.Fatalf("namespace %s labels %v after README's build namespace block, want %v", jobsNamespace, ns.Labels, podSecurityBuild)
 			}
+		}
+		// The admission policy's parameters, as an operator edits them: the build pools'
+		// image and profiles (localPools), the missing one included, so that its Pod
+		// reaches the kubelet (MissingProfile).
+		params, err := cs.CoreV1().ConfigMaps(jobsNamespace).Get(ctx, "gdr-executors-build", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("README's build namespace block: %v", err)
+		}
+		params.Data = map[string]string{"images": buildkitTestImage + "\n", "seccompProfiles": pod.DefaultBuildSeccompProfile + "\n" + missingSeccompProfile + "\n"}
+		if _, err := cs.CoreV1().ConfigMaps(jobsNamespace).Update(ctx, params, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	key := func(n int) []byte {
@@ -1175,7 +1187,7 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 			b := copyOf(name, "IfNotPresent")
 			// The test node has 2 cores: the sidecars of the build tests'
 			// executors (several at once) request little CPU; the limits stay.
-			settings := map[string]any{"image": "gdr.local/gitea-dynamic-runner-buildkit:latest",
+			settings := map[string]any{"image": buildkitTestImage,
 				"resources": map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "1Gi"},
 					"limits": map[string]any{"cpu": "2", "memory": "1Gi"}}}
 			if profile != "" {
@@ -1194,6 +1206,9 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 	}
 	return string(out)
 }
+
+// buildkitTestImage is the build pools' buildkit image: make images' buildkit, imported.
+const buildkitTestImage = "gdr.local/gitea-dynamic-runner-buildkit:latest"
 
 // registrySecret is the pull secret of the pool linux for the private
 // registry (registryenv).

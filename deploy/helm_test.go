@@ -3,6 +3,7 @@ package deploy
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"helm.sh/helm/v4/pkg/cli/values"
 	"helm.sh/helm/v4/pkg/getter"
 	"helm.sh/helm/v4/pkg/release"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/diff"
 	"sigs.k8s.io/yaml"
 )
@@ -596,5 +598,58 @@ func TestHelmRendersWhatRecoverStatusUses(t *testing.T) {
 		if _, ok := chart[key]; !ok {
 			t.Errorf("recover-status.yaml uses %s, which the chart does not render", key)
 		}
+	}
+}
+
+// TestHelmExecutorsEgress checks, on the network model of TestNetworkPolicies, the chart's two
+// knobs of the executors' egress, with the executor Pod the pod backend makes from the rendered
+// config: executors.egress.internet (on by default; off, executors reach the gateway and DNS
+// alone) and executors.egress.gitea (off by default; on, an in-cluster Gitea's Pods, selected by
+// namespace and labels, on its port alone).
+func TestHelmExecutorsEgress(t *testing.T) {
+	internet := endpoint{name: "the internet (github.com)", ip: netip.MustParseAddr("140.82.112.3")}
+	wireServer := endpoint{name: "Azure's WireServer", ip: netip.MustParseAddr("168.63.129.16")}
+	forge := endpoint{name: "Gitea in forge", namespace: "forge", labels: map[string]string{"app": "forge"}, ip: netip.MustParseAddr("10.244.3.7")}
+	forgeOther := endpoint{name: "another Pod in forge", namespace: "forge", labels: map[string]string{"app": "db"}, ip: netip.MustParseAddr("10.244.3.8")}
+	gitea := endpoint{name: "Gitea in gitea", namespace: "gitea", labels: map[string]string{"app.kubernetes.io/name": "gitea"}, ip: netip.MustParseAddr("10.244.3.9")}
+	dns := endpoint{name: "kube-dns", namespace: "kube-system", labels: map[string]string{"k8s-app": "kube-dns"}, ip: netip.MustParseAddr("10.244.0.3")}
+	type conn struct {
+		dst  endpoint
+		port int32
+		want bool
+	}
+	onGitea := map[string]any{"enabled": true, "namespace": "forge", "podLabels": map[string]any{"app": "forge"}, "port": 3000}
+	for _, tc := range []struct {
+		name  string
+		vals  map[string]any
+		conns []conn
+	}{
+		{"defaults", nil, []conn{{internet, 443, true}, {wireServer, 80, false}, {gitea, 3000, false}, {forge, 3000, false}}},
+		{"internet off", map[string]any{"executors": map[string]any{"egress": map[string]any{"internet": false}}},
+			[]conn{{internet, 443, false}, {dns, 53, true}, {gitea, 3000, false}}},
+		{"in-cluster Gitea", map[string]any{"executors": map[string]any{"egress": map[string]any{"gitea": onGitea}}},
+			[]conn{{forge, 3000, true}, {forge, 22, false}, {forgeOther, 3000, false}, {gitea, 3000, false}, {internet, 443, true}}},
+		{"in-cluster Gitea alone", map[string]any{"executors": map[string]any{"egress": map[string]any{"internet": false, "gitea": onGitea}}},
+			[]conn{{forge, 3000, true}, {internet, 443, false}, {wireServer, 80, false}}},
+		{"in-cluster Gitea by the default labels", map[string]any{"executors": map[string]any{"egress": map[string]any{"gitea": map[string]any{"enabled": true}}}},
+			[]conn{{gitea, 3000, true}, {gitea, 22, false}, {forge, 3000, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			docs := mustRenderChart(t, installNamespace, tc.vals)
+			ps := loadPolicies(t, docs)
+			p := executorPod(t, docs)
+			executor := endpoint{name: "executor " + p.Name, namespace: p.Namespace, labels: p.Labels, ip: netip.MustParseAddr("10.244.1.10")}
+			gateway := endpoint{name: "gateway", namespace: installNamespace, labels: map[string]string{"app.kubernetes.io/name": "gateway"},
+				ip: netip.MustParseAddr("10.244.1.20")}
+			for _, c := range append(tc.conns, conn{gateway, 8443, true}) {
+				proto := corev1.ProtocolTCP
+				if c.port == 53 {
+					proto = corev1.ProtocolUDP
+				}
+				if got := ps.allowed(t, executor, c.dst, c.port, proto); got != c.want {
+					t.Errorf("executor to %s on %d: allowed %v, want %v", c.dst.name, c.port, got, c.want)
+				}
+			}
+		})
 	}
 }

@@ -297,6 +297,11 @@ func loadPolicies(t *testing.T, docs []doc) policySet {
 	return ps
 }
 
+// executorEgressExcluded are the ranges every ipBlock of the executors' egress must leave out:
+// private, shared (CGNAT, where Alibaba Cloud's metadata 100.100.100.200 lies), link-local
+// (the metadata endpoints at 169.254.169.254) and Azure's WireServer.
+var executorEgressExcluded = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "168.63.129.16/32"}
+
 // TestNetworkPolicies builds a model cluster: the executor Pod the pod backend really creates,
 // in the executors' namespace, the control plane's Pods from the manifests in theirs, NATS,
 // DNS, SPIRE, the API server, Knative, Gitea and the internet; then checks who may connect to
@@ -395,6 +400,10 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		{executor, address("Kubernetes API server (private)", "192.168.10.2"), 6443, tcp, false},
 		{executor, spire, 8081, tcp, false},
 		{executor, address("cloud metadata", "169.254.169.254"), 80, tcp, false},
+		// The cloud host addresses outside link-local (see the policy's comment).
+		{executor, address("Azure's WireServer", "168.63.129.16"), 80, tcp, false},
+		{executor, address("Azure's WireServer (host agent port)", "168.63.129.16"), 32526, tcp, false},
+		{executor, address("Alibaba Cloud's metadata", "100.100.100.200"), 80, tcp, false},
 		{executor, address("CGNAT node", "100.64.0.5"), 10250, tcp, false},
 		{executor, gateway, 8080, tcp, false},
 		{executor, dns, 8080, tcp, false},
@@ -468,7 +477,7 @@ func checkNetwork(t *testing.T, docs []doc, knative bool) {
 		for i, r := range p.Spec.Egress {
 			for _, peer := range r.To {
 				if peer.IPBlock != nil {
-					for _, private := range []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"} {
+					for _, private := range executorEgressExcluded {
 						if !slices.Contains(peer.IPBlock.Except, private) {
 							t.Errorf("NetworkPolicy %s egress[%d]: ipBlock %s does not leave out %s", p.Name, i, peer.IPBlock.CIDR, private)
 						}

@@ -13,7 +13,11 @@
 #     parented by an agent of the trust domain, selected by exactly two k8s
 #     selectors, a pod-uid and the namespace, one of executor_namespaces
 #     (where the pod backend runs executors), never admin or downstream,
-#     with no DNS names or federation.
+#     with no DNS names, federation or stored SVID, X509-SVID and JWT-SVID
+#     TTLs of at most max_ttl_seconds (0: the server's default) and an
+#     expiry, required, at most max_ttl_seconds + max_clock_skew_seconds
+#     from the server's clock (the registrar's clock may be ahead). recover
+#     needs create too: its Worker.Handle binds running executors' identities.
 # Neither can mint or register any other identity (not the gateway's), touch
 # an entry the operator made, write a bundle or call any other admin API.
 # GetBundle is open to any caller by the default policy. See deploy/README.md.
@@ -123,12 +127,23 @@ task_entry(e, gdr) if {
     startswith(e.parent_id.path, "/spire/agent/")
     not e.admin
     not e.downstream
+    not e.store_svid
     object.get(e, "dns_names", []) == []
     object.get(e, "federates_with", []) == []
+    svid_ttl(object.get(e, "x509_svid_ttl", 0), gdr)
+    svid_ttl(object.get(e, "jwt_svid_ttl", 0), gdr)
+    e.expires_at > 0
+    e.expires_at <= (time.now_ns() / 1000000000) + gdr.max_ttl_seconds + gdr.max_clock_skew_seconds
     count(e.selectors) == 2
     every s in e.selectors {
         s.type == "k8s"
     }
     count([s | s := e.selectors[_]; startswith(s.value, "pod-uid:")]) == 1
     count([s | s := e.selectors[_]; s.value == concat("", ["ns:", gdr.executor_namespaces[_]])]) == 1
+}
+
+# An entry's SVID TTL: 0 (the server's default) up to the longest task TTL.
+svid_ttl(ttl, gdr) if {
+    ttl >= 0
+    ttl <= gdr.max_ttl_seconds
 }

@@ -227,8 +227,12 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 	// is SPIRE's, not under the prefix.
 	gatewayID := spiffeid.RequireFromPath(trust, "/gitea-dynamic-runner/gateway")
 	agent := &types.SPIFFEID{TrustDomain: trust.Name(), Path: "/spire/agent/k8s_psat/gdr/node-1"}
+	// A task entry expires as the pod backend's do: the job timeout plus its margin from now,
+	// at most the policy's longest TTL.
+	maxTTL := shippedMaxTTL(t)
+	expires := time.Now().Add(maxTTL).Unix()
 	entry := func(id string, spiffeID *types.SPIFFEID, edit ...func(*types.Entry)) *types.Entry {
-		e := &types.Entry{Id: id, SpiffeId: spiffeID, ParentId: agent,
+		e := &types.Entry{Id: id, SpiffeId: spiffeID, ParentId: agent, ExpiresAt: expires,
 			Selectors: []*types.Selector{{Type: "k8s", Value: "ns:" + jobsNS}, {Type: "k8s", Value: "pod-uid:0f8e"}}}
 		for _, f := range edit {
 			f(e)
@@ -306,6 +310,16 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 				e.Selectors = []*types.Selector{{Type: "k8s", Value: "pod-uid:0f8e"}, {Type: "k8s", Value: "pod-uid:0f8f"}}
 			})},
 			{"DNS names", entry(prefix+"9", task, func(e *types.Entry) { e.DnsNames = []string{"gateway"} })},
+			// The SVIDs' and the entry's lifetimes are bounded: a stolen registrar cannot make
+			// an identity that outlives the longest job.
+			{"an X509-SVID TTL over the policy's", entry(prefix+"15", task, func(e *types.Entry) { e.X509SvidTtl = int32(maxTTL.Seconds()) + 1 })},
+			{"a JWT-SVID TTL over the policy's", entry(prefix+"16", task, func(e *types.Entry) { e.JwtSvidTtl = int32(maxTTL.Seconds()) + 1 })},
+			{"no expiry", entry(prefix+"17", task, func(e *types.Entry) { e.ExpiresAt = 0 })},
+			{"an expiry a day away", entry(prefix+"18", task, func(e *types.Entry) { e.ExpiresAt = time.Now().Add(24 * time.Hour).Unix() })},
+			{"an expiry past the policy's TTL and clock skew", entry(prefix+"19", task, func(e *types.Entry) {
+				e.ExpiresAt = time.Now().Add(maxTTL + shippedClockSkew(t) + time.Minute).Unix()
+			})},
+			{"an SVID stored by an SVIDStore plugin", entry(prefix+"20", task, func(e *types.Entry) { e.StoreSvid = true })},
 		} {
 			denied(t, tc.name, create(c, tc.e))
 		}
@@ -313,6 +327,20 @@ func TestE2EShippedPolicyLetsRegistrarsManageTaskEntriesOnly(t *testing.T) {
 		_, err = c.BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{
 			entry(prefix+"10", task), entry(prefix+"11", &types.SPIFFEID{TrustDomain: trust.Name(), Path: gatewayID.Path()})}})
 		denied(t, "a batch with the gateway's ID in it", err)
+		// The longest TTLs and expiry the policy allows (the expiry as late as the clock skew
+		// lets it be, less a minute for this test's own delays) are allowed.
+		longest := prefix + "21"
+		resp, err = c.BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{entry(longest, task, func(e *types.Entry) {
+			e.X509SvidTtl, e.JwtSvidTtl = int32(maxTTL.Seconds()), int32(maxTTL.Seconds())
+			e.ExpiresAt = time.Now().Add(maxTTL + shippedClockSkew(t) - time.Minute).Unix()
+			e.Selectors[1].Value = "pod-uid:0f90"
+		})}})
+		if err != nil || resp.Results[0].Status.Code != 0 {
+			t.Fatalf("a task entry with the longest TTLs and expiry: %v %v", resp, err)
+		}
+		if del, err := c.BatchDeleteEntry(ctx, &entryv1.BatchDeleteEntryRequest{Ids: []string{longest}}); err != nil || del.Results[0].Status.Code != 0 {
+			t.Fatalf("delete %s: %v %v", longest, del, err)
+		}
 		_, err = c.GetEntry(ctx, &entryv1.GetEntryRequest{Id: operatorEntry})
 		denied(t, "reading the operator's entry", err)
 		_, err = c.BatchDeleteEntry(ctx, &entryv1.BatchDeleteEntryRequest{Ids: []string{operatorEntry}})
@@ -357,6 +385,17 @@ func shippedData(t *testing.T) map[string]any {
 func shippedMaxTTL(t *testing.T) time.Duration {
 	t.Helper()
 	return time.Duration(shippedData(t)["max_ttl_seconds"].(float64)) * time.Second
+}
+
+// shippedClockSkew is how far the shipped policy lets an entry's expiry run past its longest
+// TTL from the server's clock: the registrar's clock may be ahead.
+func shippedClockSkew(t *testing.T) time.Duration {
+	t.Helper()
+	s, ok := shippedData(t)["max_clock_skew_seconds"].(float64)
+	if !ok {
+		t.Fatal("policy_data.json has no max_clock_skew_seconds")
+	}
+	return time.Duration(s) * time.Second
 }
 
 // shippedEntryIDPrefix is the prefix of the entry IDs the shipped policy lets registrars manage.
