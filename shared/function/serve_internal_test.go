@@ -188,15 +188,12 @@ func tlsConfigs(t *testing.T) (server, client *tls.Config) {
 	return tlsconfig.TLSServerConfig(svid), tlsconfig.TLSClientConfig(ca, tlsconfig.AuthorizeID(svid.ID))
 }
 
-// One executor (source 127.0.0.2) opens raw TCP connections and never sends
-// a ClientHello, as many as the listener's cap; another (127.0.0.1) must
-// still complete its calls within a second each. Before, the silent
-// connections held every slot until the server's header timeout (10 s)
-// and the other executor's calls waited in the backlog.
-func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
-	const maxConns, perSource, within = 16, 4, time.Second
+// startServeTLS serves h over TLS on 127.0.0.1 within limits until the test
+// ends; it returns the address and a client configuration that trusts it.
+func startServeTLS(t *testing.T, h http.Handler, limits Limits) (string, *tls.Config) {
+	t.Helper()
 	serverTLS, clientTLS := tlsConfigs(t)
-	srv := server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), 1<<10, time.Second)
+	srv := server(h, 1<<10, time.Second)
 	srv.TLSConfig = serverTLS
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -204,11 +201,20 @@ func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() {
-		served <- ServeWithin(ctx, srv, ln, Limits{MaxConnections: maxConns, PerSource: perSource, Handshake: 2 * time.Second})
-	}()
+	go func() { served <- ServeWithin(ctx, srv, ln, limits) }()
 	t.Cleanup(func() { cancel(); <-served })
-	addr := ln.Addr().String()
+	return ln.Addr().String(), clientTLS
+}
+
+// One executor (source 127.0.0.2) opens raw TCP connections and never sends
+// a ClientHello, as many as the listener's cap; another (127.0.0.1) must
+// still complete its calls within a second each. Before, the silent
+// connections held every slot until the server's header timeout (10 s)
+// and the other executor's calls waited in the backlog.
+func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
+	const maxConns, perSource, within = 16, 4, time.Second
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	addr, clientTLS := startServeTLS(t, ok, Limits{MaxConnections: maxConns, PerSource: perSource, Handshake: 2 * time.Second})
 
 	attacker := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
 	var silent []net.Conn
@@ -254,20 +260,8 @@ func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
 // timeout, not the server's header timeout.
 func TestSilentConnectionClosedAfterHandshakeTimeout(t *testing.T) {
 	const handshake = 500 * time.Millisecond
-	serverTLS, _ := tlsConfigs(t)
-	srv := server(http.NotFoundHandler(), 1<<10, time.Second)
-	srv.TLSConfig = serverTLS
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() {
-		served <- ServeWithin(ctx, srv, ln, Limits{MaxConnections: 4, PerSource: 4, Handshake: handshake})
-	}()
-	t.Cleanup(func() { cancel(); <-served })
-	c, err := net.Dial("tcp", ln.Addr().String())
+	addr, _ := startServeTLS(t, http.NotFoundHandler(), Limits{MaxConnections: 4, PerSource: 4, Handshake: handshake})
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -232,6 +232,20 @@ func kedaLag(t *testing.T, c jetstream.Consumer) int64 {
 // KEDA starts none; a run that hands the message back and exits (the old
 // behaviour) leaves the same lag and no running Job, and KEDA starts a Job
 // every polling interval, which fetches nothing.
+// untilReleased is an Acceptor whose executor waits (NotYet) until release is
+// closed; it sends the task of every offer to offered.
+func untilReleased(release <-chan struct{}, offered chan<- int64) Acceptor {
+	return acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+		offered <- a.Task.ID
+		select {
+		case <-release:
+			return true, nil
+		default:
+			return false, nil
+		}
+	})
+}
+
 func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 	// deploy/keda/03-handle-pod.yaml: lagThreshold "1", maxReplicaCount 10.
 	const lagThreshold, maxReplicaCount, polls = 1, 10, 3
@@ -265,15 +279,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		publish(t, q, assignment(t, 8))
 		release := make(chan struct{})
 		offered := make(chan int64, 64)
-		waits := acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
-			offered <- a.Task.ID
-			select {
-			case <-release:
-				return true, nil
-			default:
-				return false, nil
-			}
-		})
+		waits := untilReleased(release, offered)
 		j := job(c, waits, nil)
 		j.NakDelay, j.HoldFor = 200*time.Millisecond, time.Minute
 		done := runInBackground(context.Background(), j)
@@ -296,15 +302,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		publish(t, q, assignment(t, 10))
 		release := make(chan struct{})
 		offered := make(chan int64, 64)
-		waits := acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
-			offered <- a.Task.ID
-			select {
-			case <-release:
-				return true, nil
-			default:
-				return false, nil
-			}
-		})
+		waits := untilReleased(release, offered)
 		j := job(c, waits, nil)
 		j.NakDelay, j.HoldFor, j.Linger = 200*time.Millisecond, time.Minute, 500*time.Millisecond
 		done := runInBackground(context.Background(), j)
