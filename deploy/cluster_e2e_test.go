@@ -479,8 +479,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 // node's agent), the scheduler binds it, the kubelet runs it, the runner
 // gets its SVID, reports through the gateway, and the job ends in Gitea as
 // it should. Then the faults and the clean-up: a cancelled job's Pod goes
-// within 30 s; a handle Pod killed after creating the executor does not
-// stop the job nor create a second executor; an executor Pod deleted
+// within 30 s; a handle process SIGKILLed while it creates the executor
+// costs AckWait and a redelivery to another handle, never the job or a
+// second executor; an executor Pod deleted
 // mid-job ends the job with the reason, and recover's manual Job cleans
 // up after it; the recover CronJob's passes succeed; every dashboard query
 // is fed by the metrics scraped from the install; recover status runs as
