@@ -90,6 +90,9 @@ type handshakeListener struct {
 	inner   net.Listener
 	config  *tls.Config
 	timeout time.Duration
+	// logf reports a failed handshake, as net/http does when it runs the
+	// handshake itself (a client with a certificate the server refuses).
+	logf func(format string, args ...any)
 
 	ready   chan net.Conn
 	failed  chan error
@@ -97,8 +100,8 @@ type handshakeListener struct {
 	once    sync.Once
 }
 
-func newHandshakeListener(inner net.Listener, config *tls.Config, timeout time.Duration) *handshakeListener {
-	l := &handshakeListener{inner: inner, config: config, timeout: timeout,
+func newHandshakeListener(inner net.Listener, config *tls.Config, timeout time.Duration, logf func(string, ...any)) *handshakeListener {
+	l := &handshakeListener{inner: inner, config: config, timeout: timeout, logf: logf,
 		ready: make(chan net.Conn), failed: make(chan error), closing: make(chan struct{})}
 	go l.accept()
 	return l
@@ -136,6 +139,7 @@ func (l *handshakeListener) handshake(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(l.timeout))
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
+		l.logf("http: TLS handshake error from %s: %v", c.RemoteAddr(), err)
 		_ = tc.Close()
 		return
 	}

@@ -3,6 +3,7 @@ package function
 import (
 	"context"
 	"errors"
+	"log"
 	"net"
 	"net/http"
 	"time"
@@ -114,7 +115,11 @@ func ServeWithin(ctx context.Context, srv *http.Server, ln net.Listener, limits 
 	}
 	ln = netutil.LimitListener(ln, limits.MaxConnections)
 	if srv.TLSConfig != nil {
-		ln = newHandshakeListener(ln, srv.TLSConfig, limits.Handshake)
+		logf := log.Printf // net/http's own choice without an ErrorLog
+		if srv.ErrorLog != nil {
+			logf = srv.ErrorLog.Printf
+		}
+		ln = newHandshakeListener(ln, srv.TLSConfig, limits.Handshake, logf)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -2,13 +2,17 @@ package function
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -189,12 +193,14 @@ func tlsConfigs(t *testing.T) (server, client *tls.Config) {
 }
 
 // startServeTLS serves h over TLS on 127.0.0.1 within limits until the test
-// ends; it returns the address and a client configuration that trusts it.
-func startServeTLS(t *testing.T, h http.Handler, limits Limits) (string, *tls.Config) {
+// ends, its errors logged to errorLog (nil: discarded); it returns the
+// address and a client configuration that trusts it.
+func startServeTLS(t *testing.T, h http.Handler, limits Limits, errorLog io.Writer) (string, *tls.Config) {
 	t.Helper()
 	serverTLS, clientTLS := tlsConfigs(t)
 	srv := server(h, 1<<10, time.Second)
 	srv.TLSConfig = serverTLS
+	srv.ErrorLog = log.New(cmp.Or(errorLog, io.Discard), "", 0)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +220,7 @@ func startServeTLS(t *testing.T, h http.Handler, limits Limits) (string, *tls.Co
 func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
 	const maxConns, perSource, within = 16, 4, time.Second
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	addr, clientTLS := startServeTLS(t, ok, Limits{MaxConnections: maxConns, PerSource: perSource, Handshake: 2 * time.Second})
+	addr, clientTLS := startServeTLS(t, ok, Limits{MaxConnections: maxConns, PerSource: perSource, Handshake: 2 * time.Second}, nil)
 
 	attacker := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
 	var silent []net.Conn
@@ -260,7 +266,7 @@ func TestSilentConnectionsOfOneSourceStallNoOther(t *testing.T) {
 // timeout, not the server's header timeout.
 func TestSilentConnectionClosedAfterHandshakeTimeout(t *testing.T) {
 	const handshake = 500 * time.Millisecond
-	addr, _ := startServeTLS(t, http.NotFoundHandler(), Limits{MaxConnections: 4, PerSource: 4, Handshake: handshake})
+	addr, _ := startServeTLS(t, http.NotFoundHandler(), Limits{MaxConnections: 4, PerSource: 4, Handshake: handshake}, nil)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -272,4 +278,44 @@ func TestSilentConnectionClosedAfterHandshakeTimeout(t *testing.T) {
 	if took := time.Since(start); err == nil || took > handshake+time.Second {
 		t.Fatalf("a silent connection ended after %v (%v), want closed within about %v", took, err, handshake)
 	}
+}
+
+// A handshake that fails is logged, as net/http logs the ones it runs: a
+// runner whose certificate the gateway refuses shows in the gateway's log.
+func TestFailedHandshakeIsLogged(t *testing.T) {
+	var logged syncBuffer
+	addr, _ := startServeTLS(t, http.NotFoundHandler(), Limits{MaxConnections: 4, PerSource: 4, Handshake: time.Second}, &logged)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil { // not TLS
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.Copy(io.Discard, c) // until the server closes it
+	_ = c.Close()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logged.String(), "TLS handshake error from 127.0.0.1:"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a failed handshake was not logged; the log holds %q", logged.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
