@@ -243,14 +243,7 @@ func (in *installation) buildSidecarKilled(ctx context.Context, t *testing.T, re
 // named buildkitd, by their PIDs on this machine; 0, 0 while there is none.
 func sleepUnderBuildkitd(t *testing.T, argv []string) (int, int) {
 	t.Helper()
-	fs, err := procfs.NewFS(procfs.DefaultMountPoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs, err := fs.AllProcs()
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, procs := nodeProcs(t)
 	for _, p := range procs {
 		if cmdline, err := p.CmdLine(); err != nil || !slices.Equal(cmdline, argv) {
 			continue
@@ -271,6 +264,21 @@ func sleepUnderBuildkitd(t *testing.T, argv []string) (int, int) {
 		}
 	}
 	return 0, 0
+}
+
+// nodeProcs returns this machine's /proc and its processes: the test node's kubelet runs
+// here, so a container's processes are among them.
+func nodeProcs(t *testing.T) (procfs.FS, procfs.Procs) {
+	t.Helper()
+	fs, err := procfs.NewFS(procfs.DefaultMountPoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := fs.AllProcs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, procs
 }
 
 // missingSeccompProfile is the seccomp profile of the pool build-noprofile: on no node.

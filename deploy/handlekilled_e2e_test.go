@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 )
 
 // killedAckWait is the pod consumer's AckWait while handleKilled runs: short, so that the
@@ -201,34 +199,30 @@ jobs:
 	}
 }
 
-// setAckWait sets the pod consumer's AckWait as handle-setup would (its NATS user; consumer
-// info is read as handle's), and returns what puts the shipped configuration back.
+// setAckWait sets the pod consumer's AckWait as handle-setup would (its NATS user, with the
+// shipped permissions alone; consumer info is read as handle's), and returns what puts the
+// shipped configuration back.
 func (in *installation) setAckWait(ctx context.Context, t *testing.T, ackWait time.Duration) func() {
 	t.Helper()
-	connect := func(user string) jetstream.JetStream {
-		nc, js, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: in.nats.url, NKey: in.nats.seeds[user]}, natsConnName[user])
-		if err != nil {
-			t.Fatalf("connect as %s: %v", user, err)
-		}
-		t.Cleanup(nc.Close)
-		return js
-	}
-	c, err := connect("HANDLE_POD").Consumer(ctx, "CI_RUNNER", "pod")
+	pod := in.nats.connect(t, "HANDLE_POD")
+	c, err := pod.js.Consumer(ctx, "CI_RUNNER", "pod")
 	if err != nil {
 		t.Fatal(err)
 	}
+	pod.clean(t)
 	shipped := c.CachedInfo().Config
 	if shipped.AckWait != assignmentqueue.AckWait {
 		t.Fatalf("the pod consumer's AckWait is %v, want the shipped %v", shipped.AckWait, assignmentqueue.AckWait)
 	}
-	setup := connect("HANDLE_SETUP")
+	setup := in.nats.connect(t, "HANDLE_SETUP")
 	short := shipped
 	short.AckWait = ackWait
-	if _, err := setup.UpdateConsumer(ctx, "CI_RUNNER", short); err != nil {
+	if _, err := setup.js.UpdateConsumer(ctx, "CI_RUNNER", short); err != nil {
 		t.Fatalf("AckWait %v on the pod consumer: %v", ackWait, err)
 	}
+	setup.clean(t)
 	return func() {
-		if _, err := setup.UpdateConsumer(context.WithoutCancel(ctx), "CI_RUNNER", shipped); err != nil {
+		if _, err := setup.js.UpdateConsumer(context.WithoutCancel(ctx), "CI_RUNNER", shipped); err != nil {
 			t.Errorf("the pod consumer's AckWait back to %v: %v", shipped.AckWait, err)
 		}
 	}
@@ -239,14 +233,7 @@ func (in *installation) setAckWait(ctx context.Context, t *testing.T, ackWait ti
 // pod<uid>; systemd's driver pod<uid with underscores>).
 func processesOfPod(t *testing.T, uid, comm string) []int {
 	t.Helper()
-	fs, err := procfs.NewFS(procfs.DefaultMountPoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs, err := fs.AllProcs()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, procs := nodeProcs(t)
 	marks := []string{"pod" + uid, "pod" + strings.ReplaceAll(uid, "-", "_")}
 	var pids []int
 	for _, p := range procs {

@@ -418,9 +418,8 @@ func TestChunkInFlightAtCommitCannotOutgrowTheEntry(t *testing.T) {
 	go func() { committed <- c.Commit(ctx, mainA, id, 1) }()
 	select {
 	case err := <-committed:
-		t.Logf("the commit returned while the chunk was being written: %v", err)
-		committed <- err
-	case <-time.After(300 * time.Millisecond):
+		t.Fatalf("the commit returned (%v) while a chunk of its upload was being written", err)
+	case <-time.After(300 * time.Millisecond): // it waits for the chunk
 	}
 	_, _ = pw.Write(half[:limit/2-2]) // the rest but one byte, then the cut
 	_ = pw.CloseWithError(io.ErrUnexpectedEOF)

@@ -13,11 +13,7 @@ func lockFile(path string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return func() { _ = f.Close() }, nil // closing releases the lock
+	return flock(f, syscall.LOCK_EX)
 }
 
 // lockExisting takes an flock(2) of path, exclusive or shared, which must
@@ -27,10 +23,15 @@ func lockExisting(path string, exclusive bool) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	how := syscall.LOCK_SH
 	if exclusive {
-		how = syscall.LOCK_EX
+		return flock(f, syscall.LOCK_EX)
 	}
+	return flock(f, syscall.LOCK_SH)
+}
+
+// flock locks f as how says; the function it returns releases the lock by
+// closing f (f is closed too if the lock fails).
+func flock(f *os.File, how int) (func(), error) {
 	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		_ = f.Close()
 		return nil, err

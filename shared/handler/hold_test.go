@@ -251,27 +251,29 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 	const lagThreshold, maxReplicaCount, polls = 1, 10, 3
 	const pollingInterval = 100 * time.Millisecond
 	// poll applies the formula polls times, starting and running the Jobs
-	// it asks for (each fetches for a poll interval and exits), and returns
-	// how many were started.
-	poll := func(t *testing.T, c jetstream.Consumer, runningJobs int64) int64 {
-		var started int64
+	// it asks for (each fetches for a poll interval with accept, and exits),
+	// and returns how many were started and what they fetched. wantLag, if
+	// positive, is the lag every poll must see.
+	poll := func(t *testing.T, c jetstream.Consumer, runningJobs int64, accept Acceptor, wantLag int64) (started int64, fetched int) {
 		for range polls {
 			lag := kedaLag(t, c)
-			if lag != 1 {
-				t.Fatalf("lag %d, want 1: the waiting message is ack-pending", lag)
+			if wantLag > 0 && lag != wantLag {
+				t.Fatalf("lag %d, want %d: the waiting message is ack-pending", lag, wantLag)
 			}
 			n := kedaNewJobs(lag, lagThreshold, runningJobs, maxReplicaCount)
 			for range n {
-				extra := job(c, acceptFunc(never), nil)
+				extra := job(c, accept, nil)
 				extra.Wait = pollingInterval
-				if sum, err := extra.Run(context.Background()); err != nil || sum.Fetched != 0 {
-					t.Fatalf("a Job KEDA started = %+v, %v, want an empty run", sum, err)
+				sum, err := extra.Run(context.Background())
+				if err != nil {
+					t.Fatalf("a Job KEDA started = %+v, %v", sum, err)
 				}
+				fetched += sum.Fetched
 			}
 			started += n
 			time.Sleep(pollingInterval)
 		}
-		return started
+		return started, fetched
 	}
 
 	t.Run("held", func(t *testing.T) {
@@ -284,7 +286,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		j.NakDelay, j.HoldFor = 200*time.Millisecond, time.Minute
 		done := runInBackground(context.Background(), j)
 		expectOffers(t, offered, 2, 5*time.Second) // offered again: held
-		if n := poll(t, c, 1); n != 0 {
+		if n, _ := poll(t, c, 1, acceptFunc(never), 1); n != 0 {
 			t.Fatalf("KEDA started %d Jobs while one run holds the message, want 0", n)
 		}
 		close(release)
@@ -308,24 +310,11 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		done := runInBackground(context.Background(), j)
 		expectOffers(t, offered, 2, 5*time.Second) // offered again: held
 		publish(t, q, assignment(t, 11))
-		var started int64
 		var taken []int64
-		for range polls {
-			lag := kedaLag(t, c)
-			n := kedaNewJobs(lag, lagThreshold, 1, maxReplicaCount)
-			for range n {
-				extra := job(c, acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
-					taken = append(taken, a.Task.ID)
-					return true, nil
-				}), nil)
-				extra.Wait = pollingInterval
-				if _, err := extra.Run(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			started += n
-			time.Sleep(pollingInterval)
-		}
+		started, _ := poll(t, c, 1, acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+			taken = append(taken, a.Task.ID)
+			return true, nil
+		}), 0)
 		if started != 1 || !slices.Equal(taken, []int64{11}) {
 			t.Fatalf("KEDA started %d Jobs (taking %v) for a second message while a lingering run holds the first, want 1 taking [11]", started, taken)
 		}
@@ -352,8 +341,8 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 		if sum, err := j.Run(context.Background()); err != nil || sum != (Summary{Fetched: 1, NotYet: 1}) {
 			t.Fatalf("Run() = %+v, %v", sum, err)
 		}
-		if n := poll(t, c, 0); n != polls {
-			t.Fatalf("KEDA started %d Jobs in %d polling intervals, want one each", n, polls)
+		if n, fetched := poll(t, c, 0, acceptFunc(never), 1); n != polls || fetched != 0 {
+			t.Fatalf("KEDA started %d Jobs in %d polling intervals (fetching %d), want one each, each an empty run", n, polls, fetched)
 		}
 	})
 }
