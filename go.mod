@@ -41,7 +41,10 @@ require (
 
 require github.com/cenkalti/backoff/v5 v5.0.3
 
-require mvdan.cc/sh/v3 v3.14.1
+require (
+	github.com/tidwall/gjson v1.19.0
+	mvdan.cc/sh/v3 v3.14.1
+)
 
 require (
 	cel.dev/expr v0.25.2 // indirect
@@ -49,6 +52,8 @@ require (
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/google/cel-go v0.29.2 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
+	github.com/tidwall/match v1.1.1 // indirect
+	github.com/tidwall/pretty v1.2.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.45.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.45.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.45.0 // indirect

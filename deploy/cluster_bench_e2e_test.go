@@ -42,7 +42,12 @@ import (
 //	        lingering handle usually takes the next: warm);
 //	lone    GDR_BENCH_LONE jobs (default 3) one after another, each pushed
 //	        once no handle runs at all: the first job after a quiet spell
-//	        (cold: KEDA's poll and a new handle Job on its path);
+//	        (cold: KEDA's poll and a new handle Job on its path; dispatch and
+//	        the gateway still up, within their cooldownPeriod);
+//	idle    GDR_BENCH_IDLE jobs (default 5) one after another, each pushed
+//	        once nothing of ours runs at all (waitZero: dispatch and the
+//	        gateway scaled to zero, no handle): the first job after a quiet
+//	        night, KEDA's poll of Gitea's queue and dispatch's start on its path;
 //	burst   GDR_BENCH_JOBS jobs in one push;
 //	floor burst  GDR_BENCH_JOBS twins alone in one push: Gitea's floor for a
 //	        burst without our jobs' load on Gitea (our idle polling still runs).
@@ -131,6 +136,13 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 			b.Fatalf("GDR_BENCH_LONE %q: want a count", v)
 		}
 	}
+	idle := 5
+	if v := os.Getenv("GDR_BENCH_IDLE"); v != "" {
+		var err error
+		if idle, err = strconv.Atoi(v); err != nil || idle < 0 {
+			b.Fatalf("GDR_BENCH_IDLE %q: want a count", v)
+		}
+	}
 	in := installKEDAWith(ctx, b, o)
 	label := "ubuntu-latest" // the pool linux's
 	if o.build {
@@ -150,6 +162,8 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	single := measureSeries(ctx, b, in, repo, label, floor, seen, "s", n, nil, &details)
 	quiet := func() { in.noHandleRunning(ctx, b) }
 	loneJobs := measureSeries(ctx, b, in, repo, label, floor, seen, "l", lone, quiet, &details)
+	atZero := func() { in.waitZero(ctx, b, 10*time.Minute) }
+	fromIdle := measureSeries(ctx, b, in, repo, label, floor, seen, "i", idle, atZero, &details)
 
 	names := make([]string, n)
 	for i := range names {
@@ -182,7 +196,7 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 	for _, r := range []struct {
 		name string
 		s    series
-	}{{"single", single}, {"lone", loneJobs}} {
+	}{{"single", single}, {"lone", loneJobs}, {"idle", fromIdle}} {
 		if len(r.s.total) == 0 {
 			continue
 		}
@@ -208,6 +222,8 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		{"single-over-floor-p95-ms", p95(overFloor(single.total, single.twin))},
 		{"lone-p50-ms", p50(loneJobs.total)}, {"lone-p95-ms", p95(loneJobs.total)},
 		{"lone-over-floor-p95-ms", p95(overFloor(loneJobs.total, loneJobs.twin))},
+		{"idle-p50-ms", p50(fromIdle.total)}, {"idle-over-floor-p50-ms", p50(overFloor(fromIdle.total, fromIdle.twin))},
+		{"idle-over-floor-max-ms", slices.Max(append(overFloor(fromIdle.total, fromIdle.twin), 0))},
 		{"burst-p50-ms", p50(burst)}, {"burst-p95-ms", p95(burst)}, {"burst-floor-p50-ms", p50(burstTwin)},
 		{"burst-over-floor-p95-ms", p95(burstOver)}, {"burst-floor-alone-p50-ms", p50(floorAlone)},
 	} {

@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -93,6 +94,8 @@ type installation struct {
 	// spire is the SPIRE server (handleKilled pauses it).
 	spire        *spireenv.Server
 	registryHost string
+	// webhook is the ID of Gitea's system webhook to dispatch serve.
+	webhook int64
 }
 
 // installKEDA installs deploy/keda into a new cluster; see installation.
@@ -120,6 +123,10 @@ type installOptions struct {
 	podTemplate func(spec map[string]any)
 	// handleEnv sets variables of the ScaledJob handle-pod's container over the shipped ones.
 	handleEnv map[string]string
+	// alwaysUp keeps dispatch and the gateway up between jobs (their ScaledObjects'
+	// minReplicaCount 1), for the tests that probe or scrape them then; unset, both start at
+	// zero and KEDA starts them, as shipped.
+	alwaysUp bool
 	// build adds the pool build (labels [build]): linux's template with the build capability,
 	// enabled by README's "Image builds" blocks (deploy/seccomp's profile on the node, the
 	// executors' namespace at Pod Security baseline), the buildkit image imported.
@@ -285,8 +292,6 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			pools = localPools(t, obj, registryHost, o.podTemplate, o.build)
 		case d.kind() == "ScaledJob" && obj.GetName() == "handle-pod":
 			setEnv(t, obj, o.handleEnv)
-		case d.kind() == "Deployment" && obj.GetName() == "gateway":
-			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "replicas")
 		case d.kind() == "Service" && obj.GetName() == "gateway":
 			_ = unstructured.SetNestedField(obj.Object, gatewayClusterIP, "spec", "clusterIP")
 		}
@@ -295,6 +300,19 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	if pools == "" {
 		t.Fatal("no gdr-pools ConfigMap in the build")
+	}
+	// dispatch's ScaledObject reads Gitea's queue where KEDA (on the machine) reaches it, with a
+	// trigger for each label of the test's pools, as deploy/README.md tells an operator to.
+	for _, obj := range objs {
+		if obj.GetKind() != "ScaledObject" {
+			continue
+		}
+		if obj.GetName() == "dispatch" {
+			wakeOnLabels(t, obj, config["GDR_GITEA_URL"], poolLabels(t, pools))
+		}
+		if o.alwaysUp {
+			_ = unstructured.SetNestedField(obj.Object, int64(1), "spec", "minReplicaCount")
+		}
 	}
 
 	// A service for a job's services: (a sidecar of its executor Pod).
@@ -372,6 +390,8 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			"assignment-signing-key": []byte(base64.StdEncoding.EncodeToString(seed)),
 		},
 		"gdr-runner-credentials": registerPools(ctx, t, g, pools),
+		// KEDA reads Gitea's queue with it (deploy/README.md, install step 3).
+		"gdr-gitea-read": {"token": []byte(g.CreateToken(t, "gdr-dispatch-wake", "read:admin"))},
 	}
 	for _, u := range natsUsers {
 		data, err := os.ReadFile(nats.seeds[u])
@@ -452,7 +472,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		}
 		helmInstall(ctx, t, c, vals)
 	}
-	waitInstalled(ctx, t, c, cs)
+	waitInstalled(ctx, t, c, cs, o.alwaysUp)
 
 	// Gitea's workflow_job webhook reaches dispatch serve as an operator
 	// would expose it (here: a NodePort on the node's address, which the
@@ -467,10 +487,10 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
+	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
 	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire,
-		registry: registry, registryHost: registryHost}
+		registry: registry, registryHost: registryHost, webhook: hook}
 }
 
 // TestE2EClusterInstall runs real jobs through deploy/keda as installed by
@@ -490,7 +510,8 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 func TestE2EClusterInstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	in := installKEDA(ctx, t, 0)
+	// The dashboard's step scrapes dispatch and the gateway after the jobs: both stay up.
+	in := installKEDAWith(ctx, t, installOptions{alwaysUp: true})
 	// Each scenario pushes to repositories of its own: a push runs every
 	// workflow of its repository.
 	in.runSteps(ctx, t, []step{
@@ -936,10 +957,10 @@ func (in *installation) pauseScaledJob(ctx context.Context, t *testing.T, name s
 }
 
 // recoverCronJob waits for a Job of the shipped recover CronJob (every
-// minute) to succeed: a whole pass as recover's ServiceAccount and NATS
+// 5 minutes) to succeed: a whole pass as recover's ServiceAccount and NATS
 // user, on the cluster's own schedule.
 func (in *installation) recoverCronJob(ctx context.Context, t *testing.T) {
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(2 * time.Second) {
+	for deadline := time.Now().Add(6 * time.Minute); ; time.Sleep(2 * time.Second) {
 		jobs, err := in.cs.BatchV1().Jobs(installNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -957,7 +978,7 @@ func (in *installation) recoverCronJob(ctx context.Context, t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no Job of the recover CronJob succeeded within 3 minutes")
+			t.Fatal("no Job of the recover CronJob succeeded within 6 minutes")
 		}
 	}
 }
@@ -1304,10 +1325,15 @@ func applyAll(ctx context.Context, t testing.TB, c *clusterenv.Cluster, objs []*
 // waitInstalled waits for the handle-setup Job to complete and the dispatch
 // and gateway Deployments to be available, and on failure dumps every Pod's
 // status and log.
-func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs kubernetes.Interface) {
+func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs kubernetes.Interface, up bool) {
 	t.Helper()
 	t0 := time.Now()
 	done := map[string]time.Duration{}
+	dyn, err := dynamic.NewForConfig(c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scaledObjects := dyn.Resource(schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledobjects"}).Namespace(installNamespace)
 	check := func() (bool, error) {
 		if _, ok := done["handle-setup"]; !ok {
 			j, err := cs.BatchV1().Jobs(installNamespace).Get(ctx, "handle-setup", metav1.GetOptions{})
@@ -1327,9 +1353,28 @@ func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs 
 			if _, ok := done[name]; ok {
 				continue
 			}
+			// KEDA reads the ScaledObject's triggers (Ready), and with alwaysUp its replica is up.
+			so, err := scaledObjects.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			conds, _, _ := unstructured.NestedSlice(so.Object, "status", "conditions")
+			ready := false
+			for _, cond := range conds {
+				if m, _ := cond.(map[string]any); m["type"] == "Ready" && m["status"] == "True" {
+					ready = true
+				}
+			}
+			if !ready {
+				continue
+			}
 			d, err := cs.AppsV1().Deployments(installNamespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
+			}
+			if !up {
+				done[name] = time.Since(t0)
+				continue
 			}
 			for _, cond := range d.Status.Conditions {
 				if cond.Type == appsv1.DeploymentAvailable && cond.Status == corev1.ConditionTrue && d.Status.ReadyReplicas > 0 {
@@ -1351,6 +1396,67 @@ func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs 
 			t.Fatalf("install not up (%v; done: %v)", err, done)
 		}
 		time.Sleep(time.Second)
+	}
+}
+
+// poolLabels returns every label of the pools file text, each once, in order.
+func poolLabels(t testing.TB, text string) []string {
+	t.Helper()
+	var file struct {
+		Pools []struct {
+			Labels []string `json:"labels"`
+		} `json:"pools"`
+	}
+	if err := yaml.Unmarshal([]byte(text), &file); err != nil {
+		t.Fatal(err)
+	}
+	var labels []string
+	for _, p := range file.Pools {
+		for _, l := range p.Labels {
+			if !slices.Contains(labels, l) {
+				labels = append(labels, l)
+			}
+		}
+	}
+	return labels
+}
+
+// wakeOnLabels points the ScaledObject dispatch's Gitea trigger (the shipped one, for
+// ubuntu-latest) at gitea (its root URL) and gives it a copy for each other of labels.
+func wakeOnLabels(t testing.TB, obj *unstructured.Unstructured, gitea string, labels []string) {
+	t.Helper()
+	triggers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "triggers")
+	var shipped map[string]any
+	for _, tr := range triggers {
+		if m := tr.(map[string]any); m["type"] == "metrics-api" {
+			shipped = m
+		}
+	}
+	if shipped == nil {
+		t.Fatal("ScaledObject dispatch has no metrics-api trigger")
+	}
+	md := shipped["metadata"].(map[string]any)
+	const placeholder = "https://gitea.example.com/"
+	u, _ := md["url"].(string)
+	if !strings.HasPrefix(u, placeholder) {
+		t.Fatalf("dispatch's Gitea trigger reads %q, not under the placeholder %s", u, placeholder)
+	}
+	md["url"] = gitea + strings.TrimPrefix(u, placeholder)
+	const shippedLabel = "ubuntu-latest"
+	loc := fmt.Sprintf("jobs.#(labels.#(==%q))#|#", shippedLabel)
+	if md["valueLocation"] != loc {
+		t.Fatalf("dispatch's Gitea trigger counts %v, want %s", md["valueLocation"], loc)
+	}
+	for _, l := range labels {
+		if l == shippedLabel {
+			continue
+		}
+		c := runtime.DeepCopyJSONValue(shipped).(map[string]any)
+		c["metadata"].(map[string]any)["valueLocation"] = fmt.Sprintf("jobs.#(labels.#(==%q))#|#", l)
+		triggers = append(triggers, c)
+	}
+	if err := unstructured.SetNestedSlice(obj.Object, triggers, "spec", "triggers"); err != nil {
+		t.Fatal(err)
 	}
 }
 

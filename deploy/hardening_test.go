@@ -140,10 +140,10 @@ func TestPodsHardened(t *testing.T) {
 			t.Errorf("%s: %s", p, prob)
 		}
 	}
-	// The walk must have met every kind of Pod: 9 KEDA ones (handle-setup, handle-pod, dispatch
-	// x2, recover x4: CronJob, the manual pass and status Jobs, finish ScaledJob; gateway), 3
+	// The walk must have met every kind of Pod: 8 KEDA ones (handle-setup, handle-pod, dispatch,
+	// recover x4: CronJob, the manual pass and status Jobs, finish ScaledJob; gateway), 3
 	// Knative Services and the executor template.
-	want := map[string]int{"handle": 3, "dispatch": 3, "recover": 5, "gateway": 1, "executor": 1}
+	want := map[string]int{"handle": 3, "dispatch": 2, "recover": 5, "gateway": 1, "executor": 1}
 	for f, n := range want {
 		if functions[f] != n {
 			t.Errorf("%d Pod templates run %s, want %d", functions[f], f, n)

@@ -44,7 +44,7 @@ func helmE2EValues(t testing.TB, config map[string]string, monitor, pools string
 			"server": config["GDR_SPIRE_SERVER"], "gatewaySpiffeID": config["GDR_GATEWAY_SPIFFE_ID"],
 			"workloadAPI": map[string]any{"csiDriver": "", "hostPath": clusterenv.SPIREAgentSocketDir},
 		},
-		"gateway": map[string]any{"replicas": 1, "url": config["GDR_GATEWAY_URL"], "service": map[string]any{"clusterIP": gatewayClusterIP}},
+		"gateway": map[string]any{"url": config["GDR_GATEWAY_URL"], "service": map[string]any{"clusterIP": gatewayClusterIP}},
 		"cache":   map[string]any{"enabled": true},
 		"pools":   p.Pools,
 	}

@@ -127,7 +127,7 @@ var (
 
 // readmeNames are the blocks TestE2EClusterReadme runs, and hooks into, by name.
 var readmeNames = map[string][]string{
-	"install":   {"keys", "nats-users", "registration-token", "gitea-token", "images", "overlay", "register", "spire-entries", "apply", "webhook", "check"},
+	"install":   {"keys", "nats-users", "registration-token", "gitea-token", "gitea-read-token", "images", "overlay", "register", "spire-entries", "apply", "webhook", "check"},
 	"upgrade":   {"images", "verify-both", "apply", "sign-new", "verify-new"},
 	"uninstall": {"all"},
 	"build":     {"seccomp", "namespace"}, // TestE2EClusterBuild's
@@ -295,10 +295,13 @@ func TestReadmeOverlaySetsEveryValue(t *testing.T) {
 					t.Errorf("the pools file does not name %s", want)
 				}
 			}
-		case r.GetKind() == "ScaledJob":
+		case r.GetKind() == "ScaledJob" || r.GetKind() == "ScaledObject":
 			y, _ := r.AsYAML()
 			if !bytes.Contains(y, []byte("natsServerMonitoringEndpoint: "+env["NATS_MONITOR"])) {
-				t.Errorf("ScaledJob %s's trigger does not read %s", r.GetName(), env["NATS_MONITOR"])
+				t.Errorf("%s %s's trigger does not read %s", r.GetKind(), r.GetName(), env["NATS_MONITOR"])
+			}
+			if r.GetName() == "dispatch" && !bytes.Contains(y, []byte("url: "+env["GITEA"]+"api/v1/admin/actions/jobs?status=queued&limit=50")) {
+				t.Errorf("ScaledObject dispatch does not read %s's queue:\n%s", env["GITEA"], y)
 			}
 		}
 	}

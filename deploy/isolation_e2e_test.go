@@ -49,7 +49,8 @@ func TestE2EClusterIsolation(t *testing.T) {
 	clusterenv.KubeRouterAssets(t) // before the install: skip (or fail, CI=true) at once
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	in := installKEDA(ctx, t, 0)
+	// The probes reach the gateway between jobs: it stays up.
+	in := installKEDAWith(ctx, t, installOptions{alwaysUp: true})
 	np := in.c.StartNetworkPolicy(ctx, t)
 
 	// The labels of a real executor Pod: the pod backend's, for the shipped pool.

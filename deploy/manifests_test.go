@@ -460,23 +460,30 @@ func TestScaledJobContract(t *testing.T) {
 	}
 }
 
+// TestKedaSchedules: on the KEDA path nothing of ours runs between jobs. dispatch serve and the
+// gateway are Deployments without replicas, which their ScaledObjects take from zero and to
+// zero (dispatch on Gitea's queued jobs and the assignments waiting, the gateway on the payload
+// bucket's consumer); the one schedule left is recover's safety-net pass, every 5 minutes.
 func TestKedaSchedules(t *testing.T) {
 	docs := installed(loadManifests(t), "keda")
-	for _, c := range []struct{ name, arg string }{{"dispatch-run", "run"}, {"recover", ""}} {
-		var cj batchv1.CronJob
-		if err := strict(one(t, docs, "CronJob", c.name).raw, &cj); err != nil {
-			t.Fatal(err)
+	var cronJobs []string
+	for _, d := range docs {
+		if d.kind() == "CronJob" {
+			cronJobs = append(cronJobs, d.name())
 		}
-		if cj.Spec.Schedule != "* * * * *" {
-			t.Errorf("%s schedule %q: want every minute", c.name, cj.Spec.Schedule)
-		}
-		if cj.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
-			t.Errorf("%s: want concurrencyPolicy Forbid", c.name)
-		}
-		ctr := cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0]
-		if c.arg != "" && !reflect.DeepEqual(ctr.Args, []string{c.arg}) {
-			t.Errorf("%s args %v: want [%s]", c.name, ctr.Args, c.arg)
-		}
+	}
+	if !reflect.DeepEqual(cronJobs, []string{"recover"}) {
+		t.Errorf("CronJobs %v: want recover's alone (nothing else of ours runs between jobs)", cronJobs)
+	}
+	var cj batchv1.CronJob
+	if err := strict(one(t, docs, "CronJob", "recover").raw, &cj); err != nil {
+		t.Fatal(err)
+	}
+	if cj.Spec.Schedule != "*/5 * * * *" {
+		t.Errorf("recover schedule %q: want every 5 minutes", cj.Spec.Schedule)
+	}
+	if cj.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
+		t.Error("recover: want concurrencyPolicy Forbid")
 	}
 	var dep appsv1.Deployment
 	if err := strict(one(t, docs, "Deployment", "dispatch").raw, &dep); err != nil {
@@ -484,6 +491,62 @@ func TestKedaSchedules(t *testing.T) {
 	}
 	if got := dep.Spec.Template.Spec.Containers[0].Args; !reflect.DeepEqual(got, []string{"serve"}) {
 		t.Errorf("dispatch Deployment args %v: want [serve]", got)
+	}
+	for _, name := range []string{"dispatch", "gateway"} {
+		if r := path(one(t, docs, "Deployment", name).obj, "spec", "replicas"); r != nil {
+			t.Errorf("Deployment %s sets replicas %v: its ScaledObject's to set (an apply would undo them)", name, r)
+		}
+	}
+	type trigger struct {
+		Type              string            `json:"type"`
+		Metadata          map[string]string `json:"metadata"`
+		AuthenticationRef *struct {
+			Name string `json:"name"`
+		} `json:"authenticationRef"`
+	}
+	type scaledObject struct {
+		Target   struct{ Name string } `json:"scaleTargetRef"`
+		Min      *int                  `json:"minReplicaCount"`
+		Max      int                   `json:"maxReplicaCount"`
+		Triggers []trigger             `json:"triggers"`
+	}
+	scaled := map[string]scaledObject{}
+	for _, name := range []string{"dispatch", "gateway"} {
+		var v scaledObject
+		b, err := yaml.Marshal(path(one(t, docs, "ScaledObject", name).obj, "spec"))
+		if err == nil {
+			err = yaml.Unmarshal(b, &v) // the fields read here; TestManifestsValidate checks the rest
+		}
+		if err != nil {
+			t.Fatalf("ScaledObject %s: %v", name, err)
+		}
+		scaled[name] = v
+		if v.Target.Name != name || v.Min == nil || *v.Min != 0 {
+			t.Errorf("ScaledObject %s scales %q from %v: want Deployment %s from zero", name, v.Target.Name, v.Min, name)
+		}
+	}
+	if d := scaled["dispatch"]; d.Max != 1 || len(d.Triggers) != 2 {
+		t.Errorf("ScaledObject dispatch: max %d, %d triggers: want one replica at most, on the queue's lag and Gitea's queued jobs", d.Max, len(d.Triggers))
+	} else {
+		if q := d.Triggers[0]; q.Type != "nats-jetstream" || q.Metadata["stream"] != "CI_RUNNER" || q.Metadata["consumer"] != "pod" {
+			t.Errorf("dispatch's first trigger %+v: want the assignments' consumer pod on CI_RUNNER", q)
+		}
+		g := d.Triggers[1]
+		if g.Type != "metrics-api" || g.AuthenticationRef == nil || g.AuthenticationRef.Name != "gdr-gitea-read" || g.Metadata["authMode"] != "bearer" {
+			t.Errorf("dispatch's Gitea trigger %+v: want metrics-api with the bearer token of gdr-gitea-read", g)
+		}
+		if !strings.Contains(g.Metadata["url"], "/api/v1/admin/actions/jobs?status=queued") || g.Metadata["valueLocation"] != `jobs.#(labels.#(=="ubuntu-latest"))#|#` {
+			t.Errorf("dispatch's Gitea trigger reads %q at %q: want the queued jobs naming the pool linux's label", g.Metadata["url"], g.Metadata["valueLocation"])
+		}
+	}
+	if g := scaled["gateway"]; len(g.Triggers) != 1 || g.Triggers[0].Type != "nats-jetstream" ||
+		g.Triggers[0].Metadata["stream"] != "KV_CI_TASKS" || g.Triggers[0].Metadata["consumer"] != "gateway" {
+		t.Errorf("ScaledObject gateway triggers %+v: want the payload bucket's consumer gateway", g.Triggers)
+	}
+	auth := one(t, docs, "TriggerAuthentication", "gdr-gitea-read")
+	if ref, _ := path(auth.obj, "spec", "secretTargetRef").([]any); len(ref) != 1 ||
+		!reflect.DeepEqual(ref[0], map[string]any{"parameter": "bearerToken", "name": "gdr-gitea-read", "key": "token"}) {
+		t.Errorf("TriggerAuthentication gdr-gitea-read: %v", ref)
 	}
 	one(t, docs, "Deployment", "gateway")
 	one(t, docs, "Service", "gateway")
@@ -692,6 +755,13 @@ func TestKnativeContract(t *testing.T) {
 		}
 		if !ok {
 			t.Errorf("no PingSource ticks the Knative Service %s", target)
+		}
+	}
+	// A Service ticked every minute never reaches zero (Knative waits about 90 s without a
+	// request): the ticks come every 5 minutes.
+	for _, ps := range find(docs, "PingSource", "") {
+		if s := path(ps.obj, "spec", "schedule"); s != "*/5 * * * *" {
+			t.Errorf("PingSource %s schedule %v: want every 5 minutes", ps.name(), s)
 		}
 	}
 	var disp corev1.Container

@@ -119,7 +119,8 @@ func TestE2EClusterReadme(t *testing.T) {
 		"KUBECONFIG=" + c.AdminKubeconfig(),
 		"HOME=" + os.Getenv("HOME"), // Go's caches
 	}}
-	stdin := map[string]string{"registration-token": g.RegistrationToken(t), "gitea-token": g.AdminToken}
+	stdin := map[string]string{"registration-token": g.RegistrationToken(t), "gitea-token": g.AdminToken,
+		"gitea-read-token": g.CreateToken(t, "gdr-dispatch-wake", "read:admin")}
 	in := &installation{c: c, cs: cs, g: g}
 	top := t
 

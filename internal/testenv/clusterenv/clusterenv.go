@@ -68,6 +68,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -925,3 +926,37 @@ func (c *Cluster) dumpLogs(t testing.TB) {
 
 // DumpLogs logs the tail of every component's log (for a failing test).
 func (c *Cluster) DumpLogs(t testing.TB) { c.dumpLogs(t) }
+
+// PodCPU returns the CPU time each Pod of the node has used so far, by Pod UID: its pod cgroup's
+// cpuacct.usage, which includes its containers', for the Pods that have a cgroup now (the
+// kubelet removes a finished Pod's soon after it ends, so a caller that wants a short Pod's total
+// polls and keeps the largest reading).
+func (c *Cluster) PodCPU() (map[string]time.Duration, error) {
+	root := filepath.Join("/sys/fs/cgroup", "cpuacct", c.cgroupDir)
+	out := map[string]time.Duration{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while we walked
+			}
+			return err
+		}
+		if !d.IsDir() || !strings.HasPrefix(d.Name(), "pod") {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cpuacct.usage"))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipDir
+			}
+			return err
+		}
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s/cpuacct.usage: %w", p, err)
+		}
+		out[strings.TrimPrefix(d.Name(), "pod")] = time.Duration(ns)
+		return fs.SkipDir // its containers are in it
+	})
+	return out, err
+}

@@ -343,3 +343,33 @@ func (s *Server) AddSystemWebhook(t testing.TB, url, secret string) int64 {
 	}, &r, http.StatusCreated)
 	return r.ID
 }
+
+// CreateToken creates an access token of the admin named name with exactly scopes (Gitea's
+// names, e.g. "read:admin") and returns it. Gitea makes tokens only for a password login, so
+// this one call authenticates with the admin's password, not its token.
+func (s *Server) CreateToken(t testing.TB, name string, scopes ...string) string {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"name": name, "scopes": scopes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodPost, s.URL+"api/v1/users/"+url.PathEscape(s.AdminUser)+"/tokens", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.SetBasicAuth(s.AdminUser, s.AdminPassword)
+	resp, err := apiClient.Do(req)
+	if err != nil {
+		t.Fatalf("giteaenv: create token %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		SHA1 string `json:"sha1"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(b, &r) != nil || r.SHA1 == "" {
+		t.Fatalf("giteaenv: create token %s: status %d: %s", name, resp.StatusCode, b)
+	}
+	return r.SHA1
+}

@@ -296,3 +296,7 @@ func randomHex(t testing.TB, n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// LogPath is the file Gitea logs to; it logs every HTTP request it answers ("router:
+// completed <METHOD> <path> for ...").
+func (s *Server) LogPath() string { return s.logPath }

@@ -51,3 +51,17 @@ the control plane's Secrets stay out of those Roles' reach.
 {{- end -}}
 {{- $ns -}}
 {{- end }}
+
+{{/*
+gdr.poolLabels: every label of the pools, each once, in the order the pools name them, as a JSON
+array: dispatch's ScaledObject has one trigger per label (Gitea's queued jobs that name it).
+*/}}
+{{- define "gdr.poolLabels" -}}
+{{- $labels := list -}}
+{{- range .Values.pools -}}
+{{- range .labels -}}
+{{- $labels = append $labels . -}}
+{{- end -}}
+{{- end -}}
+{{- $labels | uniq | toJson -}}
+{{- end }}
