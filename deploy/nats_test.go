@@ -357,8 +357,10 @@ func TestNATSAuthorization(t *testing.T) {
 		return
 	}
 
-	// dispatch: functions/dispatch newService() (EnsureStream, EnsureRejections, EnsurePayloads),
-	// then shared/dispatcher: IDs, Started, Put, Publish, Delete.
+	// dispatch: functions/dispatch newService() (EnsureStream, EnsureRejections, EnsurePayloads,
+	// which also creates the payload bucket's durable consumer "gateway", the gateway's scale
+	// signal, and replaces old deletion markers), then shared/dispatcher: IDs, Started, Put,
+	// Publish, Delete (purges whose markers expire: a message TTL).
 	dispatch := srv.connect(t, "DISPATCH")
 	var dq *assignmentqueue.Queue
 	var dp *assignmentqueue.Payloads
@@ -403,6 +405,11 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatalf("IDs = %v, %v", ids, err)
 		}
 		if err := dp.Delete(ctx, a4.ID); err != nil {
+			t.Fatal(err)
+		}
+		// dispatch started again: EnsurePayloads converges the consumer it made and replaces
+		// the deletion marker just left (a purge expecting that marker as the key's last).
+		if dp, err = assignmentqueue.EnsurePayloads(ctx, dispatch.js, assignmentqueue.Bucket{Name: bucket, TTL: 4 * time.Hour}, payloadKey); err != nil {
 			t.Fatal(err)
 		}
 		// `dispatch status` lists the payloads with their store times, reading none.
@@ -493,6 +500,10 @@ func TestNATSAuthorization(t *testing.T) {
 		gateway.denied(t, "list payloads", "$JS.API.CONSUMER.CREATE.KV_CI_TASKS", func(ctx context.Context) error {
 			_, err := p.IDs(ctx)
 			return err
+		})
+		// Nor touch its own scale signal, which dispatch keeps.
+		gateway.denied(t, "delete its scale signal", "$JS.API.CONSUMER.DELETE.KV_CI_TASKS."+assignmentqueue.GatewayConsumer, func(ctx context.Context) error {
+			return gateway.js.DeleteConsumer(ctx, "KV_CI_TASKS", assignmentqueue.GatewayConsumer)
 		})
 		// The replies to the gateway's reads carry the (sealed) payloads: handle cannot
 		// subscribe to the gateway's inbox to take them as the gateway reads.

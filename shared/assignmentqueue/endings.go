@@ -40,7 +40,7 @@ type Endings struct {
 // payload bucket, with its TTL), or converges an existing one, as
 // EnsurePayloads does the payload bucket.
 func EnsureEndings(ctx context.Context, js jetstream.JetStream, b Bucket) (*Endings, error) {
-	kv, err := ensureBucket(ctx, js, b, "end marks")
+	kv, err := ensureBucket(ctx, js, b, "end marks", 0)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,51 @@ import (
 // DefaultPayloadBucket is the conventional name of the payload bucket.
 const DefaultPayloadBucket = "CI_TASKS"
 
+// PayloadMarkerTTL is how long a deleted payload is still counted by the
+// gateway's scale signal (GatewayConsumer): Delete leaves a marker that
+// expires after it, and so does a payload expiring at the bucket's TTL (the
+// bucket's LimitMarkerTTL). One second is the least nats-server accepts. No
+// reader depends on a marker: a key whose marker expired reads as one never
+// written, as a deleted one does.
+const PayloadMarkerTTL = time.Second
+
+// GatewayConsumer is the gateway's scale signal: a durable consumer on the
+// payload bucket's stream (KV_<bucket>, KV_CI_TASKS by default) that is never
+// read; KEDA's nats-jetstream trigger reads its lag (num_pending +
+// num_ack_pending, from nats-server's monitoring /jsz?consumers=true) and
+// scales the gateway to zero when it is 0. It is filtered to the payload keys
+// (one token, $KV.<bucket>.*: the started and sent marks, two tokens, are
+// not counted), takes no acks and starts at the first message.
+//
+// The invariant the trigger relies on: num_pending is the number of payloads
+// stored, one per task from dispatch's claim (Put) until recover cleaned it
+// up (Delete), plus the payloads deleted or expired within the last
+// PayloadMarkerTTL and the server's settle time (its expiry timer, about a
+// second more); num_ack_pending is always 0. So it is 0 only when no task is
+// in flight and has not been for about two seconds, when no executor can
+// still need the gateway.
+//
+// Crash windows: a payload never deleted (no recover pass reached it) keeps
+// the count above 0, and the gateway up, until the bucket's TTL (the longest
+// job) expires it; a payload deleted by a store that opened a bucket still
+// without marker TTLs (during an upgrade, before dispatch converged it) is
+// counted until the bucket's TTL or until dispatch next starts
+// (EnsurePayloads replaces such markers).
+const GatewayConsumer = "gateway"
+
+// gatewayConsumerConfig is what EnsurePayloads converges bucket's
+// GatewayConsumer to. Its replica count is left unset, so it follows the
+// bucket's (see placement.go); InactiveThreshold unset keeps it forever.
+func gatewayConsumerConfig(bucket string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       GatewayConsumer,
+		Description:   "the gateway's scale signal: never read; KEDA's nats-jetstream trigger reads its lag (payloads in flight)",
+		FilterSubject: "$KV." + bucket + ".*",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckNonePolicy,
+	}
+}
+
 const (
 	// payloadKeySize is the AES-256 key size the store requires.
 	payloadKeySize = 32
@@ -50,23 +95,66 @@ type Payloads struct {
 
 // EnsurePayloads creates bucket b, or converges an existing one, to file
 // storage, one revision per key, b's replica count (0 keeps an existing
-// bucket's) and reads answered by its leader alone (see placement.go), and
-// returns a store sealing values under key, which must be exactly 32 bytes.
-// b.TTL is the longest a job may run, after which a payload is useless, and
-// must be positive. An existing bucket's TTL is never shrunk: the larger of
-// the two is kept, so a process that knows fewer or shorter pools (an older
-// configuration, `dispatch run -pool`) cannot expire payloads of running jobs
-// early for everyone. Errors name the bucket and never contain the key.
+// bucket's), reads answered by its leader alone (see placement.go) and
+// deletion markers that expire after PayloadMarkerTTL, creates or converges
+// its GatewayConsumer, and returns a store sealing values under key, which
+// must be exactly 32 bytes. b.TTL is the longest a job may run, after which a
+// payload is useless, and must be positive. An existing bucket's TTL is never
+// shrunk: the larger of the two is kept, so a process that knows fewer or
+// shorter pools (an older configuration, `dispatch run -pool`) cannot expire
+// payloads of running jobs early for everyone. Errors name the bucket and
+// never contain the key.
+//
+// The markers of payloads deleted before the bucket had marker TTLs (an
+// earlier version's, kept until the bucket's TTL) are replaced by markers that
+// expire, so that they stop counting; a marker whose key was written since is
+// left alone. EnsurePayloads is idempotent, and safe to run from several
+// processes at once: an existing GatewayConsumer with this configuration is
+// left as it is, one with another is converged in place where nats-server
+// allows, and reported otherwise.
 func EnsurePayloads(ctx context.Context, js jetstream.JetStream, b Bucket, key secretkey.Key) (*Payloads, error) {
 	aead, err := newAEAD(b.Name, key)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := ensureBucket(ctx, js, b, "payload store")
+	kv, err := ensureBucket(ctx, js, b, "payload store", PayloadMarkerTTL)
 	if err != nil {
 		return nil, err
 	}
-	return &Payloads{kv: kv, bucket: b.Name, aead: aead}, nil
+	stream := "KV_" + b.Name
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, gatewayConsumerConfig(b.Name)); err != nil {
+		return nil, fmt.Errorf("payload store %q: ensure consumer %q on stream %s (the gateway's scale signal): %w; "+
+			"a consumer of that name that nats-server cannot change in place must be deleted (nats consumer rm %s %s), then dispatch started again",
+			b.Name, GatewayConsumer, stream, err, stream, GatewayConsumer)
+	}
+	p := &Payloads{kv: kv, bucket: b.Name, aead: aead}
+	if err := p.expireMarkers(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// expireMarkers replaces the marker of every deleted payload key by one that
+// expires after PayloadMarkerTTL (a marker that already expires is renewed
+// once: harmless). Each replacement expects the marker it saw as the key's
+// last revision, so a payload written since is never purged.
+func (p *Payloads) expireMarkers(ctx context.Context) error {
+	entries, err := p.list(ctx, "replace deletion markers", true)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Operation() == jetstream.KeyValuePut {
+			continue
+		}
+		err := p.kv.Purge(ctx, e.Key(), jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(PayloadMarkerTTL))
+		switch {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch): // written, or expired, since
+		case err != nil:
+			return fmt.Errorf("payload store %q: replace the deletion marker of %s: %w", p.bucket, e.Key(), err)
+		}
+	}
+	return nil
 }
 
 // OpenPayloads returns the store of an existing bucket without changing its
@@ -165,17 +253,35 @@ func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task
 }
 
 // Delete removes the payload of assignmentID and every earlier revision of
-// it. Deleting a payload that is not there succeeds.
+// it, and its marks. Deleting a payload that is not there succeeds. Each key
+// is purged with a marker that expires after PayloadMarkerTTL, when the
+// GatewayConsumer stops counting the payload; on a bucket that takes no
+// message TTLs yet (an upgrade, before dispatch converged it) the marker is a
+// plain one, counted until the bucket's TTL.
 func (p *Payloads) Delete(ctx context.Context, assignmentID string) error {
 	if assignmentID == "" {
 		return fmt.Errorf("payload store %q: delete: empty assignment ID", p.bucket)
 	}
 	for _, key := range []string{startedPrefix + assignmentID, sentPrefix + assignmentID, assignmentID} {
-		if err := p.kv.Purge(ctx, key); err != nil {
+		err := p.kv.Purge(ctx, key, jetstream.PurgeTTL(PayloadMarkerTTL))
+		if ttlDisabled(err) {
+			err = p.kv.Purge(ctx, key)
+		}
+		if err != nil {
 			return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
 		}
 	}
 	return nil
+}
+
+// errCodeMessageTTLDisabled is nats-server's JSMessageTTLDisabledErr: a
+// message with a TTL sent to a stream that does not allow them.
+const errCodeMessageTTLDisabled jetstream.ErrorCode = 10166
+
+// ttlDisabled reports whether err is the server refusing a message TTL.
+func ttlDisabled(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMessageTTLDisabled
 }
 
 // startedPrefix marks, beside a payload, that its executor has taken it. A
@@ -258,39 +364,97 @@ func later(a, b time.Time) time.Time {
 // payloads are not listed, nor are the started and sent marks. The listing
 // may be a moment stale (see placement.go).
 func (p *Payloads) IDs(ctx context.Context) ([]string, error) {
+	entries, err := p.list(ctx, "list assignment IDs", false)
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{}
+	for _, e := range entries {
+		ids = append(ids, e.Key())
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids), nil
+}
+
+// listingStall is how long a listing waits for its next key before it starts
+// over. The client's watcher ends its first pass once it has received as many
+// keys as the server counted when the listing began, or a key with nothing
+// pending after it. A deletion marker that expires (PayloadMarkerTTL) in
+// between is never delivered, and the watcher would wait for it until some
+// later write to the bucket: in an idle system, forever. The server sends a
+// listing without pause (every key, deletion markers included, resets the
+// wait), so a second of silence short of the end is such a marker, or a
+// server that does not answer; a new listing counts only what is there. Each
+// pass started over waits twice as long as the one before, up to
+// maxListingStall, so a server that is merely slow still gets through.
+const (
+	listingStall    = time.Second
+	maxListingStall = 30 * time.Second
+)
+
+// errListingStalled is a listing that received nothing for its stall wait
+// before its end.
+var errListingStalled = errors.New("the listing stalled before its last key")
+
+// list returns the entry of every payload key (one token: the marks, two,
+// are left out), metadata only, as one pass of an ordered consumer sees
+// them; deletion markers are included only when withDeletes. A pass that
+// stalls (listingStall) is started over until ctx ends. Errors name the
+// bucket and what.
+func (p *Payloads) list(ctx context.Context, what string, withDeletes bool) ([]jetstream.KeyValueEntry, error) {
+	for stall := listingStall; ; stall = min(2*stall, maxListingStall) {
+		entries, err := p.listOnce(ctx, withDeletes, stall)
+		switch {
+		case errors.Is(err, errListingStalled):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("payload store %q: %s: %w", p.bucket, what, err)
+		}
+		return entries, nil
+	}
+}
+
+// listOnce is one pass of list, given up after stallAfter without a key.
+func (p *Payloads) listOnce(ctx context.Context, withDeletes bool, stallAfter time.Duration) ([]jetstream.KeyValueEntry, error) {
 	// Payload keys are one token (an assignment ID has no dot); the marks
 	// are two ("started.<id>", "sent.<id>"). Filtering on one token lists
 	// the payloads alone: a round's cost follows the tasks in flight, not
 	// the marks of every task the bucket's TTL still remembers.
+	//
+	// Deletion markers are delivered and dropped here rather than by the
+	// watcher (IgnoreDeletes), so that each one resets the stall timer.
 	//
 	// The watcher's channel is read directly, not through a KeyLister: a
 	// lister takes a channel closed under it (the connection closed or the
 	// ordered consumer failed mid-listing) for the end of the listing and
 	// returns a short list; here that is an error, never a short count that
 	// would let dispatch claim past a pool's capacity.
-	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.MetaOnly())
 	if err != nil {
-		return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, err)
+		return nil, err
 	}
 	defer func() { _ = w.Stop() }()
-	ids := []string{}
-	for done := false; !done; {
+	stall := time.NewTimer(stallAfter)
+	defer stall.Stop()
+	var entries []jetstream.KeyValueEntry
+	for {
 		select {
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:
-				return nil, fmt.Errorf("payload store %q: list assignment IDs: the listing ended before its last key", p.bucket)
+				return nil, errors.New("the listing ended before its last key")
 			case e == nil: // every key present at the start has been seen
-				done = true
-			default:
-				ids = append(ids, e.Key())
+				return entries, nil
+			case withDeletes || e.Operation() == jetstream.KeyValuePut:
+				entries = append(entries, e)
 			}
+			stall.Reset(stallAfter)
+		case <-stall.C:
+			return nil, errListingStalled
 		case <-ctx.Done():
-			return nil, fmt.Errorf("payload store %q: list assignment IDs: %w", p.bucket, ctx.Err())
+			return nil, ctx.Err()
 		}
 	}
-	slices.Sort(ids)
-	return slices.Compact(ids), nil
 }
 
 // PayloadSettings is embedded in the configuration of every function that reads
@@ -319,23 +483,15 @@ func (p PayloadSettings) Check() error {
 // like IDs (the same meta-only listing: no payload byte is read, so it
 // needs no more than IDs' grants). The marks are not listed.
 func (p *Payloads) Stored(ctx context.Context) (map[string]time.Time, error) {
-	w, err := p.kv.WatchFiltered(ctx, []string{"*"}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	entries, err := p.list(ctx, "list payloads", false)
 	if err != nil {
-		return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, err)
+		return nil, err
 	}
-	defer func() { _ = w.Stop() }()
 	stored := map[string]time.Time{}
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil { // every current value has been delivered
-				return stored, nil
-			}
-			stored[e.Key()] = e.Created()
-		case <-ctx.Done():
-			return nil, fmt.Errorf("payload store %q: list payloads: %w", p.bucket, ctx.Err())
-		}
+	for _, e := range entries {
+		stored[e.Key()] = e.Created()
 	}
+	return stored, nil
 }
 
 // StoredAt returns when the payload of assignmentID was stored (the task's

@@ -87,14 +87,19 @@ var ErrDirectReads = errors.New("the bucket answers reads from any replica (dire
 
 // ensureBucket creates bucket b, or converges an existing one, to file
 // storage, one revision per key, b's TTL (never shortened) and replica count,
-// and no direct gets, and returns it bound for leader reads.
+// and no direct gets, and returns it bound for leader reads. A positive
+// markerTTL is the bucket's LimitMarkerTTL: the bucket takes per-message TTLs
+// (a purge may leave a marker that expires, jetstream.PurgeTTL) and a value
+// expiring at the TTL leaves a marker that lives markerTTL; an existing
+// bucket is converged to it (nats-server lets both be turned on in place,
+// never off). Zero leaves those settings as they are.
 //
 // The client library creates a bucket with direct gets on; a bucket is
 // therefore created first and then updated to leader reads, and a reader that
 // opens it in between is refused (openBucket), never bound to direct gets.
 // An existing bucket is converged with a stream update alone, which never
 // turns direct gets back on.
-func ensureBucket(ctx context.Context, js jetstream.JetStream, b Bucket, what string) (jetstream.KeyValue, error) {
+func ensureBucket(ctx context.Context, js jetstream.JetStream, b Bucket, what string, markerTTL time.Duration) (jetstream.KeyValue, error) {
 	if b.TTL <= 0 {
 		return nil, fmt.Errorf("%s %q: TTL %v is not positive", what, b.Name, b.TTL)
 	}
@@ -102,7 +107,10 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, b Bucket, what st
 	s, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.Name, TTL: b.TTL, Storage: jetstream.FileStorage,
-			History: 1, Replicas: b.Replicas})
+			History: 1, Replicas: b.Replicas, LimitMarkerTTL: markerTTL})
+		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+			return nil, fmt.Errorf("%s %q: create bucket: %w: markers that expire (LimitMarkerTTL) need nats-server 2.11 or later", what, b.Name, err)
+		}
 		if err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
 			return nil, fmt.Errorf("%s %q: create bucket: %w", what, b.Name, err)
 		}
@@ -121,10 +129,28 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, b Bucket, what st
 	want.MaxMsgsPerSubject = 1
 	want.MaxAge = max(b.TTL, have.MaxAge)
 	want.Replicas = replicasFor(b.Replicas, have.Replicas)
+	if markerTTL > 0 {
+		want.AllowMsgTTL = true
+		want.SubjectDeleteMarkerTTL = markerTTL
+	}
 	if want.AllowDirect != have.AllowDirect || want.MaxMsgsPerSubject != have.MaxMsgsPerSubject ||
-		want.MaxAge != have.MaxAge || want.Replicas != have.Replicas {
-		if _, err := js.UpdateStream(ctx, want); err != nil {
+		want.MaxAge != have.MaxAge || want.Replicas != have.Replicas ||
+		want.AllowMsgTTL != have.AllowMsgTTL || want.SubjectDeleteMarkerTTL != have.SubjectDeleteMarkerTTL {
+		s, err := js.UpdateStream(ctx, want)
+		if err != nil && markerTTL > 0 && !have.AllowMsgTTL {
+			return nil, fmt.Errorf("%s %q: converge bucket to markers that expire (LimitMarkerTTL %v): %w; "+
+				"nats-server 2.11 or later turns them on in place: upgrade it, or, once no job runs, delete stream %s and start dispatch again",
+				what, b.Name, markerTTL, err, name)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("%s %q: converge bucket: %w", what, b.Name, err)
+		}
+		// A server older than 2.11 ignores the fields it does not know and
+		// answers with the configuration it kept.
+		if got := s.CachedInfo().Config; markerTTL > 0 && (!got.AllowMsgTTL || got.SubjectDeleteMarkerTTL != markerTTL) {
+			return nil, fmt.Errorf("%s %q: converge bucket: nats-server kept message TTLs %v and marker TTL %v, want true and %v: "+
+				"markers that expire (LimitMarkerTTL) need nats-server 2.11 or later; upgrade it, the bucket is then converged in place",
+				what, b.Name, got.AllowMsgTTL, got.SubjectDeleteMarkerTTL, markerTTL)
 		}
 	}
 	return openBucket(ctx, js, b.Name, what)

@@ -22,7 +22,8 @@ const PayloadTTL = time.Hour
 // Queue is the assignment queue as dispatch, handle and recover share it, on a
 // server of the test's own: on return the stream (assignmentqueue.DefaultStream),
 // its rejection stream (EnsureRejections) and the payload bucket (assignmentqueue.DefaultPayloadBucket, PayloadTTL,
-// encrypted with Key) exist, and no consumer does. The queue signs what it
+// encrypted with Key) exist, and no consumer of the queue's streams does (the
+// payload bucket has its assignmentqueue.GatewayConsumer). The queue signs what it
 // publishes with Signer, whose public key handle's Keyring must hold. Everything is shut down
 // and removed when the test ends.
 type Queue struct {
