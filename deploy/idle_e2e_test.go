@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 )
 
 // idleBound is how long after its push a job queued while everything is at zero may wait for
@@ -29,14 +30,15 @@ const idleBound = 30 * time.Second
 // replicas; KEDA starts them) and checks the promise of scale to zero:
 //
 //   - Job: a push runs its job to success (KEDA starts dispatch from Gitea's queue, the gateway
-//     from the payload bucket's consumer).
+//     from the payload bucket's consumer); it saves an actions/cache entry.
 //   - Zero: once the idle settings have passed (dispatch's and the gateway's cooldownPeriod,
 //     handle's linger), no Pod of ours runs in the control plane's or the executors' namespace,
 //     but for recover's scheduled pass, which must end; both Deployments are at zero replicas,
 //     and stay so for 30 s.
 //   - FromZero: a job queued in that state, whose webhook is dropped (Gitea's only webhook is
 //     the test's, which answers 503 to every delivery: the fault is seen at the recorder), is
-//     claimed within idleBound and runs to success.
+//     claimed within idleBound and runs to success, restoring the first job's cache entry: the
+//     cache's volume outlived the gateway's replicas.
 func TestE2EClusterIdle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -46,13 +48,15 @@ func TestE2EClusterIdle(t *testing.T) {
 	in.g.Do(t, http.MethodDelete, fmt.Sprintf("/admin/hooks/%d", in.webhook), nil, nil)
 	rec := startDroppingWebhook(t)
 	in.g.AddSystemWebhook(t, rec.url, "")
+	in.g.HostAction(t, giteaenv.VendoredAction("cache-v4"), "actions", "cache", "v4")
+	content := fmt.Sprintf("kept-%d", time.Now().UnixNano())
+	repo := in.g.CreateRepo(t, "idle") // both jobs': the cache is kept per repository
 
 	in.runSteps(ctx, t, []step{
 		{"Job", func(t *testing.T) {
-			repo := in.g.CreateRepo(t, "idle-first")
-			in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", idleWorkflow("first"))
+			in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", cacheWorkflow("first", content, false))
 			if job := in.waitCompleted(ctx, t, repo, "first", 5*time.Minute); job.Conclusion != "success" {
-				t.Fatalf("job %+v, want success", job)
+				t.Fatalf("job %+v, want success; log:\n%s", job, in.g.JobLogs(t, repo, job.ID))
 			}
 		}},
 		{"Zero", func(t *testing.T) {
@@ -68,12 +72,12 @@ func TestE2EClusterIdle(t *testing.T) {
 			if left := in.ourPods(ctx, t); len(left) > 0 {
 				t.Fatalf("not at zero before the push: %v", left)
 			}
-			repo := in.g.CreateRepo(t, "idle-second")
 			pushed := time.Now()
-			in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", idleWorkflow("second"))
+			in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", cacheWorkflow("second", content, true))
 			job := in.waitCompleted(ctx, t, repo, "second", 5*time.Minute)
-			if job.Conclusion != "success" {
-				t.Fatalf("job %+v, want success", job)
+			log := in.g.JobLogs(t, repo, job.ID)
+			if job.Conclusion != "success" || !strings.Contains(log, "restored="+content) {
+				t.Fatalf("job %+v, want success with the first job's cache entry restored; log:\n%s", job, log)
 			}
 			// The fault: Gitea delivered the job's queued event and it was dropped.
 			queued, ok := rec.first("queued", job.ID)
@@ -91,6 +95,37 @@ func TestE2EClusterIdle(t *testing.T) {
 			}
 		}},
 	})
+}
+
+// cacheWorkflow is a one-job workflow for the pool linux, its job named name, which saves an
+// actions/cache entry holding content (restore false) or restores it and prints it (restore
+// true, failing on a miss).
+func cacheWorkflow(name, content string, restore bool) string {
+	if !restore {
+		return `on: push
+jobs:
+  ` + name + `:
+    runs-on: ubuntu-latest
+    steps:
+      - run: mkdir -p kept && echo ` + content + ` > kept/out.txt
+      - uses: actions/cache@v4
+        with:
+          path: kept
+          key: idle-v1
+`
+	}
+	return `on: push
+jobs:
+  ` + name + `:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/cache@v4
+        with:
+          path: kept
+          key: idle-v1
+          fail-on-cache-miss: true
+      - run: echo "restored=$(cat kept/out.txt)"
+`
 }
 
 // idleWorkflow is a one-job workflow for the pool linux, its job named name.
