@@ -287,7 +287,7 @@ const missingSeccompProfile = "gdr/absent.json"
 // buildMissingProfile: the job of repo, in the pool build-noprofile, cannot start its sidecar
 // (its Localhost profile is on no node); the fault first, the sidecar waiting in
 // CreateContainerError over the profile, then the job: failed, its log naming the container
-// and the reason, once the Pod has waited pod.StuckAfter.
+// and the reason, once the Pod has waited pod.StuckAfter and recover's next pass ran.
 func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, repo string) {
 	for deadline := time.Now().Add(pod.StuckAfter); ; time.Sleep(time.Second) {
 		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
@@ -313,7 +313,9 @@ func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, r
 			t.Fatalf("the sidecar of %s's executor is not waiting on its seccomp profile (last: %q)", repo, waiting)
 		}
 	}
-	job := in.waitCompleted(ctx, t, repo, "image", pod.StuckAfter+3*time.Minute)
+	// recover's scheduled pass (every 5 minutes, deploy/keda/05-recover.yaml) ends it: up to a
+	// schedule after the Pod has waited StuckAfter, and the pass's start.
+	job := in.waitCompleted(ctx, t, repo, "image", pod.StuckAfter+6*time.Minute)
 	log := in.g.JobLogs(t, repo, job.ID)
 	want := "container " + pod.BuildContainer + ": CreateContainerError: "
 	if job.Conclusion != "failure" || !strings.Contains(log, want) {
