@@ -128,13 +128,15 @@ chaos-gitea:
 
 ## images: the container images, one OCI layout each in $(BIN)/images/<name>/ (docs/OPERATIONS.md):
 ##         dispatch, handle, recover, gateway, runner, runner-host, buildkit (a pool's rootless
-##         image builder: scripts/peers/buildkit.sh); linux/amd64 + linux/arm64,
+##         image builder: scripts/peers/buildkit.sh), docker (rootless Docker: Debian trixie's,
+##         scripts/peers/docker.sh, which also gives runner-host the Docker CLI, buildx and
+##         compose); linux/amd64 + linux/arm64,
 ##         reproducible (every timestamp SOURCE_DATE_EPOCH, default: the last commit's time)
 .PHONY: images
 images:
-	@debs=$$(./scripts/debs.sh build) && buildkit=$$(./scripts/peers/buildkit.sh build) && \
+	@debs=$$(./scripts/debs.sh build) && buildkit=$$(./scripts/peers/buildkit.sh build) && docker=$$(./scripts/peers/docker.sh build) && \
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
-	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -peer buildkit="$$buildkit" -commit "$(COMMIT)"
+	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -peer buildkit="$$buildkit" -peer docker="$$docker" -commit "$(COMMIT)"
 
 ## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
 ##       with -update rewrites its own section (one package at a time: they write one file);

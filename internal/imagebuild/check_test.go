@@ -135,6 +135,12 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		for _, b := range img.Peer.Binaries {
 			wanted = append(wanted, BinDir+"/"+b)
 		}
+		for name := range img.Peer.Links {
+			wanted = append(wanted, "/"+name)
+		}
+		for _, name := range img.Peer.Executables {
+			wanted = append(wanted, "/"+name)
+		}
 		if img.Peer.SubIDs {
 			wanted = append(wanted, "/etc/subuid", "/etc/subgid")
 		}
@@ -215,9 +221,23 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 	if h := p.headers[strings.TrimPrefix(bin, "/")]; h.Mode&0o111 != 0o111 || h.Uid != 0 {
 		t.Errorf("%s: %s has mode %o owner %d, want executable by all, owned by root", what, bin, h.Mode, h.Uid)
 	}
-	checkELF(t, what+" "+bin, data, platform.Architecture, true)
-	if platform.Architecture == "amd64" {
-		runVersion(t, what, data, img.Binary)
+	if script, ok := img.Peer.script(img.Binary); ok {
+		// The project's own script: as written, with its interpreter
+		// (/bin/sh through the merged-/usr link) in the image.
+		if !bytes.Equal(data, script) {
+			t.Errorf("%s: %s is not the project's script", what, bin)
+		}
+		if h := p.headers["bin"]; !bytes.HasPrefix(data, []byte("#!/bin/sh\n")) || h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "usr/bin" {
+			t.Errorf("%s: %s is not a /bin/sh script, or /bin is not a link to usr/bin", what, bin)
+		}
+		if _, _, err := p.resolve("usr/bin/sh"); err != nil {
+			t.Errorf("%s: no shell for %s: %v", what, bin, err)
+		}
+	} else {
+		checkELF(t, what+" "+bin, data, platform.Architecture, true)
+		if platform.Architecture == "amd64" {
+			runVersion(t, what, data, img.Binary)
+		}
 	}
 	for name := range fileCaps {
 		if !slices.Contains(p.caps, name) {
@@ -228,6 +248,19 @@ func checkPlatform(t *testing.T, image v1.Image, platform v1.Platform, img Image
 		for _, b := range img.Peer.Binaries {
 			name := strings.TrimPrefix(BinDir, "/") + "/" + b
 			checkELF(t, what+" "+name, p.files[name], platform.Architecture, true)
+		}
+		for name := range img.Peer.Links {
+			if _, _, err := p.resolve(name); err != nil {
+				t.Errorf("%s: link %s: %v", what, name, err)
+			}
+		}
+		for _, name := range img.Peer.Executables {
+			target, _, err := p.resolve(name)
+			if err != nil {
+				t.Errorf("%s: %s: %v", what, name, err)
+				continue
+			}
+			checkELF(t, what+" "+name+" ("+target+")", p.files[target], platform.Architecture, false)
 		}
 		if img.Peer.SubIDs {
 			for _, f := range []string{"etc/subuid", "etc/subgid"} {

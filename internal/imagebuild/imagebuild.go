@@ -15,11 +15,15 @@ package imagebuild
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,6 +91,9 @@ type Image struct {
 type Tool struct {
 	Peer, Binary string
 	Wrapper      string
+	// Dir, when set, is where the binary is instead, without a wrapper
+	// (a plugin another tool finds there).
+	Dir string
 }
 
 // ToolDir is where an image's Tools are; BinDir has their wrappers.
@@ -147,6 +154,17 @@ type Peer struct {
 	// SubIDs gives the image's user the subordinate IDs SubIDFirst to
 	// SubIDFirst+SubIDCount-1 in /etc/subuid and /etc/subgid.
 	SubIDs bool
+	// Scripts are the project's own files the image has in BinDir (name to
+	// content, mode 0755), besides Binaries.
+	Scripts map[string][]byte
+	// Executables are programs of the peer's packages the image must
+	// carry (paths in the image, without the leading slash; checked by
+	// the image test), for images whose entrypoint is a script.
+	Executables []string
+	// Links are symbolic links (path in the image, without the leading
+	// slash, to target) that the packages' maintainer scripts would make
+	// (update-alternatives), which never run here.
+	Links map[string]string
 	// Cmd is the image's command (its entrypoint is Image.Binary's).
 	Cmd []string
 }
@@ -180,8 +198,15 @@ var Images = []Image{
 	// certificates; README.md "The runner-host image"): host-mode jobs.
 	// BuildKit's client too (scripts/peers/buildkit.sh), for a pool's build
 	// capability.
+	// The Docker CLI with its buildx and compose plugins (scripts/peers/docker.sh),
+	// for a pool's docker capability.
 	{Name: "runner-host", Package: "./functions/runner", Binary: "runner", Packages: true,
-		Tools: []Tool{{Peer: "buildkit", Binary: "buildctl", Wrapper: buildctlWrapper}}},
+		Tools: []Tool{
+			{Peer: "buildkit", Binary: "buildctl", Wrapper: buildctlWrapper},
+			{Peer: "docker", Binary: "docker", Wrapper: dockerWrapper},
+			{Peer: "docker", Binary: "docker-buildx", Dir: DockerPluginDir},
+			{Peer: "docker", Binary: "docker-compose", Dir: DockerPluginDir},
+		}},
 	// Rootless BuildKit, a pool's build sidecar (scripts/peers/buildkit.sh):
 	// buildkitd under RootlessKit, which maps the user's subordinate IDs
 	// with newuidmap/newgidmap (Debian's uidmap; setuid root there, here
@@ -196,6 +221,48 @@ var Images = []Image{
 		Cmd: []string{"buildkitd", "--rootless", "--oci-worker-no-process-sandbox",
 			"--root", Home + "/.local/share/buildkit", "--addr", "unix:///run/buildkit/buildkitd.sock"},
 	}},
+	// Rootless Docker, a pool's docker sidecar (scripts/peers/docker.sh):
+	// Debian trixie's dockerd under RootlessKit and slirp4netns, with
+	// newuidmap/newgidmap holding CAP_SETUID and CAP_SETGID alone as file
+	// capabilities (as in buildkit), started by gdr-dockerd; gdr-runc is
+	// its OCI runtime (runc, each container given the sidecar's /proc).
+	{Name: "docker", Binary: "gdr-dockerd", Peer: &Peer{
+		FileCaps: map[string][]uint{"usr/bin/newuidmap": {CapSetUID}, "usr/bin/newgidmap": {CapSetGID}},
+		SubIDs:   true,
+		Scripts:  map[string][]byte{"gdr-dockerd": dockerdEntry, "gdr-runc": dockerRuntime},
+		Executables: []string{"usr/sbin/dockerd", "usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/sbin/runc",
+			"usr/bin/rootlesskit", "usr/bin/slirp4netns", "usr/bin/nsenter", "usr/bin/mount", "usr/sbin/ip", "usr/bin/jq",
+			"usr/bin/docker", "usr/sbin/xtables-nft-multi"},
+		// dockerd's NAT for its bridges in RootlessKit's network namespace.
+		Links: map[string]string{
+			"usr/sbin/iptables": "xtables-nft-multi", "usr/sbin/iptables-save": "xtables-nft-multi", "usr/sbin/iptables-restore": "xtables-nft-multi",
+			"usr/sbin/ip6tables": "xtables-nft-multi", "usr/sbin/ip6tables-save": "xtables-nft-multi", "usr/sbin/ip6tables-restore": "xtables-nft-multi",
+		},
+	}},
+}
+
+// DockerPluginDir is where runner-host's Docker CLI plugins are: a folder
+// the Docker CLI looks in.
+const DockerPluginDir = "/usr/local/libexec/docker/cli-plugins"
+
+// The docker image's entrypoint and OCI runtime, and runner-host's docker
+// wrapper (docker/: each file says what it does).
+var (
+	//go:embed docker/gdr-dockerd
+	dockerdEntry []byte
+	//go:embed docker/gdr-runc
+	dockerRuntime []byte
+	//go:embed docker/docker
+	dockerWrapper string
+)
+
+// script returns the content of the script name among p's Scripts.
+func (p *Peer) script(name string) ([]byte, bool) {
+	if p == nil {
+		return nil, false
+	}
+	b, ok := p.Scripts[name]
+	return b, ok
 }
 
 func function(name string) Image {
@@ -401,6 +468,10 @@ func (b *builder) platformImage(ctx context.Context, img Image, p Platform) (v1.
 		if err != nil {
 			return nil, err
 		}
+		if tool.Dir != "" {
+			add(l, tool.Dir+"/"+tool.Binary+" (scripts/peers/"+tool.Peer+".sh)")
+			continue
+		}
 		add(l, ToolDir+"/"+tool.Binary+" (scripts/peers/"+tool.Peer+".sh), its wrapper "+BinDir+"/"+tool.Binary)
 	}
 
@@ -555,6 +626,9 @@ func (b *builder) toolLayer(tool Tool, arch string) (v1.Layer, error) {
 		return nil, err
 	}
 	return b.layer("tool/"+tool.Peer+"/"+tool.Binary+"/"+arch, func(l *tarLayer) error {
+		if tool.Dir != "" {
+			return l.copyFile(strings.TrimPrefix(tool.Dir, "/")+"/"+tool.Binary, 0o755, filepath.Join(dir, "bin", tool.Binary))
+		}
 		if err := l.copyFile(strings.TrimPrefix(ToolDir, "/")+"/"+tool.Binary, 0o755, filepath.Join(dir, "bin", tool.Binary)); err != nil {
 			return err
 		}
@@ -582,6 +656,24 @@ func (b *builder) peerDebsLayer(ctx context.Context, img Image, arch string) (v1
 		if err := addDebs(ctx, l, debs); err != nil {
 			return err
 		}
+		// Packages of a merged-/usr release (trixie's) ship /usr/bin and
+		// the loader's /usr/lib64 alone: the links base-files would make.
+		for _, d := range []string{"bin", "sbin", "lib", "lib64"} {
+			if l.seen["usr/"+d] && !l.seen[d] {
+				if err := l.symlink(d, "usr/"+d); err != nil {
+					return err
+				}
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(img.Peer.Links)) {
+			target := img.Peer.Links[name]
+			if !l.seen[cleanName(path.Join(path.Dir(name), target))] {
+				return fmt.Errorf("link %s: no %s in the peer's packages", name, target)
+			}
+			if err := l.symlink(cleanName(name), target); err != nil {
+				return err
+			}
+		}
 		for name := range l.fileCaps {
 			if !l.seen[name] {
 				return fmt.Errorf("no %s in the peer's packages to give file capabilities", name)
@@ -600,6 +692,11 @@ func (b *builder) peerBinariesLayer(img Image, arch string) (v1.Layer, error) {
 	return b.layer("peer-bin/"+img.Name+"/"+arch, func(l *tarLayer) error {
 		for _, bin := range img.Peer.Binaries {
 			if err := l.copyFile(strings.TrimPrefix(BinDir, "/")+"/"+bin, 0o755, filepath.Join(dir, "bin", bin)); err != nil {
+				return err
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(img.Peer.Scripts)) {
+			if err := l.bytes(strings.TrimPrefix(BinDir, "/")+"/"+name, 0o755, img.Peer.Scripts[name]); err != nil {
 				return err
 			}
 		}

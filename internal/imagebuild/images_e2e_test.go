@@ -174,7 +174,12 @@ func runHostTools(t *testing.T, dir string) {
 		// BuildKit's client, and its wrapper's word where the pool builds nothing.
 		"buildctl --version; if buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi; " +
 		// ... and where the pool's BuildKit does not answer (its sidecar restarting): it waits, then says so.
-		"if BUILDKIT_HOST=unix:///tmp/absent.sock GDR_BUILDKIT_WAIT=1 buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi"
+		"if BUILDKIT_HOST=unix:///tmp/absent.sock GDR_BUILDKIT_WAIT=1 buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi; " +
+		// The Docker CLI and its plugins; its wrapper's word where the pool has no Docker daemon,
+		// and where the pool's daemon does not answer (its sidecar restarting).
+		"docker --version; docker buildx version; docker compose version; " +
+		"if docker ps 2>err.txt; then echo docker-without-daemon; else cat err.txt; fi; " +
+		"if DOCKER_HOST=unix:///tmp/absent.sock GDR_DOCKER_WAIT=1 docker ps 2>err.txt; then echo docker-without-daemon; else cat err.txt; fi"
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + Home}
 	cmd.Dir = "/"
@@ -187,6 +192,9 @@ func runHostTools(t *testing.T, dir string) {
 		t.Fatalf("in runner-host (amd64): %v\n%s", err, out)
 	}
 	t.Logf("in runner-host (amd64):\n%s", out)
+	if strings.Contains(string(out), "docker-without-daemon") {
+		t.Errorf("in runner-host (amd64): docker ps succeeded without a daemon:\n%s", out)
+	}
 	if strings.Contains(string(out), "built-without-buildkit") {
 		t.Errorf("in runner-host (amd64): buildctl build succeeded without BUILDKIT_HOST:\n%s", out)
 	}
@@ -194,7 +202,11 @@ func runHostTools(t *testing.T, dir string) {
 		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok",
 		"buildctl github.com/moby/buildkit ", "buildctl: no BuildKit runs beside this job: its runner pool has no build capability",
 		"buildctl: BuildKit beside this job (unix:///tmp/absent.sock) does not answer (its sidecar gdr-buildkit starting again?); waiting up to 1s",
-		"buildctl: BuildKit beside this job did not answer in 1s"} {
+		"buildctl: BuildKit beside this job did not answer in 1s",
+		"Docker version 26.1.5", "github.com/docker/buildx 0.13", "Docker Compose version 2.26",
+		"docker: no Docker daemon runs beside this job: its runner pool has no docker capability",
+		"docker: the Docker daemon beside this job (unix:///tmp/absent.sock) does not answer (its sidecar gdr-docker starting again?); waiting up to 1s",
+		"docker: the Docker daemon beside this job did not answer in 1s"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("in runner-host (amd64): no %q in\n%s", want, out)
 		}

@@ -562,6 +562,9 @@ export PATH="$B:$PATH"
 mount -t tmpfs -o mode=0755 gdr-node-run /run
 mount -t tmpfs -o mode=0755 gdr-node-varlib /var/lib
 ip link set lo up
+# /dev/net/tun as a distribution's node has it (udev's rule: 0666); this machine has
+# no udev (0600): a node of the same device, bound over it in this mount namespace.
+if [ -c /dev/net/tun ]; then mknod -m 0666 "$D/tun" c 10 200 && mount --bind "$D/tun" /dev/net/tun; fi
 echo 1 >/proc/sys/net/ipv4/ip_forward
 echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 : >"$D/ns-ready"
