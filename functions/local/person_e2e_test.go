@@ -186,7 +186,7 @@ jobs:
 `)
 	for _, tc := range []struct{ job, want string }{
 		{"incontainer", "this job asks for `container: node:20-bookworm`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20-bookworm)"},
-		{"dockerstep", "step lint uses `docker://alpine:3.20`, an image to run with Docker: no executor of gitea-dynamic-runner has a Docker daemon"},
+		{"dockerstep", "step lint uses `docker://alpine:3.20`, an image to run with Docker: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet"},
 	} {
 		j := s.waitJob(t, tc.job, completed, 60*time.Second, &out)
 		if j.Conclusion != "failure" {

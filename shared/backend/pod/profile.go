@@ -77,6 +77,9 @@ type Profile struct {
 	// Build, when set, gives every job of the pool a rootless BuildKit at
 	// BUILDKIT_HOST (see BuildKit); off by default.
 	Build *BuildKit `json:"build,omitempty"`
+	// Docker, when set, gives every job of the pool a rootless Docker
+	// daemon at DOCKER_HOST (see Docker); off by default.
+	Docker *Docker `json:"docker,omitempty"`
 }
 
 // serviceDefaults returns what the profile sets for a job's services, or
@@ -175,6 +178,19 @@ func parseTemplates(raw json.RawMessage, keys taskassignment.Keys, workloadAPI b
 			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile build: %w", err)
 		}
 		injectBuild(&tmpl, *p.Build)
+	}
+	if err := checkDockerReserved(tmpl.Spec); err != nil {
+		return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile %s %w", field, err)
+	}
+	if p.Docker != nil {
+		if err := p.Docker.validate(); err != nil {
+			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile docker: %w", err)
+		}
+		work, err := workMount(tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)])
+		if err != nil {
+			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile docker: %w", err)
+		}
+		injectDocker(&tmpl, *p.Docker, work)
 	}
 	var w WorkloadAPI
 	if p.WorkloadAPI != nil {

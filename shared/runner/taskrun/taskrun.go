@@ -159,9 +159,10 @@ func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
 		services: services, serviceTimeout: host.ServiceTimeout}, nil
 }
 
-// noDaemon is the alternative to a step that needs a Docker daemon (a
-// `docker://` step, a Docker action): no executor has one.
-const noDaemon = "no executor of gitea-dynamic-runner has a Docker daemon (local mode's are processes on this machine, the cluster's run the job in its own image); run the job in that image instead (`container:` on a pod pool, the cluster path), or use a JavaScript or composite action; to build an image, run `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"
+// noDaemon is what to do instead of a step that act would start with a
+// Docker daemon (a `docker://` step, a Docker action): the runner does not
+// run those yet, though a pool's docker capability gives run steps a daemon.
+const noDaemon = "gitea-dynamic-runner does not run `docker://` steps and Docker actions yet; `docker` commands in a run step work in a job of a pod pool whose profile enables the docker capability (`docker:`); or run the job in that image (`container:` on a pod pool), or use a JavaScript or composite action; to build an image, run `docker build` there, or `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"
 
 // dockerSteps refuses a step that runs an image (`uses: docker://...`),
 // which act would start with a Docker daemon.

@@ -159,9 +159,9 @@ func TestPrepareRefuses(t *testing.T) {
 		{"container in local mode", "jobs:\n  b:\n    runs-on: x\n    container: node:20\n    steps:\n      - run: true\n", "",
 			"this job asks for `container: node:20`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20)"},
 		{"docker:// step", "jobs:\n  b:\n    runs-on: x\n    steps:\n      - run: true\n      - name: lint\n        uses: docker://alpine:3.20\n", "",
-			"step lint uses `docker://alpine:3.20`, an image to run with Docker: no executor of gitea-dynamic-runner has a Docker daemon"},
+			"step lint uses `docker://alpine:3.20`, an image to run with Docker: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet"},
 		{"docker:// step names the build capability", "jobs:\n  b:\n    runs-on: x\n    steps:\n      - uses: docker://moby/buildkit\n", "",
-			"to build an image, run `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"},
+			"to build an image, run `docker build` there, or `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"},
 		{"container options", "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      options: --cpus 1\n    steps:\n      - run: true\n", "golang:1.26", "options"},
 	} {
 		_, err := Prepare(task(t, tc.wf, nil), Host{Image: tc.hostImage})
@@ -200,7 +200,7 @@ func TestRunDockerActionSaysWhy(t *testing.T) {
 		t.Fatalf("err %v, job %q, steps %v: want the Docker action's step failed, the next skipped", err, r.job, r.results)
 	}
 	log := strings.Join(r.shown, "\n")
-	if strings.Contains(log, dockerDaemonError) || !strings.Contains(log, "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: no executor of gitea-dynamic-runner has a Docker daemon") ||
+	if strings.Contains(log, dockerDaemonError) || !strings.Contains(log, "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet") ||
 		!strings.Contains(log, "enables the build capability (`build:`)") {
 		t.Fatalf("the job log:\n%s", log)
 	}
