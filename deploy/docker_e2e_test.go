@@ -159,7 +159,7 @@ func createDockerPod(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptrTo(false),
 			SecurityContext: &corev1.PodSecurityContext{RunAsUser: ptrTo(int64(65532)), RunAsGroup: ptrTo(int64(65532)), RunAsNonRoot: ptrTo(true), FSGroup: ptrTo(int64(65532))},
-			InitContainers: []corev1.Container{sidecar},
+			InitContainers:  []corev1.Container{sidecar},
 			Containers: []corev1.Container{{
 				Name: "client", Image: "gdr.local/gitea-dynamic-runner-runner-host:latest", ImagePullPolicy: corev1.PullNever,
 				Command: []string{"/bin/sh", "-c", script}, SecurityContext: hardened,
