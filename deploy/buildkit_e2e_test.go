@@ -163,6 +163,13 @@ func runBuildPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, nam
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	return waitPodEnd(ctx, t, cs, name, "buildkitd", "client")
+}
+
+// waitPodEnd waits up to 4 minutes for the Pod name of the namespace default to end and returns
+// its final phase and the log of each of containers.
+func waitPodEnd(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string, containers ...string) (corev1.PodPhase, map[string]string) {
+	t.Helper()
 	var phase corev1.PodPhase
 	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(time.Second) {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
@@ -177,7 +184,7 @@ func runBuildPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, nam
 		}
 	}
 	logs := map[string]string{}
-	for _, container := range []string{"buildkitd", "client"} {
+	for _, container := range containers {
 		rc, err := cs.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{Container: container}).Stream(ctx)
 		if err != nil {
 			logs[container] = fmt.Sprintf("(no log: %v)", err)

@@ -5,8 +5,6 @@ package deploy
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -96,7 +94,7 @@ mkdir /tmp/ws && docker run --rm --network host -v /tmp/ws:/ws probe /runner ins
 echo "WS $(stat -c '%u %a' /tmp/ws/copied) $(/tmp/ws/copied --version | cut -c1-6)"
 `
 		createDockerPod(ctx, t, cs, "docker-with-tun", true, script)
-		phase, logs := waitDockerPod(ctx, t, cs, "docker-with-tun")
+		phase, logs := waitPodEnd(ctx, t, cs, "docker-with-tun", "dockerd", "client")
 		if phase != corev1.PodSucceeded {
 			t.Fatalf("phase %s, want Succeeded:\n%s", phase, logs)
 		}
@@ -173,35 +171,4 @@ func createDockerPod(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// waitDockerPod waits for the Pod name to end and returns its final phase and each container's
-// log.
-func waitDockerPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) (corev1.PodPhase, map[string]string) {
-	t.Helper()
-	var phase corev1.PodPhase
-	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(time.Second) {
-		got, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if phase = got.Status.Phase; phase == corev1.PodSucceeded || phase == corev1.PodFailed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Pod %s still %s after 4 minutes: %+v", name, phase, got.Status)
-		}
-	}
-	logs := map[string]string{}
-	for _, container := range []string{"dockerd", "client"} {
-		rc, err := cs.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{Container: container}).Stream(ctx)
-		if err != nil {
-			logs[container] = fmt.Sprintf("(no log: %v)", err)
-			continue
-		}
-		b, _ := io.ReadAll(rc)
-		_ = rc.Close()
-		logs[container] = string(b)
-	}
-	return phase, logs
 }

@@ -41,20 +41,6 @@ built() {
   done
 }
 
-# trixie_sources SRC OUT: writes to OUT a deb822 sources file for `trixie main` on the first
-# Debian mirror SRC (deb822 or one-line format) names for a non-security suite.
-trixie_sources() {
-  local src=$1 out=$2 uri
-  case "$src" in
-    *.sources)
-      uri=$(awk '/^URIs:/ {u=$2} /^Suites:/ {if ($0 !~ /-security/ && u != "") {print u; exit}} /^$/ {u=""}' "$src") ;;
-    *)
-      uri=$(awk '$1 == "deb" && $0 !~ /-security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' "$src") ;;
-  esac
-  [ -n "$uri" ] || die "no Debian mirror found in $src (set GDR_DEBIAN_SOURCES)"
-  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" >"$out"
-}
-
 # cli TMP ARCH: the CLI and its plugins out of TMP/ARCH/debs into TMP/ARCH/bin.
 cli() {
   local tmp=$1 arch=$2 x=$1/x-$2 f glibc

@@ -60,6 +60,20 @@ peer_main() {
   esac
 }
 
+# trixie_sources SRC OUT: writes to OUT a deb822 sources file for `trixie main` on the first
+# Debian mirror SRC (deb822 or one-line format) names for a non-security suite.
+trixie_sources() {
+  local src=$1 out=$2 uri
+  case "$src" in
+    *.sources)
+      uri=$(awk '/^URIs:/ {u=$2} /^Suites:/ {if ($0 !~ /-security/ && u != "") {print u; exit}} /^$/ {u=""}' "$src") ;;
+    *)
+      uri=$(awk '$1 == "deb" && $0 !~ /-security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' "$src") ;;
+  esac
+  [ -n "$uri" ] || die "no Debian mirror found in $src (set GDR_DEBIAN_SOURCES)"
+  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" >"$out"
+}
+
 # debian_sources prints the machine's Debian apt sources file (GDR_DEBIAN_SOURCES: another
 # deb822 or one-line file), signed by its Debian archive keyring.
 debian_sources() {

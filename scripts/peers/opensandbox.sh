@@ -54,20 +54,6 @@ built() {
     [ -x "$DEST/execd" ] && [ -f "$DEST/bootstrap.sh" ] && [ -x "$DEST/busybox" ]
 }
 
-# trixie_sources SRC OUT: writes to OUT a deb822 sources file for `trixie main` on the first
-# Debian mirror SRC (deb822 or one-line format) names for a non-security suite.
-trixie_sources() {
-  local src=$1 out=$2 uri
-  case "$src" in
-    *.sources)
-      uri=$(awk '/^URIs:/ {u=$2} /^Suites:/ {if ($0 !~ /-security/ && u != "") {print u; exit}} /^$/ {u=""}' "$src") ;;
-    *)
-      uri=$(awk '$1 == "deb" && $0 !~ /-security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' "$src") ;;
-  esac
-  [ -n "$uri" ] || die "no Debian mirror found in $src (set GDR_DEBIAN_SOURCES)"
-  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" >"$out"
-}
-
 # server_root TMP: the dependency closure of ROOT_DEBS from trixie, unpacked into TMP/root, made
 # runnable with chroot, with the server's source in TMP/root/opt/server.
 server_root() {

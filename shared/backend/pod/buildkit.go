@@ -3,7 +3,6 @@ package pod
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"path"
@@ -198,17 +197,12 @@ func buildQuantityHint(kind string, name corev1.ResourceName) string {
 
 // validate checks b and fills in its defaults.
 func (b *BuildKit) validate() error {
-	if b.Image == "" {
-		return errors.New("image: empty; name the buildkit image (make images)")
+	var err error
+	if b.SeccompProfile, err = sidecarSettings("buildkit", b.Image, b.SeccompProfile, DefaultBuildSeccompProfile); err != nil {
+		return err
 	}
-	b.SeccompProfile = cmp.Or(b.SeccompProfile, DefaultBuildSeccompProfile)
-	if path.IsAbs(b.SeccompProfile) || path.Clean(b.SeccompProfile) != b.SeccompProfile || strings.HasPrefix(b.SeccompProfile, "..") {
-		return fmt.Errorf("seccompProfile %q: want a clean path relative to the kubelet's seccomp folder, such as %s", b.SeccompProfile, DefaultBuildSeccompProfile)
-	}
-	b.CacheSize = cmp.Or(b.CacheSize, DefaultBuildCache)
-	q, err := resource.ParseQuantity(b.CacheSize)
-	if err != nil || q.Sign() <= 0 {
-		return fmt.Errorf("cacheSize %q: want a positive quantity such as %s", b.CacheSize, DefaultBuildCache)
+	if b.CacheSize, err = sidecarQuantity("cacheSize", b.CacheSize, DefaultBuildCache); err != nil {
+		return err
 	}
 	if b.requirements, err = b.Resources.requirements(); err != nil {
 		return err
@@ -216,32 +210,85 @@ func (b *BuildKit) validate() error {
 	return nil
 }
 
+// sidecarSettings checks a capability's image (required, the image of
+// make images called kind) and Localhost seccomp profile, and returns the
+// profile with its default def.
+func sidecarSettings(kind, image, profile, def string) (string, error) {
+	if image == "" {
+		return "", fmt.Errorf("image: empty; name the %s image (make images)", kind)
+	}
+	profile = cmp.Or(profile, def)
+	if path.IsAbs(profile) || path.Clean(profile) != profile || strings.HasPrefix(profile, "..") {
+		return "", fmt.Errorf("seccompProfile %q: want a clean path relative to the kubelet's seccomp folder, such as %s", profile, def)
+	}
+	return profile, nil
+}
+
+// sidecarQuantity checks the size setting field (default def) and returns
+// it with its default.
+func sidecarQuantity(field, v, def string) (string, error) {
+	v = cmp.Or(v, def)
+	if q, err := resource.ParseQuantity(v); err != nil || q.Sign() <= 0 {
+		return "", fmt.Errorf("%s %q: want a positive quantity such as %s", field, v, def)
+	}
+	return v, nil
+}
+
 // checkBuildReserved rejects a template that uses what injectBuild adds.
 func checkBuildReserved(spec corev1.PodSpec) error {
+	return checkSidecarReserved(spec, "build", BuildContainer, EnvBuildKitHost, BuildSocketDir)
+}
+
+// checkSidecarReserved rejects a template that uses what the capability
+// (named by its profile field) adds: volume names with the prefix
+// container, the container's name, the runner container's env and a mount
+// overlapping socketDir.
+func checkSidecarReserved(spec corev1.PodSpec, capability, container, env, socketDir string) error {
 	for _, v := range spec.Volumes {
-		if strings.HasPrefix(v.Name, BuildContainer) {
-			return fmt.Errorf("spec.volumes[%s]: the prefix %s is reserved for the build capability", v.Name, BuildContainer)
+		if strings.HasPrefix(v.Name, container) {
+			return fmt.Errorf("spec.volumes[%s]: the prefix %s is reserved for the %s capability", v.Name, container, capability)
 		}
 	}
 	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
 		for _, c := range list {
-			if c.Name == BuildContainer {
-				return fmt.Errorf("spec: container name %q is reserved for the build capability", BuildContainer)
+			if c.Name == container {
+				return fmt.Errorf("spec: container name %q is reserved for the %s capability", container, capability)
 			}
 		}
 	}
 	c := spec.Containers[runnerIndex(spec.Containers)]
 	for _, e := range c.Env {
-		if e.Name == EnvBuildKitHost {
-			return fmt.Errorf("spec.containers[%s].env: %s is set by the build capability (profile build)", RunnerContainer, EnvBuildKitHost)
+		if e.Name == env {
+			return fmt.Errorf("spec.containers[%s].env: %s is set by the %s capability (profile %s)", RunnerContainer, env, capability, capability)
 		}
 	}
 	for _, m := range c.VolumeMounts {
-		if overlaps(m.MountPath, BuildSocketDir) {
-			return fmt.Errorf("spec.containers[%s].volumeMounts[%s]: mountPath %s overlaps the build capability's %s", RunnerContainer, m.Name, m.MountPath, BuildSocketDir)
+		if overlaps(m.MountPath, socketDir) {
+			return fmt.Errorf("spec.containers[%s].volumeMounts[%s]: mountPath %s overlaps the %s capability's %s", RunnerContainer, m.Name, m.MountPath, capability, socketDir)
 		}
 	}
 	return nil
+}
+
+// sidecarSecurity is a capability sidecar's security context: the image's
+// user, every capability dropped but SETUID and SETGID, privilege
+// escalation allowed for its ID-mapping helpers' file capabilities alone,
+// never privileged, a read-only root, the Localhost seccomp profile.
+func sidecarSecurity(user int64, profile string) *corev1.SecurityContext {
+	no, yes := false, true
+	return &corev1.SecurityContext{
+		RunAsUser:                &user,
+		RunAsGroup:               &user,
+		RunAsNonRoot:             &yes,
+		Privileged:               &no,
+		AllowPrivilegeEscalation: &yes, // newuidmap's and newgidmap's file capabilities
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities: &corev1.Capabilities{
+			Drop: []corev1.Capability{"ALL"},
+			Add:  []corev1.Capability{"SETUID", "SETGID"},
+		},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &profile},
+	}
 }
 
 // injectBuild adds b, validated, to a validated template: the sidecar
@@ -260,8 +307,7 @@ func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
 		corev1.Volume{Name: buildSocketVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}},
 		corev1.Volume{Name: buildStateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &cache}}},
 		corev1.Volume{Name: buildRuntimeVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}})
-	always, no, yes := corev1.ContainerRestartPolicyAlways, false, true
-	user := int64(buildUser)
+	always := corev1.ContainerRestartPolicyAlways
 	spec.InitContainers = append(spec.InitContainers, corev1.Container{
 		Name:            BuildContainer,
 		Image:           b.Image,
@@ -280,19 +326,7 @@ func injectBuild(t *corev1.PodTemplateSpec, b BuildKit) {
 			}},
 			PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 120,
 		},
-		SecurityContext: &corev1.SecurityContext{
-			RunAsUser:                &user,
-			RunAsGroup:               &user,
-			RunAsNonRoot:             &yes,
-			Privileged:               &no,
-			AllowPrivilegeEscalation: &yes, // newuidmap's and newgidmap's file capabilities
-			ReadOnlyRootFilesystem:   &yes,
-			Capabilities: &corev1.Capabilities{
-				Drop: []corev1.Capability{"ALL"},
-				Add:  []corev1.Capability{"SETUID", "SETGID"},
-			},
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &b.SeccompProfile},
-		},
+		SecurityContext:          sidecarSecurity(buildUser, b.SeccompProfile),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	})
 	runner.VolumeMounts = append(runner.VolumeMounts, corev1.VolumeMount{Name: buildSocketVolume, MountPath: BuildSocketDir, ReadOnly: true})

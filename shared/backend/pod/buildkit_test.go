@@ -53,24 +53,7 @@ func TestBuildCapability(t *testing.T) {
 				if i < 0 || !hasHost {
 					t.Fatalf("%s: sidecar at %d, BUILDKIT_HOST %v: %+v", which, i, hasHost, spec)
 				}
-				c := spec.InitContainers[i]
-				sc := c.SecurityContext
-				switch {
-				case c.Image != "bk:1" || c.ImagePullPolicy != corev1.PullIfNotPresent:
-					t.Errorf("%s: image %s %s, want bk:1 pulled as the runner's", which, c.Image, c.ImagePullPolicy)
-				case c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways:
-					t.Errorf("%s: not a native sidecar: %v", which, c.RestartPolicy)
-				case sc == nil || sc.Privileged == nil || *sc.Privileged || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.RunAsUser != 65532:
-					t.Errorf("%s: privileged or root: %+v", which, sc)
-				case !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"}):
-					t.Errorf("%s: capabilities %+v, want ALL dropped and SETUID, SETGID alone added", which, sc.Capabilities)
-				case sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost || *sc.SeccompProfile.LocalhostProfile != tc.profile:
-					t.Errorf("%s: seccomp %+v, want Localhost %s", which, sc.SeccompProfile, tc.profile)
-				case !*sc.ReadOnlyRootFilesystem:
-					t.Errorf("%s: writable root", which)
-				case c.StartupProbe == nil:
-					t.Errorf("%s: no startup probe: the first step could find no buildkitd", which)
-				}
+				checkSidecar(t, which, spec.InitContainers[i], "bk:1", tc.profile)
 				state := spec.Volumes[slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == buildStateVolume })]
 				if want := resource.MustParse(tc.cache); state.EmptyDir == nil || state.EmptyDir.SizeLimit.Cmp(want) != 0 {
 					t.Errorf("%s: state volume %+v, want an emptyDir of %s", which, state, tc.cache)
@@ -249,4 +232,31 @@ func TestBuildResourcesRefused(t *testing.T) {
 			t.Fatalf("err = %v, want it to contain %q", err, want)
 		}
 	})
+}
+
+// checkSidecar: c is a capability's sidecar as sidecarSecurity makes it
+// (65532, SETUID and SETGID alone, never privileged, the Localhost profile,
+// a read-only root), a native sidecar running image with its own entrypoint,
+// pulled as the runner's, bounded, with a startup probe.
+func checkSidecar(t *testing.T, which string, c corev1.Container, image, profile string) {
+	t.Helper()
+	sc := c.SecurityContext
+	switch {
+	case c.Image != image || c.ImagePullPolicy != corev1.PullIfNotPresent || c.Command != nil || c.Args != nil:
+		t.Errorf("%s: image %s %s %v %v, want %s pulled as the runner's, its own entrypoint", which, c.Image, c.ImagePullPolicy, c.Command, c.Args, image)
+	case c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways:
+		t.Errorf("%s: not a native sidecar: %v", which, c.RestartPolicy)
+	case sc == nil || sc.Privileged == nil || *sc.Privileged || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.RunAsUser != 65532:
+		t.Errorf("%s: privileged or root: %+v", which, sc)
+	case !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"}):
+		t.Errorf("%s: capabilities %+v, want ALL dropped and SETUID, SETGID alone added", which, sc.Capabilities)
+	case sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost || *sc.SeccompProfile.LocalhostProfile != profile:
+		t.Errorf("%s: seccomp %+v, want Localhost %s", which, sc.SeccompProfile, profile)
+	case !*sc.ReadOnlyRootFilesystem:
+		t.Errorf("%s: writable root", which)
+	case c.StartupProbe == nil:
+		t.Errorf("%s: no startup probe: the first step could find no daemon", which)
+	case c.Resources.Limits.Memory().IsZero() || c.Resources.Limits.Cpu().IsZero():
+		t.Errorf("%s: unbounded: %+v", which, c.Resources)
+	}
 }

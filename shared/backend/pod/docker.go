@@ -1,8 +1,6 @@
 package pod
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -100,17 +98,12 @@ type Docker struct {
 
 // validate checks d and fills in its defaults.
 func (d *Docker) validate() error {
-	if d.Image == "" {
-		return errors.New("image: empty; name the docker image (make images)")
+	var err error
+	if d.SeccompProfile, err = sidecarSettings("docker", d.Image, d.SeccompProfile, DefaultDockerSeccompProfile); err != nil {
+		return err
 	}
-	d.SeccompProfile = cmp.Or(d.SeccompProfile, DefaultDockerSeccompProfile)
-	if path.IsAbs(d.SeccompProfile) || path.Clean(d.SeccompProfile) != d.SeccompProfile || strings.HasPrefix(d.SeccompProfile, "..") {
-		return fmt.Errorf("seccompProfile %q: want a clean path relative to the kubelet's seccomp folder, such as %s", d.SeccompProfile, DefaultDockerSeccompProfile)
-	}
-	d.StorageSize = cmp.Or(d.StorageSize, DefaultDockerStorage)
-	q, err := resource.ParseQuantity(d.StorageSize)
-	if err != nil || q.Sign() <= 0 {
-		return fmt.Errorf("storageSize %q: want a positive quantity such as %s", d.StorageSize, DefaultDockerStorage)
+	if d.StorageSize, err = sidecarQuantity("storageSize", d.StorageSize, DefaultDockerStorage); err != nil {
+		return err
 	}
 	if d.requirements, err = d.Resources.requirements(); err != nil {
 		return err
@@ -120,30 +113,7 @@ func (d *Docker) validate() error {
 
 // checkDockerReserved rejects a template that uses what injectDocker adds.
 func checkDockerReserved(spec corev1.PodSpec) error {
-	for _, v := range spec.Volumes {
-		if strings.HasPrefix(v.Name, DockerContainer) {
-			return fmt.Errorf("spec.volumes[%s]: the prefix %s is reserved for the docker capability", v.Name, DockerContainer)
-		}
-	}
-	for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
-		for _, c := range list {
-			if c.Name == DockerContainer {
-				return fmt.Errorf("spec: container name %q is reserved for the docker capability", DockerContainer)
-			}
-		}
-	}
-	c := spec.Containers[runnerIndex(spec.Containers)]
-	for _, e := range c.Env {
-		if e.Name == EnvDockerHost {
-			return fmt.Errorf("spec.containers[%s].env: %s is set by the docker capability (profile docker)", RunnerContainer, EnvDockerHost)
-		}
-	}
-	for _, m := range c.VolumeMounts {
-		if overlaps(m.MountPath, DockerSocketDir) {
-			return fmt.Errorf("spec.containers[%s].volumeMounts[%s]: mountPath %s overlaps the docker capability's %s", RunnerContainer, m.Name, m.MountPath, DockerSocketDir)
-		}
-	}
-	return nil
+	return checkSidecarReserved(spec, "docker", DockerContainer, EnvDockerHost, DockerSocketDir)
 }
 
 // workMount returns the runner container's volume mount that holds its
@@ -188,8 +158,7 @@ func injectDocker(t *corev1.PodTemplateSpec, d Docker, work corev1.VolumeMount) 
 		corev1.Volume{Name: dockerStateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &storage}}},
 		corev1.Volume{Name: dockerRuntimeVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runtime}}},
 		corev1.Volume{Name: dockerTunVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: TunDevice, Type: &charDev}}})
-	always, no, yes := corev1.ContainerRestartPolicyAlways, false, true
-	user := int64(dockerUser)
+	always := corev1.ContainerRestartPolicyAlways
 	spec.InitContainers = append(spec.InitContainers, corev1.Container{
 		Name:            DockerContainer,
 		Image:           d.Image,
@@ -210,19 +179,7 @@ func injectDocker(t *corev1.PodTemplateSpec, d Docker, work corev1.VolumeMount) 
 			}},
 			PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 120,
 		},
-		SecurityContext: &corev1.SecurityContext{
-			RunAsUser:                &user,
-			RunAsGroup:               &user,
-			RunAsNonRoot:             &yes,
-			Privileged:               &no,
-			AllowPrivilegeEscalation: &yes, // newuidmap's and newgidmap's file capabilities
-			ReadOnlyRootFilesystem:   &yes,
-			Capabilities: &corev1.Capabilities{
-				Drop: []corev1.Capability{"ALL"},
-				Add:  []corev1.Capability{"SETUID", "SETGID"},
-			},
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &d.SeccompProfile},
-		},
+		SecurityContext:          sidecarSecurity(dockerUser, d.SeccompProfile),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	})
 	runner.VolumeMounts = append(runner.VolumeMounts, corev1.VolumeMount{Name: dockerSocketVolume, MountPath: DockerSocketDir, ReadOnly: true})

@@ -49,25 +49,7 @@ func TestDockerCapability(t *testing.T) {
 					t.Fatalf("%s: sidecar at %d, DOCKER_HOST %v: %+v", which, i, hasHost, spec)
 				}
 				c := spec.InitContainers[i]
-				sc := c.SecurityContext
-				switch {
-				case c.Image != "dk:1" || c.ImagePullPolicy != corev1.PullIfNotPresent || c.Command != nil || c.Args != nil:
-					t.Errorf("%s: image %s %s %v %v, want dk:1 pulled as the runner's, its own entrypoint", which, c.Image, c.ImagePullPolicy, c.Command, c.Args)
-				case c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways:
-					t.Errorf("%s: not a native sidecar: %v", which, c.RestartPolicy)
-				case sc == nil || sc.Privileged == nil || *sc.Privileged || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.RunAsUser != 65532:
-					t.Errorf("%s: privileged or root: %+v", which, sc)
-				case !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"}):
-					t.Errorf("%s: capabilities %+v, want ALL dropped and SETUID, SETGID alone added", which, sc.Capabilities)
-				case sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost || *sc.SeccompProfile.LocalhostProfile != tc.profile:
-					t.Errorf("%s: seccomp %+v, want Localhost %s", which, sc.SeccompProfile, tc.profile)
-				case !*sc.ReadOnlyRootFilesystem:
-					t.Errorf("%s: writable root", which)
-				case c.StartupProbe == nil:
-					t.Errorf("%s: no startup probe: the first step could find no daemon", which)
-				case c.Resources.Limits.Memory().IsZero() || c.Resources.Limits.Cpu().IsZero():
-					t.Errorf("%s: unbounded: %+v", which, c.Resources)
-				}
+				checkSidecar(t, which, c, "dk:1", tc.profile)
 				mounts := map[string]corev1.VolumeMount{}
 				for _, m := range c.VolumeMounts {
 					mounts[m.Name] = m
