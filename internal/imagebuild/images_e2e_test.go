@@ -25,7 +25,8 @@ import (
 // hostTools are what runner-host must carry for host-mode jobs (README.md,
 // "The runner-host image").
 var hostTools = []string{"/bin/sh", "/bin/bash", "/usr/bin/git", NodeDir + "/bin/node", "/usr/bin/curl",
-	"/usr/bin/make", "/usr/bin/gcc", "/usr/bin/python3", "/usr/bin/zstd", "/usr/bin/git-lfs", "/usr/bin/xz"}
+	"/usr/bin/make", "/usr/bin/gcc", "/usr/bin/python3", "/usr/bin/zstd", "/usr/bin/git-lfs", "/usr/bin/xz",
+	"/usr/bin/g++", "/usr/bin/wget", "/usr/bin/jq", "/usr/bin/zip", "/usr/bin/unzip", "/usr/bin/rsync", "/usr/bin/ssh"}
 
 // imagesDir is the folder `make images` wrote ($GDR_IMAGES_DIR, else
 // bin/images). Without it the test skips on a developer machine and fails
@@ -171,6 +172,11 @@ func runHostTools(t *testing.T, dir string) {
 		"printf 'hello: hello.c\\n\\tgcc -o $@ $<\\n' > Makefile && make -s && ./hello; " +
 		"python3 -c 'import hashlib, json, ssl; print(\"python-\" + \"ok\")'; " +
 		"tar --zstd -cf a.tar.zst hello.c && tar --zstd -tf a.tar.zst && tar -cJf a.tar.xz hello.c && echo archives-ok; " +
+		// What else ubuntu-latest's workflows reach for: C++, pip and venv, jq, zip, wget, ssh, rsync.
+		"printf '#include <iostream>\\nint main() { std::cout << \"cxx-\" \"ok\" << std::endl; }\\n' > hello.cpp && g++ -o hellocxx hello.cpp && ./hellocxx; " +
+		"python3 -m pip --version | cut -d' ' -f1-2; python3 -m venv venv && ./venv/bin/python -c 'import sys; print(\"venv-\" + str(sys.prefix != sys.base_prefix))'; " +
+		"echo '{\"a\":[1,2]}' | jq -r '\"jq-\" + (.a | length | tostring)'; zip -q a.zip hello.c && unzip -l a.zip | grep -q hello.c && echo zip-ok; " +
+		"wget --version | head -n 1; ssh -V 2>&1 | cut -d, -f1; rsync --version | head -n 1; " +
 		// BuildKit's client, and its wrapper's word where the pool builds nothing.
 		"buildctl --version; if buildctl build --frontend dockerfile.v0 2>err.txt; then echo built-without-buildkit; else cat err.txt; fi; " +
 		// ... and where the pool's BuildKit does not answer (its sidecar restarting): it waits, then says so.
@@ -200,6 +206,7 @@ func runHostTools(t *testing.T, dir string) {
 	}
 	for _, want := range []string{"git version ", "node v24.", "bash ", "65532", "commits 1", "npm 11.",
 		"curl ", "git-lfs/", "c-ok", "python-ok", "archives-ok",
+		"cxx-ok", "pip 23.", "venv-True", "jq-2", "zip-ok", "GNU Wget 1.21", "OpenSSH_9.2", "rsync  version 3.",
 		"buildctl github.com/moby/buildkit ", "buildctl: no BuildKit runs beside this job: its runner pool has no build capability",
 		"buildctl: BuildKit beside this job (unix:///tmp/absent.sock) does not answer (its sidecar gdr-buildkit starting again?); waiting up to 1s",
 		"buildctl: BuildKit beside this job did not answer in 1s",
