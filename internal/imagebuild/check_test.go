@@ -350,3 +350,12 @@ func runVersion(t *testing.T, what string, data []byte, name string) string {
 	t.Logf("%s: %s", what, strings.TrimSpace(string(out)))
 	return string(out)
 }
+
+// script returns the content of the script name among p's Scripts.
+func (p *Peer) script(name string) ([]byte, bool) {
+	if p == nil {
+		return nil, false
+	}
+	b, ok := p.Scripts[name]
+	return b, ok
+}

@@ -256,15 +256,6 @@ var (
 	dockerWrapper string
 )
 
-// script returns the content of the script name among p's Scripts.
-func (p *Peer) script(name string) ([]byte, bool) {
-	if p == nil {
-		return nil, false
-	}
-	b, ok := p.Scripts[name]
-	return b, ok
-}
-
 func function(name string) Image {
 	return Image{Name: name, Package: "./functions/" + name, Binary: name}
 }

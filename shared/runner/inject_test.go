@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -65,5 +66,18 @@ func TestInstallAsThePodBackendInjectsIt(t *testing.T) {
 	got, err := os.ReadFile(installed)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("%s is not a copy of the runner (%d bytes, %v)", cmd[0], len(got), err)
+	}
+}
+
+// TestPodKnowsTheWorkDir: the pod backend's docker capability finds the
+// runner's work folder by the runner's own default (pod.RunnerWorkDir), so
+// the two stay one value.
+func TestPodKnowsTheWorkDir(t *testing.T) {
+	f, ok := reflect.TypeOf(runner.Config{}).FieldByName("WorkDir")
+	if !ok || f.Tag.Get("envconfig") != "GDR_WORK_DIR" {
+		t.Fatalf("Config.WorkDir is not GDR_WORK_DIR: %+v", f)
+	}
+	if got := f.Tag.Get("default"); got != pod.RunnerWorkDir {
+		t.Errorf("GDR_WORK_DIR's default is %q, pod.RunnerWorkDir %q", got, pod.RunnerWorkDir)
 	}
 }

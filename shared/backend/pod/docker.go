@@ -50,8 +50,9 @@ const (
 	// dockerUser is the docker image's user, whose subordinate IDs
 	// (/etc/subuid) RootlessKit maps.
 	dockerUser = 65532
-	// defaultWorkDir is the runner's GDR_WORK_DIR default (shared/runner).
-	defaultWorkDir = "/tmp/gitea-dynamic-runner"
+	// RunnerWorkDir is the runner's GDR_WORK_DIR default (shared/runner's
+	// Config.WorkDir; its TestPodKnowsTheWorkDir keeps the two in step).
+	RunnerWorkDir = "/tmp/gitea-dynamic-runner"
 )
 
 // Docker is a pool's docker capability: a rootless Docker daemon beside
@@ -120,7 +121,7 @@ func checkDockerReserved(spec corev1.PodSpec) error {
 // work folder (GDR_WORK_DIR, else the runner's default): the deepest whose
 // path contains it.
 func workMount(c corev1.Container) (corev1.VolumeMount, error) {
-	dir := defaultWorkDir
+	dir := RunnerWorkDir
 	for _, e := range c.Env {
 		if e.Name == "GDR_WORK_DIR" && e.Value != "" {
 			dir = path.Clean(e.Value)
