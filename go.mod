@@ -43,6 +43,7 @@ require github.com/cenkalti/backoff/v5 v5.0.3
 
 require (
 	github.com/tidwall/gjson v1.19.0
+	k8s.io/pod-security-admission v0.37.2
 	mvdan.cc/sh/v3 v3.14.1
 )
 

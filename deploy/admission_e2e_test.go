@@ -5,6 +5,7 @@ package deploy
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,12 +21,13 @@ import (
 // (kubeenv: no kubelet, so Pods stay Pending) and asks it TestExecutorsAdmissionPolicy's
 // questions: a Pod created with server-side dry run, or an existing Pod given an ephemeral
 // container through pods/ephemeralcontainers (dry run too). The API server's answer is the
-// policy's: its own compilation, type checking, parameter and binding resolution.
+// policy's: its own compilation, type checking, parameter and binding resolution. Docker is
+// enabled in the parameters, as deploy/README.md's "Docker workflows" has an operator do.
 func TestE2EExecutorsAdmissionPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cs := plane.Plane(t).Client(t)
-	objs := loadAdmission(t)
+	objs := enableDocker(t, loadAdmission(t))
 	for _, ns := range []string{jobsNamespace, "elsewhere"} {
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -52,7 +54,7 @@ func TestE2EExecutorsAdmissionPolicy(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = bindings.Delete(context.Background(), binding.Name, metav1.DeleteOptions{}) })
 
-	built := buildExecutorPod(t, buildImage(objs))
+	built := buildExecutorPod(t, buildImage(objs), dockerTestImage)
 	built.ResourceVersion, built.UID, built.CreationTimestamp = "", "", metav1.Time{}
 	t.Cleanup(func() { // the ephemeral cases' Pod, never bound: deleted at once
 		_ = cs.CoreV1().Pods(built.Namespace).Delete(context.Background(), built.Name, metav1.DeleteOptions{})
@@ -75,6 +77,27 @@ func TestE2EExecutorsAdmissionPolicy(t *testing.T) {
 		}
 	}
 	checkAdmission(t, built, admit)
+	// Baseline's checks (TestExecutorsAdmissionPolicyBaseline's cases): the policy's refusal,
+	// unless the API server's validation refuses the Pod before admission (its reason logged).
+	for _, tc := range baselineCases() {
+		t.Run("Baseline/"+string(tc.id)+"/"+tc.name, func(t *testing.T) {
+			p := built.DeepCopy()
+			p.Name += "-baseline" // the ephemeral cases' Pod exists under built's name
+			tc.edit(p)
+			err := admit(p, nil, "")
+			byPolicy := err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy.Name+"'")
+			switch {
+			case tc.admit && byPolicy:
+				t.Fatalf("refused what baseline admits: %v", err)
+			case err != nil && !byPolicy && apierrors.IsInvalid(err):
+				t.Logf("invalid before admission: %v", err)
+			case err != nil && !byPolicy:
+				t.Fatal(err)
+			case !tc.admit && !byPolicy:
+				t.Fatal("admitted what baseline refuses")
+			}
+		})
+	}
 }
 
 // admitE2E asks the API server: p created (old nil) with dry run, or, for subresource

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/generic"
@@ -20,6 +22,8 @@ import (
 	"k8s.io/apiserver/pkg/cel/environment"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	psaapi "k8s.io/pod-security-admission/api"
+	psapolicy "k8s.io/pod-security-admission/policy"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -210,20 +214,44 @@ func (a admissionPlane) admit(p, old *corev1.Pod, subresource string) error {
 // buildImage is the buildkit image the tests' build pool names: the parameter ConfigMap's
 // first image, as an install sets both to the same; the README's example without one.
 func buildImage(objs admissionObjects) string {
+	return firstParam(objs, "images", "ghcr.io/example/gitea-dynamic-runner-buildkit:v1")
+}
+
+// dockerTestImage is the docker image an operator enabling docker names in the pools and the
+// policy's parameters (deploy/README.md, "Docker workflows"); the shipped ConfigMap names none.
+const dockerTestImage = "ghcr.io/example/gitea-dynamic-runner-docker:v1"
+
+// enableDocker sets the parameter ConfigMap's dockerImages to dockerTestImage, as an operator
+// enabling docker does, and returns objs.
+func enableDocker(t testing.TB, objs admissionObjects) admissionObjects {
+	t.Helper()
+	if objs.params == nil {
+		t.Fatalf("%s: no parameter ConfigMap", admissionFile)
+	}
+	if _, ok := objs.params.Data["dockerImages"]; !ok {
+		t.Fatalf("%s: the ConfigMap has no dockerImages key for an operator to fill", admissionFile)
+	}
+	objs.params = objs.params.DeepCopy()
+	objs.params.Data["dockerImages"] = dockerTestImage + "\n"
+	return objs
+}
+
+// firstParam is the parameter ConfigMap's first value under key, or fallback.
+func firstParam(objs admissionObjects, key, fallback string) string {
 	if objs.params != nil {
-		for _, line := range strings.Split(objs.params.Data["images"], "\n") {
+		for _, line := range strings.Split(objs.params.Data[key], "\n") {
 			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
 				return line
 			}
 		}
 	}
-	return "ghcr.io/example/gitea-dynamic-runner-buildkit:v1"
+	return fallback
 }
 
 // buildExecutorPod is the executor Pod the real pod backend creates for the shipped pool linux
-// given the build capability with image (its other settings the defaults), in the executors'
-// namespace.
-func buildExecutorPod(t *testing.T, image string) *corev1.Pod {
+// given the build capability with image (its other settings the defaults), and the docker
+// capability with dockerImage unless it is "", in the executors' namespace.
+func buildExecutorPod(t *testing.T, image, dockerImage string) *corev1.Pod {
 	t.Helper()
 	docs := buildKustomization(t, "keda")
 	for i, d := range docs {
@@ -236,6 +264,9 @@ func buildExecutorPod(t *testing.T, image string) *corev1.Pod {
 		}
 		linux := pools["pools"].([]any)[0].(map[string]any)
 		linux["profile"].(map[string]any)["build"] = map[string]any{"image": image}
+		if dockerImage != "" {
+			linux["profile"].(map[string]any)["docker"] = map[string]any{"image": dockerImage}
+		}
 		text, err := yaml.Marshal(pools)
 		if err != nil {
 			t.Fatal(err)
@@ -250,6 +281,9 @@ func buildExecutorPod(t *testing.T, image string) *corev1.Pod {
 	p := executorPod(t, docs)
 	if containerNamed(p, pod.BuildContainer) == nil {
 		t.Fatalf("executor Pod %s has no %s: the build capability did not apply", p.Name, pod.BuildContainer)
+	}
+	if dockerImage != "" && containerNamed(p, pod.DockerContainer) == nil {
+		t.Fatalf("executor Pod %s has no %s: the docker capability did not apply", p.Name, pod.DockerContainer)
 	}
 	p.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
 	return p
@@ -281,7 +315,19 @@ type admissionCase struct {
 // and TestE2EExecutorsAdmissionPolicy a real kube-apiserver.
 func admissionCases() []admissionCase {
 	sidecar := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.BuildContainer) }
+	docker := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.DockerContainer) }
 	runner := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.RunnerContainer) }
+	tun := func(p *corev1.Pod) *corev1.Volume {
+		for i, v := range p.Spec.Volumes {
+			if v.HostPath != nil && v.HostPath.Path == pod.TunDevice {
+				return &p.Spec.Volumes[i]
+			}
+		}
+		panic("the docker Pod has no " + pod.TunDevice + " volume")
+	}
+	mountTun := func(c *corev1.Container, p *corev1.Pod, readOnly bool) {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: tun(p).Name, MountPath: "/dev/tun-too", ReadOnly: readOnly})
+	}
 	no, yes := false, true
 	debug := func(edit func(sc *corev1.SecurityContext)) func(p *corev1.Pod) {
 		return func(p *corev1.Pod) {
@@ -296,12 +342,50 @@ func admissionCases() []admissionCase {
 		}
 	}
 	const (
-		sidecarRule   = "the build sidecar gdr-buildkit"
-		restricted    = "every container of an executor Pod but the build sidecar gdr-buildkit is restricted"
+		sidecarRule   = "a sidecar runs one of the images the ConfigMap gdr-executors-build names for it"
+		sidecarCaps   = "the sidecars gdr-buildkit and gdr-docker are not privileged"
+		restricted    = "every container of an executor Pod but the sidecars gdr-buildkit and gdr-docker is restricted"
 		ephemeralRule = "an ephemeral container of an executor Pod is restricted"
+		volumeRule    = "an executor Pod's volumes are of Pod Security restricted's kinds"
 	)
 	return []admissionCase{
-		{name: "the build Pod as the pod backend makes it"},
+		{name: "the build and docker Pod as the pod backend makes it"},
+		{name: "the docker sidecar from the buildkit image", want: sidecarRule,
+			edit: func(p *corev1.Pod) { docker(p).Image = sidecar(p).Image }},
+		{name: "the build sidecar from the docker image", want: sidecarRule,
+			edit: func(p *corev1.Pod) { sidecar(p).Image = docker(p).Image }},
+		{name: "the docker sidecar with a command of its own", want: sidecarRule,
+			edit: func(p *corev1.Pod) { docker(p).Command = []string{"dockerd"} }},
+		{name: "the docker sidecar as root", want: "every container of an executor Pod runs as non-root",
+			edit: func(p *corev1.Pod) {
+				docker(p).SecurityContext.RunAsUser, docker(p).SecurityContext.RunAsNonRoot = ptr.To(int64(0)), &no
+			}},
+		{name: "the docker sidecar adding NET_ADMIN", want: sidecarCaps, edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.Capabilities.Add = append(docker(p).SecurityContext.Capabilities.Add, "NET_ADMIN")
+		}},
+		{name: "the docker sidecar privileged", want: sidecarCaps,
+			edit: func(p *corev1.Pod) { docker(p).SecurityContext.Privileged = &yes }},
+		{name: "the docker sidecar with a writable root", want: sidecarCaps,
+			edit: func(p *corev1.Pod) { docker(p).SecurityContext.ReadOnlyRootFilesystem = &no }},
+		{name: "the tun device mounted writable", want: volumeRule, edit: func(p *corev1.Pod) {
+			for i, m := range docker(p).VolumeMounts {
+				if m.Name == tun(p).Name {
+					docker(p).VolumeMounts[i].ReadOnly = false
+				}
+			}
+		}},
+		{name: "the tun device mounted by the job's container too", want: volumeRule,
+			edit: func(p *corev1.Pod) { mountTun(runner(p), p, true) }},
+		{name: "the tun device mounted by the build sidecar too", want: volumeRule,
+			edit: func(p *corev1.Pod) { mountTun(sidecar(p), p, true) }},
+		{name: "the tun volume of another type", want: volumeRule,
+			edit: func(p *corev1.Pod) { tun(p).HostPath.Type = ptr.To(corev1.HostPathUnset) }},
+		{name: "the tun volume at another path", want: volumeRule,
+			edit: func(p *corev1.Pod) { tun(p).HostPath.Path = "/dev/kmsg" }},
+		{name: "the node's root as a volume of the docker sidecar", want: volumeRule, edit: func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+			docker(p).VolumeMounts = append(docker(p).VolumeMounts, corev1.VolumeMount{Name: "root", MountPath: "/host", ReadOnly: true})
+		}},
 		{name: "the sidecar from another image", want: sidecarRule,
 			edit: func(p *corev1.Pod) { sidecar(p).Image = "registry.example.com/anything:latest" }},
 		{name: "the sidecar from the image under another tag", want: sidecarRule,
@@ -320,7 +404,7 @@ func admissionCases() []admissionCase {
 			edit: func(p *corev1.Pod) { sidecar(p).Command = []string{"/bin/sh", "-c", "id"} }},
 		{name: "the sidecar with arguments of its own", want: sidecarRule,
 			edit: func(p *corev1.Pod) { sidecar(p).Args = []string{"--oci-worker-no-process-sandbox"} }},
-		{name: "the sidecar adding DAC_OVERRIDE", want: sidecarRule, edit: func(p *corev1.Pod) {
+		{name: "the sidecar adding DAC_OVERRIDE", want: sidecarCaps, edit: func(p *corev1.Pod) {
 			sidecar(p).SecurityContext.Capabilities.Add = append(sidecar(p).SecurityContext.Capabilities.Add, "DAC_OVERRIDE")
 		}},
 		{name: "the job's container adding SETUID", want: restricted, edit: func(p *corev1.Pod) {
@@ -379,19 +463,36 @@ func checkAdmission(t *testing.T, built *corev1.Pod, admit func(p, old *corev1.P
 // TestExecutorsAdmissionPolicy evaluates deploy/admission's policy in the API server's own
 // ValidatingAdmissionPolicy plugin (k8s.io/apiserver: CEL compiled and run as the server does,
 // its matcher, binding and parameter resolution) on the executor Pod the real pod backend
-// makes for a build pool, and on that Pod changed: the build sidecar's exception holds for the
-// installed buildkit image, its user 65532 and its Localhost profile alone, with the image's own
-// entrypoint; every container but the sidecar stays restricted; an ephemeral container added
-// through the pods/ephemeralcontainers subresource (what kubectl debug does) is held to
-// restricted too; outside the executors' namespace the policy does not apply.
+// makes for a pool with both the build and the docker capability (docker enabled in the
+// parameters as deploy/README.md says), and on that Pod changed: each sidecar's exception holds
+// for its installed image, user 65532 and Localhost profile alone, with the image's own
+// entrypoint; the node's /dev/net/tun for gdr-docker alone, read-only; every other container
+// stays restricted; an ephemeral container added through the pods/ephemeralcontainers
+// subresource (what kubectl debug does) is held to restricted too; outside the executors'
+// namespace the policy does not apply.
 func TestExecutorsAdmissionPolicy(t *testing.T) {
-	objs := loadAdmission(t)
+	objs := enableDocker(t, loadAdmission(t))
 	plane := startAdmission(t, objs)
-	built := buildExecutorPod(t, buildImage(objs))
+	built := buildExecutorPod(t, buildImage(objs), dockerTestImage)
 	if built.Namespace != jobsNamespace {
 		t.Fatalf("executor Pod in %q, want %q", built.Namespace, jobsNamespace)
 	}
 	checkAdmission(t, built, plane.admit)
+}
+
+// TestExecutorsAdmissionPolicyDockerOff: as shipped, the parameters name no docker image, so a
+// Pod with the docker sidecar is refused while a build Pod is admitted; docker is on only where
+// an operator names its image.
+func TestExecutorsAdmissionPolicyDockerOff(t *testing.T) {
+	objs := loadAdmission(t)
+	plane := startAdmission(t, objs)
+	if err := plane.admit(buildExecutorPod(t, buildImage(objs), ""), nil, ""); err != nil {
+		t.Fatalf("the build Pod refused: %v", err)
+	}
+	err := plane.admit(buildExecutorPod(t, buildImage(objs), dockerTestImage), nil, "")
+	if err == nil || !strings.Contains(err.Error(), "dockerImages for gdr-docker") {
+		t.Fatalf("the docker Pod under the shipped parameters: %v, want refused naming dockerImages", err)
+	}
 }
 
 // TestExecutorsAdmissionPolicyWithoutParameters: the policy pins the sidecar to what the
@@ -402,7 +503,7 @@ func TestExecutorsAdmissionPolicyWithoutParameters(t *testing.T) {
 	if objs.binding.Spec.ParamRef == nil || objs.params == nil {
 		t.Fatalf("%s: the binding takes no parameters (paramRef %v, ConfigMap %v): nothing the install sets pins the sidecar", admissionFile, objs.binding.Spec.ParamRef, objs.params != nil)
 	}
-	built := buildExecutorPod(t, buildImage(objs))
+	built := buildExecutorPod(t, buildImage(objs), "")
 	if err := startAdmission(t, objs).admit(built.DeepCopy(), nil, ""); err != nil {
 		t.Fatalf("with the parameters: %v", err)
 	}
@@ -412,4 +513,163 @@ func TestExecutorsAdmissionPolicyWithoutParameters(t *testing.T) {
 		t.Fatal("admitted without the parameter ConfigMap")
 	}
 	t.Logf("refused: %v", err)
+}
+
+// baselineCase is a change to the build and docker executor Pod that Pod Security baseline's
+// check id refuses (admit: a change that check admits).
+type baselineCase struct {
+	id    psapolicy.CheckID
+	name  string
+	admit bool
+	edit  func(p *corev1.Pod)
+}
+
+// baselineCases are one or more changes for each of baseline's checks.
+func baselineCases() []baselineCase {
+	runner := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.RunnerContainer) }
+	docker := func(p *corev1.Pod) *corev1.Container { return containerNamed(p, pod.DockerContainer) }
+	podSC := func(p *corev1.Pod) *corev1.PodSecurityContext {
+		if p.Spec.SecurityContext == nil {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{}
+		}
+		return p.Spec.SecurityContext
+	}
+	yes := true
+	unmasked := corev1.UnmaskedProcMount
+	hostPath := func(c func(p *corev1.Pod) *corev1.Container, path string) func(p *corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path}}})
+			c(p).VolumeMounts = append(c(p).VolumeMounts, corev1.VolumeMount{Name: "host", MountPath: "/host", ReadOnly: true})
+		}
+	}
+	return []baselineCase{
+		{id: "hostNamespaces", name: "hostNetwork", edit: func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
+		{id: "hostNamespaces", name: "hostPID", edit: func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		{id: "hostNamespaces", name: "hostIPC", edit: func(p *corev1.Pod) { p.Spec.HostIPC = true }},
+		{id: "hostPorts", name: "a hostPort on the job's container", edit: func(p *corev1.Pod) {
+			runner(p).Ports = append(runner(p).Ports, corev1.ContainerPort{ContainerPort: 8080, HostPort: 8080})
+		}},
+		{id: "privileged", name: "the docker sidecar privileged", edit: func(p *corev1.Pod) { docker(p).SecurityContext.Privileged = &yes }},
+		{id: "capabilities_baseline", name: "the job's container adding SYS_ADMIN", edit: func(p *corev1.Pod) {
+			runner(p).SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
+		}},
+		{id: "capabilities_baseline", name: "the docker sidecar adding NET_ADMIN", edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.Capabilities.Add = append(docker(p).SecurityContext.Capabilities.Add, "NET_ADMIN")
+		}},
+		{id: "hostPathVolumes", name: "the node's root in the job's container", edit: hostPath(runner, "/")},
+		{id: "hostPathVolumes", name: "the node's Docker socket in the docker sidecar", edit: hostPath(docker, "/var/run/docker.sock")},
+		{id: "appArmorProfile", name: "the Pod AppArmor-unconfined", edit: func(p *corev1.Pod) {
+			podSC(p).AppArmorProfile = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
+		}},
+		{id: "appArmorProfile", name: "the docker sidecar AppArmor-unconfined", edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.AppArmorProfile = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
+		}},
+		{id: "appArmorProfile", name: "the beta annotation unconfined", edit: func(p *corev1.Pod) {
+			if p.Annotations == nil {
+				p.Annotations = map[string]string{}
+			}
+			p.Annotations[corev1.DeprecatedAppArmorBetaContainerAnnotationKeyPrefix+pod.DockerContainer] = "unconfined"
+		}},
+		{id: "seLinuxOptions", name: "the Pod as spc_t", edit: func(p *corev1.Pod) { podSC(p).SELinuxOptions = &corev1.SELinuxOptions{Type: "spc_t"} }},
+		{id: "seLinuxOptions", name: "the job's container with an SELinux user", edit: func(p *corev1.Pod) {
+			runner(p).SecurityContext.SELinuxOptions = &corev1.SELinuxOptions{User: "system_u"}
+		}},
+		{id: "seLinuxOptions", name: "the docker sidecar with an SELinux role", edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.SELinuxOptions = &corev1.SELinuxOptions{Role: "system_r"}
+		}},
+		{id: "procMount", name: "the docker sidecar's /proc unmasked, no user namespace", edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.ProcMount = &unmasked
+		}},
+		{id: "procMount", name: "the docker sidecar's /proc unmasked in a user namespace", admit: true, edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.ProcMount, p.Spec.HostUsers = &unmasked, ptr.To(false)
+		}},
+		{id: "seccompProfile_baseline", name: "the docker sidecar unconfined", edit: func(p *corev1.Pod) {
+			docker(p).SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+		}},
+		{id: "sysctls", name: "an unsafe sysctl", edit: func(p *corev1.Pod) {
+			podSC(p).Sysctls = []corev1.Sysctl{{Name: "kernel.msgmax", Value: "65536"}}
+		}},
+		{id: "sysctls", name: "a safe sysctl", admit: true, edit: func(p *corev1.Pod) {
+			podSC(p).Sysctls = []corev1.Sysctl{{Name: "net.ipv4.tcp_keepalive_time", Value: "60"}}
+		}},
+		{id: "windowsHostProcess", name: "a Windows host process", edit: func(p *corev1.Pod) {
+			runner(p).SecurityContext.WindowsOptions = &corev1.WindowsSecurityContextOptions{HostProcess: &yes}
+		}},
+		{id: "hostProbesAndHostLifecycle", name: "a probe aimed at another host", edit: func(p *corev1.Pod) {
+			runner(p).ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Host: "10.0.0.1", Port: intstr.FromInt(80)}}}
+		}},
+		{id: "hostProbesAndHostLifecycle", name: "a hook aimed at another host", edit: func(p *corev1.Pod) {
+			docker(p).Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{TCPSocket: &corev1.TCPSocketAction{Host: "10.0.0.1", Port: intstr.FromInt(80)}}}
+		}},
+	}
+}
+
+// TestExecutorsAdmissionPolicyBaseline: where a namespace enforces Pod Security privileged (what
+// the docker capability's /dev/net/tun needs), the policy refuses what baseline refuses, with
+// that one exception. Pod Security's own library (k8s.io/pod-security-admission, the checks the
+// API server runs) is the oracle: the build Pod passes every baseline check; the build and
+// docker Pod fails hostPathVolumes alone (the exception) and the policy admits it; each case's
+// change fails the check it names (so the case proves what it claims) and the policy refuses
+// it, or passes and the policy admits it; every baseline check of this Kubernetes release has a
+// case, so a check a later release adds fails this test until the policy has it.
+func TestExecutorsAdmissionPolicyBaseline(t *testing.T) {
+	checks := map[psapolicy.CheckID]psapolicy.CheckPodFn{}
+	for _, c := range psapolicy.DefaultChecks() {
+		if c.Level == psaapi.LevelBaseline {
+			checks[c.ID] = c.Versions[len(c.Versions)-1].CheckPod
+		}
+	}
+	failing := func(p *corev1.Pod) []string {
+		var ids []string
+		for id, check := range checks {
+			if r := check(&p.ObjectMeta, &p.Spec); !r.Allowed {
+				ids = append(ids, string(id)+": "+r.ForbiddenReason+" ("+r.ForbiddenDetail+")")
+			}
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	objs := enableDocker(t, loadAdmission(t))
+	plane := startAdmission(t, objs)
+	if got := failing(buildExecutorPod(t, buildImage(objs), "")); len(got) != 0 {
+		t.Fatalf("the build Pod fails baseline: %v", got)
+	}
+	built := buildExecutorPod(t, buildImage(objs), dockerTestImage)
+	if got := failing(built); len(got) != 1 || !strings.HasPrefix(got[0], "hostPathVolumes: ") || !strings.Contains(got[0], `"gdr-docker-tun"`) {
+		t.Fatalf("the build and docker Pod fails baseline in %v, want in hostPathVolumes (gdr-docker-tun, %s) alone", got, pod.TunDevice)
+	}
+	if err := plane.admit(built.DeepCopy(), nil, ""); err != nil {
+		t.Fatalf("the build and docker Pod refused: %v", err)
+	}
+	covered := map[psapolicy.CheckID]bool{}
+	for _, tc := range baselineCases() {
+		t.Run(string(tc.id)+"/"+tc.name, func(t *testing.T) {
+			check, ok := checks[tc.id]
+			if !ok {
+				t.Fatalf("baseline has no check %s", tc.id)
+			}
+			p := built.DeepCopy()
+			tc.edit(p)
+			if r := check(&p.ObjectMeta, &p.Spec); r.Allowed != tc.admit {
+				t.Fatalf("baseline's %s allows the change: %v, want %v", tc.id, r.Allowed, tc.admit)
+			}
+			err := plane.admit(p, nil, "")
+			switch {
+			case tc.admit && err != nil:
+				t.Fatalf("refused what baseline admits: %v", err)
+			case !tc.admit && err == nil:
+				t.Fatal("admitted what baseline refuses")
+			case err != nil:
+				t.Logf("refused: %v", err)
+			}
+		})
+		if !tc.admit {
+			covered[tc.id] = true
+		}
+	}
+	for id := range checks {
+		if !covered[id] {
+			t.Errorf("baseline's check %s has no case the policy must refuse", id)
+		}
+	}
 }

@@ -505,11 +505,11 @@ func (in *installation) buildAdmission(ctx context.Context, t *testing.T, p *cor
 		name, want string
 		edit       func(p *corev1.Pod)
 	}{
-		{"the job's container adds SETUID", "every container of an executor Pod but the build sidecar gdr-buildkit is restricted", func(p *corev1.Pod) {
+		{"the job's container adds SETUID", "every container of an executor Pod but the sidecars gdr-buildkit and gdr-docker is restricted", func(p *corev1.Pod) {
 			c := container(p, pod.RunnerContainer)
 			c.SecurityContext.Capabilities.Add = []corev1.Capability{"SETUID"}
 		}},
-		{"the sidecar adds DAC_OVERRIDE", "the build sidecar gdr-buildkit is not privileged, drops ALL capabilities and adds none but SETUID and SETGID", func(p *corev1.Pod) {
+		{"the sidecar adds DAC_OVERRIDE", "the sidecars gdr-buildkit and gdr-docker are not privileged, drop ALL capabilities and add none but SETUID and SETGID", func(p *corev1.Pod) {
 			c := container(p, pod.BuildContainer)
 			c.SecurityContext.Capabilities.Add = append(c.SecurityContext.Capabilities.Add, "DAC_OVERRIDE")
 		}},

@@ -171,7 +171,7 @@ func injectDocker(t *corev1.PodTemplateSpec, d Docker, work corev1.VolumeMount) 
 			{Name: dockerSocketVolume, MountPath: DockerSocketDir},
 			{Name: dockerStateVolume, MountPath: dockerStateDir},
 			{Name: dockerRuntimeVolume, MountPath: dockerRuntimeDir},
-			{Name: dockerTunVolume, MountPath: TunDevice},
+			{Name: dockerTunVolume, MountPath: TunDevice, ReadOnly: true}, // a device opens read-write on a read-only mount
 			{Name: work.Name, MountPath: work.MountPath, SubPath: work.SubPath, SubPathExpr: work.SubPathExpr},
 		},
 		StartupProbe: &corev1.Probe{

@@ -57,8 +57,8 @@ func TestDockerCapability(t *testing.T) {
 				if m := mounts["tmp"]; m.MountPath != "/tmp" || m.ReadOnly {
 					t.Errorf("%s: sidecar's work mount %+v, want the runner's tmp at /tmp, writable", which, m)
 				}
-				if m := mounts[dockerTunVolume]; m.MountPath != TunDevice {
-					t.Errorf("%s: sidecar's TUN mount %+v, want %s", which, m, TunDevice)
+				if m := mounts[dockerTunVolume]; m.MountPath != TunDevice || !m.ReadOnly {
+					t.Errorf("%s: sidecar's TUN mount %+v, want %s read-only (the admission policy's exception)", which, m, TunDevice)
 				}
 				for _, v := range spec.Volumes {
 					if v.HostPath != nil && (v.Name != dockerTunVolume || v.HostPath.Path != TunDevice || *v.HostPath.Type != corev1.HostPathCharDev) {
