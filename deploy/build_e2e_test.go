@@ -33,6 +33,15 @@ var podSecurityBuild = map[string]string{
 	"pod-security.kubernetes.io/warn":    "restricted",
 }
 
+// podSecurityDocker is the executors' namespace's Pod Security labels where a pool runs Docker
+// (deploy/README.md, "Docker workflows"): privileged enforced (the tun device's hostPath; the
+// admission policy carries baseline's checks), restricted still audited and warned.
+var podSecurityDocker = map[string]string{
+	"pod-security.kubernetes.io/enforce": "privileged",
+	"pod-security.kubernetes.io/audit":   "restricted",
+	"pod-security.kubernetes.io/warn":    "restricted",
+}
+
 // buildDockerfile is the repository's Dockerfile: the runner-host image's static runner is the
 // build context (there is no registry to pull a base image from), and a RUN step runs it.
 const buildDockerfile = "FROM scratch\nCOPY runner /runner\nRUN [\"/runner\", \"--version\"]\n"
@@ -417,16 +426,41 @@ func decodeBase64(t *testing.T, s string) []byte {
 // buildPodProblems lists what in the executor Pod p of a build pool differs from what README's
 // security table says the build capability grants.
 func buildPodProblems(p *corev1.Pod) []string {
+	return sidecarPodProblems(p, pod.BuildContainer, corev1.EnvVar{Name: pod.EnvBuildKitHost, Value: pod.BuildKitHost})
+}
+
+// sidecarPodProblems lists what in the executor Pod p differs from what README's security table
+// says its capability grants: the sidecar named sidecar with SETUID and SETGID alone, the
+// default Localhost profile, escalation allowed, non-root; every other container with no
+// capability, RuntimeDefault and no escalation; no container privileged; no hostUsers; env in
+// the runner container; no hostPath volume but, for the docker sidecar, the node's tun device
+// mounted by it alone, read-only.
+func sidecarPodProblems(p *corev1.Pod, sidecar string, env corev1.EnvVar) []string {
 	var problems []string
 	if p.Spec.HostUsers != nil {
-		problems = append(problems, "hostUsers is set: the build capability offers no user namespace yet")
+		problems = append(problems, "hostUsers is set: the capabilities offer no user namespace yet")
 	}
 	podSeccomp := corev1.SeccompProfileTypeUnconfined
 	if sc := p.Spec.SecurityContext; sc != nil && sc.SeccompProfile != nil {
 		podSeccomp = sc.SeccompProfile.Type
 	}
-	sidecar := false
+	hostPaths := map[string]bool{}
+	for _, v := range p.Spec.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		hostPaths[v.Name] = true
+		if sidecar != pod.DockerContainer || v.HostPath.Path != pod.TunDevice || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathCharDev {
+			problems = append(problems, "hostPath volume "+v.Name+": "+v.HostPath.String())
+		}
+	}
+	found := false
 	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if hostPaths[m.Name] && (c.Name != pod.DockerContainer || !m.ReadOnly) {
+				problems = append(problems, c.Name+": mounts the hostPath volume "+m.Name+" (read-only "+strconv.FormatBool(m.ReadOnly)+")")
+			}
+		}
 		sc := c.SecurityContext
 		if sc == nil {
 			problems = append(problems, c.Name+": no securityContext")
@@ -450,8 +484,8 @@ func buildPodProblems(p *corev1.Pod) []string {
 			}
 		}
 		escalates := sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation
-		if c.Name == pod.BuildContainer {
-			sidecar = true
+		if c.Name == sidecar {
+			found = true
 			if !slices.Equal(added, []corev1.Capability{"SETUID", "SETGID"}) || seccomp != corev1.SeccompProfileTypeLocalhost ||
 				localhost != pod.DefaultBuildSeccompProfile || !escalates || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 				problems = append(problems, c.Name+": want SETUID and SETGID alone, Localhost "+pod.DefaultBuildSeccompProfile+
@@ -462,12 +496,12 @@ func buildPodProblems(p *corev1.Pod) []string {
 		if len(added) > 0 || seccomp != corev1.SeccompProfileTypeRuntimeDefault || escalates {
 			problems = append(problems, c.Name+": want no capability, RuntimeDefault, no escalation; got "+c.SecurityContext.String())
 		}
-		if c.Name == pod.RunnerContainer && !slices.Contains(c.Env, corev1.EnvVar{Name: pod.EnvBuildKitHost, Value: pod.BuildKitHost}) {
-			problems = append(problems, c.Name+": no "+pod.EnvBuildKitHost+"="+pod.BuildKitHost)
+		if c.Name == pod.RunnerContainer && !slices.Contains(c.Env, env) {
+			problems = append(problems, c.Name+": no "+env.Name+"="+env.Value)
 		}
 	}
-	if !sidecar {
-		problems = append(problems, "no "+pod.BuildContainer+" sidecar")
+	if !found {
+		problems = append(problems, "no "+sidecar+" sidecar")
 	}
 	return problems
 }

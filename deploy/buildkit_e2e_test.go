@@ -22,26 +22,33 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 )
 
-// runReadmeBuildBlock runs the block name of README.md's "Image builds" as written (bash, from
-// the checkout's root, kubectl with the cluster's admin kubeconfig), but for the kubelet's
-// folder: the test node's --root-dir for /var/lib/kubelet.
+// runReadmeBuildBlock runs the block name of README.md's "Image builds" (runReadmeBlock).
 func runReadmeBuildBlock(ctx context.Context, t testing.TB, c *clusterenv.Cluster, name string) {
 	t.Helper()
+	runReadmeBlock(ctx, t, c, "build", name)
+}
+
+// runReadmeBlock runs the block of phase named name (deploy/README.md's "Image builds": build,
+// "Docker workflows": docker) as written (bash, from the checkout's root, kubectl with the
+// cluster's admin kubeconfig), but for the kubelet's folder: the test node's --root-dir for
+// /var/lib/kubelet.
+func runReadmeBlock(ctx context.Context, t testing.TB, c *clusterenv.Cluster, phase, name string) {
+	t.Helper()
 	var text string
-	for _, b := range readmePhase(t, "build") {
+	for _, b := range readmePhase(t, phase) {
 		if b.name == name {
 			text = b.text
 		}
 	}
 	if text == "" {
-		t.Fatalf("README.md has no build block %q", name)
+		t.Fatalf("README.md has no %s block %q", phase, name)
 	}
 	kubectl := testenv.RequirePeer(t, testenv.Peer{Name: "kubectl", Version: kubectlVersion, Executables: []string{"kubectl"}})
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", strings.ReplaceAll(text, "/var/lib/kubelet", filepath.Join(c.Dir, "kubelet")))
 	cmd.Dir = ".."
 	cmd.Env = append(os.Environ(), "PATH="+kubectl+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+c.AdminKubeconfig())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("README block build %s: %v\n%s", name, err, out)
+		t.Fatalf("README block %s %s: %v\n%s", phase, name, err, out)
 	}
 }
 

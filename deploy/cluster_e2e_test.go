@@ -96,6 +96,8 @@ type installation struct {
 	registryHost string
 	// webhook is the ID of Gitea's system webhook to dispatch serve.
 	webhook int64
+	// gitea is Gitea's address from the node (GDR_GITEA_URL's host and port).
+	gitea string
 }
 
 // installKEDA installs deploy/keda into a new cluster; see installation.
@@ -131,6 +133,11 @@ type installOptions struct {
 	// enabled by README's "Image builds" blocks (deploy/seccomp's profile on the node, the
 	// executors' namespace at Pod Security baseline), the buildkit image imported.
 	build bool
+	// docker adds the pool docker (labels [docker]): linux's template with the docker
+	// capability, enabled by deploy/README.md's "Docker workflows" block (the build's seccomp
+	// profile on the node, the policy, the executors' namespace at Pod Security privileged),
+	// the docker image imported.
+	docker bool
 }
 
 // setEnv sets each of env on every container of the ScaledJob obj's Job template, in place
@@ -289,7 +296,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 				}
 			}
 		case d.kind() == "ConfigMap" && obj.GetName() == "gdr-pools":
-			pools = localPools(t, obj, registryHost, o.podTemplate, o.build)
+			pools = localPools(t, obj, registryHost, o)
 		case d.kind() == "ScaledJob" && obj.GetName() == "handle-pod":
 			setEnv(t, obj, o.handleEnv)
 		case d.kind() == "Service" && obj.GetName() == "gateway":
@@ -328,6 +335,11 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	imported := []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host"}
 	if o.build {
 		imported = append(imported, "buildkit")
+	}
+	if o.docker {
+		imported = append(imported, "docker")
+	}
+	if o.build || o.docker {
 		runReadmeBuildBlock(ctx, t, c, "seccomp")
 	}
 	for _, name := range imported {
@@ -353,25 +365,34 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		t.Fatal(err)
 	}
 	c.WaitServiceAccount(ctx, t, jobsNamespace)
-	if o.build { // README's "Image builds": the namespace admits the sidecar
-		runReadmeBuildBlock(ctx, t, c, "namespace")
+	if o.build || o.docker { // deploy/README's "Image builds" or "Docker workflows": the namespace admits the sidecar
+		want := podSecurityBuild
+		if o.docker {
+			runReadmeBlock(ctx, t, c, "docker", "namespace")
+			want = podSecurityDocker
+		} else {
+			runReadmeBuildBlock(ctx, t, c, "namespace")
+		}
 		ns, err := cs.CoreV1().Namespaces().Get(ctx, jobsNamespace, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for k, v := range podSecurityBuild {
+		for k, v := range want {
 			if ns.Labels[k] != v {
-				t.Fatalf("namespace %s labels %v after README's build namespace block, want %v", jobsNamespace, ns.Labels, podSecurityBuild)
+				t.Fatalf("namespace %s labels %v after README's namespace block, want %v", jobsNamespace, ns.Labels, want)
 			}
 		}
-		// The admission policy's parameters, as an operator edits them: the build pools'
-		// image and profiles (localPools), the missing one included, so that its Pod
-		// reaches the kubelet (MissingProfile).
+		// The admission policy's parameters, as an operator edits them: the pools' images
+		// and profiles (localPools), the missing one included, so that its Pod reaches the
+		// kubelet (MissingProfile).
 		params, err := cs.CoreV1().ConfigMaps(jobsNamespace).Get(ctx, "gdr-executors-build", metav1.GetOptions{})
 		if err != nil {
-			t.Fatalf("README's build namespace block: %v", err)
+			t.Fatalf("README's namespace block: %v", err)
 		}
 		params.Data = map[string]string{"images": buildkitTestImage + "\n", "seccompProfiles": pod.DefaultBuildSeccompProfile + "\n" + missingSeccompProfile + "\n"}
+		if o.docker {
+			params.Data["dockerImages"] = dockerTestImageLocal + "\n"
+		}
 		if _, err := cs.CoreV1().ConfigMaps(jobsNamespace).Update(ctx, params, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -489,7 +510,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire,
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire, gitea: giteaAddr,
 		registry: registry, registryHost: registryHost, webhook: hook}
 }
 
@@ -1153,8 +1174,10 @@ const dispatchNodePort = 30080
 // (the default), tenant-lax IfNotPresent; edit, if not nil, edits linux's
 // Pod template spec last; with build, copies of linux called build and build-noprofile get the
 // build capability (the buildkit image), build-noprofile with a seccomp profile no node has
-// (missingSeccompProfile). It returns the rewritten file.
-func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, edit func(spec map[string]any), build bool) string {
+// (missingSeccompProfile); with docker, a copy of linux called docker gets the docker
+// capability (the docker image). It returns the rewritten file.
+func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, o installOptions) string {
+	edit, build := o.podTemplate, o.build
 	t.Helper()
 	text, _, _ := unstructured.NestedString(obj.Object, "data", "pools.yaml")
 	var pools map[string]any
@@ -1219,6 +1242,14 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 			pools["pools"] = append(pools["pools"].([]any), b)
 		}
 	}
+	if o.docker {
+		d := copyOf("docker", "IfNotPresent")
+		// The node has 2 cores and the test's jobs run one at a time: a small request.
+		d["profile"].(map[string]any)["docker"] = map[string]any{"image": dockerTestImageLocal,
+			"resources": map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "1Gi"},
+				"limits": map[string]any{"cpu": "2", "memory": "2Gi"}}}
+		pools["pools"] = append(pools["pools"].([]any), d)
+	}
 	out, err := yaml.Marshal(pools)
 	if err != nil {
 		t.Fatal(err)
@@ -1231,6 +1262,9 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, e
 
 // buildkitTestImage is the build pools' buildkit image: make images' buildkit, imported.
 const buildkitTestImage = "gdr.local/gitea-dynamic-runner-buildkit:latest"
+
+// dockerTestImageLocal is the docker pool's docker image: make images' docker, imported.
+const dockerTestImageLocal = "gdr.local/gitea-dynamic-runner-docker:latest"
 
 // registrySecret is the pull secret of the pool linux for the private
 // registry (registryenv).

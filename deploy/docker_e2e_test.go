@@ -5,17 +5,28 @@ package deploy
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -171,4 +182,326 @@ func createDockerPod(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// dockerFiles are the docker tests' repository: the probe (internal/testenv/clusterenv's, built
+// here: a static binary, no base image to pull) and a Dockerfile that copies it and the runner
+// the workflow adds (runner-host's static runner); RUN steps do not run on the test node
+// (docs/DOCKER.md).
+func dockerFiles(t *testing.T) map[string]string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "probe")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./internal/testenv/clusterenv/testdata/probe")
+	cmd.Dir, cmd.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, b)
+	}
+	probe, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]string{"app/probe": string(probe), "app/Dockerfile": "FROM scratch\nCOPY probe /probe\nCOPY runner /runner\n"}
+}
+
+// dockerSetup is the docker workflows' first steps: the repository checked out, the probe made
+// executable and runner-host's runner beside it.
+const dockerSetup = `      - uses: actions/checkout@v4
+      - run: chmod +x app/probe && cp /usr/local/bin/runner app/runner
+`
+
+// dockerWorkflow is TestE2EClusterDocker's workflow in the pool runsOn: first the job itself,
+// once the executors' policies select its Pod (NATS refused to it: the condition), probes
+// targets (connect=label@addr ...) on one JOB line; then `docker build` of the repository,
+// and `docker run` of the image probing the same targets on one CONTAINER line, the runner's
+// version printed in a container, and a container writing into the job's workspace (-v).
+func dockerWorkflow(runsOn, natsTarget, targets string) string {
+	return `on: push
+jobs:
+  docker:
+    runs-on: ` + runsOn + `
+    steps:
+` + dockerSetup + `      - name: policy
+        run: |
+          for i in $(seq 1 90); do
+            if ./app/probe ` + natsTarget + ` | grep -q '=fail'; then break; fi
+            sleep 1
+          done
+          echo "JOB $(./app/probe ` + targets + ` | tr '\n' ' ')"
+      - name: build
+        run: docker build -t probe:1 app
+      - name: run
+        run: |
+          echo "CONTAINER $(docker run --rm --network host probe:1 /probe ` + targets + ` | tr '\n' ' ')"
+          docker run --rm --network host probe:1 /runner --version
+          docker run --rm --network host -v "$PWD:/ws" probe:1 /runner install /ws/copied
+          echo "WORKSPACE $(stat -c '%u' copied) $(./copied --version | cut -c1-6)"
+`
+}
+
+// dockerImagesWorkflow lists the images its job's daemon holds.
+const dockerImagesWorkflow = `on: push
+jobs:
+  images:
+    runs-on: docker
+    steps:
+      - run: |
+          echo "IMAGES $(docker image ls --all --quiet | wc -l)"
+          if id=$(docker image inspect --format '{{.Id}}' probe:1 2>/dev/null); then echo "PROBE-IMAGE $id"; else echo "PROBE-IMAGE absent"; fi
+`
+
+// dockerKilledWorkflow runs a container that probes for ever (the test kills the daemon under
+// it), then, the step's failure tolerated, uses the daemon again: the image the job built, and a
+// container of it.
+const dockerKilledWorkflow = `on: push
+jobs:
+  killed:
+    runs-on: docker
+    steps:
+` + dockerSetup + `      - run: docker build -t probe:1 app
+      - name: slow
+        continue-on-error: true
+        run: |
+          echo SLOW-BEGIN
+          timeout 300 docker run --rm --network host probe:1 /probe every=1s connect=slow@127.0.0.1:9
+      - name: after
+        run: |
+          echo AFTER-BEGIN
+          docker image inspect --format 'AFTER-IMAGE {{.Id}}' probe:1
+          docker run --rm --network host probe:1 /runner --version
+`
+
+// TestE2EClusterDocker runs Docker workflows through real Gitea jobs in the pool docker
+// (installOptions.docker: linux's template with the docker capability, enabled by
+// deploy/README.md's "Docker workflows" block: the executors' namespace at Pod Security
+// privileged under deploy/admission's policy), with the shipped NetworkPolicies enforced by
+// kube-router:
+//
+//   - Pod: the executor Pod as the API server stores it: no privileged container, gdr-docker
+//     with SETUID and SETGID alone under the Localhost profile, escalation allowed, the node's
+//     tun device its alone and read-only, every other container restricted;
+//   - Workflow: the job builds the repository's Dockerfile and runs the image; a container it
+//     starts reaches exactly what the job reaches (the condition first: the job itself is refused
+//     NATS, so the policies select its Pod): not NATS, not another executor, the gateway; the
+//     runner's version printed in a container; a container writes into the job's workspace;
+//   - Images: a second repository's job, after the first's ended, sees no image at all;
+//   - NoCapability: the same workflow in the pool linux fails, the wrapper's word naming the
+//     pool setting;
+//   - SidecarKilled: dockerd killed under a running container: the step fails saying so, and
+//     the job's next docker commands run on the restarted daemon, the image still there.
+func TestE2EClusterDocker(t *testing.T) {
+	clusterenv.KubeRouterAssets(t) // before the install: skip (or fail, CI=true) at once
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	in := installKEDAWith(ctx, t, installOptions{docker: true})
+	in.c.StartNetworkPolicy(ctx, t)
+	in.allowGitea(ctx, t)
+	in.g.HostAction(t, giteaenv.VendoredAction("checkout-v4"), "actions", "checkout", "v4")
+	executorLabels := executorPod(t, buildKustomization(t, "keda")).Labels
+	other := in.runPod(ctx, t, executorLike(executorLabels, "docker-other-executor", echoContainer()))
+	natsURL, err := url.Parse(in.nats.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsTarget := "connect=nats@" + net.JoinHostPort(in.c.NodeIP(), natsURL.Port())
+	targets := natsTarget + " connect=other-executor@" + net.JoinHostPort(other.Status.PodIP, "7000") +
+		" connect=gateway@" + net.JoinHostPort(gatewayClusterIP, "443")
+	files := dockerFiles(t)
+	push := func(t *testing.T, name, workflow, text string) string {
+		repo := in.g.CreateRepo(t, name)
+		f := maps.Clone(files)
+		f[".gitea/workflows/"+workflow+".yml"] = text
+		in.g.PushFiles(t, repo, f)
+		return repo
+	}
+	var built string
+	in.runSteps(ctx, t, []step{
+		{"Pod", func(t *testing.T) {
+			built = push(t, "built", "docker", dockerWorkflow("docker", natsTarget, targets))
+			name := in.executorPod(ctx, t, built)
+			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}) {
+				t.Error(problem)
+			}
+		}},
+		{"Workflow", func(t *testing.T) {
+			job := in.waitCompleted(ctx, t, built, "docker", 5*time.Minute)
+			log := in.g.JobLogs(t, built, job.ID)
+			if job.Conclusion != "success" {
+				t.Fatalf("job %+v, want success:\n%s", job, log)
+			}
+			want := map[string]string{"nats": "fail", "other-executor": "fail", "gateway": "ok"}
+			for _, who := range []string{"JOB", "CONTAINER"} {
+				got := probeLine(t, log, who)
+				t.Logf("%s: %v", who, got)
+				for label, result := range want {
+					if !strings.HasPrefix(got[label], result) {
+						t.Errorf("%s: %s=%s, want %s (line %v)", who, label, got[label], result, got)
+					}
+				}
+			}
+			if !runnerVersionLine.MatchString(log) {
+				t.Errorf("no runner version line (%s) from the container:\n%s", runnerVersionLine, log)
+			}
+			if !strings.Contains(log, "WORKSPACE 65532 runner") {
+				t.Errorf("no container wrote the runner into the job's workspace as the job's user (WORKSPACE 65532 runner):\n%s", log)
+			}
+		}},
+		{"Images", func(t *testing.T) {
+			repo := push(t, "images", "images", dockerImagesWorkflow)
+			job := in.waitCompleted(ctx, t, repo, "images", 5*time.Minute)
+			log := in.g.JobLogs(t, repo, job.ID)
+			if job.Conclusion != "success" || !strings.Contains(log, "IMAGES 0") || !strings.Contains(log, "PROBE-IMAGE absent") {
+				t.Fatalf("job %+v, want success with no image (IMAGES 0, PROBE-IMAGE absent):\n%s", job, log)
+			}
+		}},
+		{"NoCapability", func(t *testing.T) {
+			repo := push(t, "refused", "docker", dockerWorkflow("ubuntu-latest", natsTarget, targets))
+			job := in.waitCompleted(ctx, t, repo, "docker", 5*time.Minute)
+			log := in.g.JobLogs(t, repo, job.ID)
+			const want = "docker: no Docker daemon runs beside this job: its runner pool has no docker capability (DOCKER_HOST is unset). An operator enables it per pool with docker: in the pool's profile."
+			if job.Conclusion != "failure" || !strings.Contains(log, want) {
+				t.Fatalf("job %+v, want failure saying %q:\n%s", job, want, log)
+			}
+		}},
+		{"SidecarKilled", func(t *testing.T) { in.dockerSidecarKilled(ctx, t, push(t, "killed", "killed", dockerKilledWorkflow)) }},
+	})
+}
+
+// allowGitea lets the executors reach Gitea, at a private address here, as the shipped
+// policies' PLACEHOLDER tells an operator to (deploy/base/07-network-policies.yaml): jobs check
+// out from it.
+func (in *installation) allowGitea(ctx context.Context, t *testing.T) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(in.gitea)
+	if err != nil {
+		t.Fatalf("Gitea's address %q: %v", in.gitea, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp := corev1.ProtocolTCP
+	_, err = in.cs.NetworkingV1().NetworkPolicies(jobsNamespace).Create(ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "executors-to-gitea"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"gitea-dynamic-runner.io/runner": "true"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: host + "/32"}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptrTo(intstr.FromInt(p))}},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// probeLine parses the log's line "<who> label=result ..." (the probe's connect results).
+func probeLine(t *testing.T, log, who string) map[string]string {
+	t.Helper()
+	for _, line := range strings.Split(log, "\n") {
+		_, rest, ok := strings.Cut(line, who+" ")
+		if !ok || !strings.Contains(rest, "=") || strings.Contains(rest, "$(") {
+			continue
+		}
+		got := map[string]string{}
+		for _, field := range strings.Fields(rest) {
+			if label, result, ok := strings.Cut(field, "="); ok {
+				got[label] = result
+			}
+		}
+		return got
+	}
+	t.Fatalf("no %q line in the job's log:\n%s", who+" ", log)
+	return nil
+}
+
+// dockerSidecarKilled: dockerd dies under a running container (SIGKILL, as the kernel's OOM
+// killer would at the pool's docker resources): the fault first (the sidecar is started again),
+// then the outcome: the step says the daemon ended during it, and the job's next docker
+// commands wait for the restarted daemon and find the image it built (the data root outlives
+// the sidecar's restart), ending in success.
+func (in *installation) dockerSidecarKilled(ctx context.Context, t *testing.T, repo string) {
+	argv := []string{"/probe", "every=1s", "connect=slow@127.0.0.1:9"}
+	var probe, dockerd int
+	for deadline := time.Now().Add(3 * time.Minute); dockerd == 0; time.Sleep(500 * time.Millisecond) {
+		probe, dockerd = dockerdBeside(t, argv)
+		if time.Now().After(deadline) {
+			t.Fatalf("no %v beside a dockerd after 3 min", argv)
+		}
+	}
+	name := in.executorPod(ctx, t, repo)
+	restarts := func() int32 {
+		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range p.Status.InitContainerStatuses {
+			if cs.Name == pod.DockerContainer {
+				return cs.RestartCount
+			}
+		}
+		t.Fatalf("Pod %s has no %s status", name, pod.DockerContainer)
+		return 0
+	}
+	before := restarts()
+	if err := syscall.Kill(dockerd, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill dockerd %d: %v", dockerd, err)
+	}
+	t.Logf("killed dockerd %d, beside the container's /probe %d, in %s (restarts before: %d)", dockerd, probe, name, before)
+	for deadline := time.Now().Add(time.Minute); restarts() <= before; time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar %s of %s was not started again within a minute of the kill", pod.DockerContainer, name)
+		}
+	}
+	job := in.waitCompleted(ctx, t, repo, "killed", 3*time.Minute)
+	log := in.g.JobLogs(t, repo, job.ID)
+	slow, after := buildLogs(t, log, "SLOW-BEGIN", "AFTER-BEGIN")
+	const ended = "docker: the Docker daemon beside this job stopped answering during this call: its sidecar gdr-docker ended"
+	if !strings.Contains(slow, ended) {
+		t.Errorf("the step whose daemon died does not say so (%q):\n%s", ended, slow)
+	}
+	if job.Conclusion != "success" || !strings.Contains(after, "AFTER-IMAGE sha256:") || !runnerVersionLine.MatchString(after) {
+		t.Fatalf("job %+v, want success with the image still there and a container run after the restart:\n%s", job, log)
+	}
+	t.Logf("the killed step ends:\n%s\nthe next one:\n%s", tail(slow, 4), tail(after, 6))
+}
+
+// dockerdBeside finds the process whose command line is argv and the dockerd in the same
+// container (the same memory cgroup: rootless Docker on cgroup v1 runs its containers in the
+// sidecar's), by their PIDs on this machine; 0, 0 while there is none.
+func dockerdBeside(t *testing.T, argv []string) (int, int) {
+	t.Helper()
+	_, procs := nodeProcs(t)
+	cgroup := func(p procfs.Proc) string {
+		groups, err := p.Cgroups()
+		if err != nil {
+			return ""
+		}
+		for _, g := range groups {
+			if slices.Contains(g.Controllers, "memory") {
+				return g.Path
+			}
+		}
+		return ""
+	}
+	for _, p := range procs {
+		if cmdline, err := p.CmdLine(); err != nil || !slices.Equal(cmdline, argv) {
+			continue
+		}
+		where := cgroup(p)
+		if where == "" {
+			continue
+		}
+		for _, d := range procs {
+			if comm, err := d.Comm(); err == nil && comm == "dockerd" && cgroup(d) == where {
+				return p.PID, d.PID
+			}
+		}
+	}
+	return 0, 0
 }

@@ -25,13 +25,13 @@ import (
 //
 // where PHASE is variables (the one block of documented variables), install, upgrade or
 // uninstall (TestE2EClusterReadme runs the block in that phase, in order, by NAME), build
-// (TestE2EClusterBuild runs it, by NAME), or
+// (TestE2EClusterBuild runs it, by NAME), docker (TestE2EClusterDocker runs it, by NAME), or
 // `skip: <why>` (a prerequisite the test provides itself, saying how).
 const readmeMarker = "<!-- readme-test: "
 
 // readmeSections are the sections whose every sh block must carry a marker.
 var readmeSections = []string{"## Prerequisites", "## Install from an empty cluster (KEDA)", "## Upgrade (KEDA)", "## Uninstall (KEDA)",
-	"## Image builds"}
+	"## Image builds", "## Docker workflows"}
 
 // readmeBlock is one fenced sh block of README.md.
 type readmeBlock struct {
@@ -131,6 +131,7 @@ var readmeNames = map[string][]string{
 	"upgrade":   {"images", "verify-both", "apply", "sign-new", "verify-new"},
 	"uninstall": {"all"},
 	"build":     {"seccomp", "namespace"}, // TestE2EClusterBuild's
+	"docker":    {"namespace"},            // TestE2EClusterDocker's
 }
 
 // TestReadmeBlocks checks README.md's install, upgrade and uninstall as the commands
@@ -160,7 +161,7 @@ func TestReadmeBlocks(t *testing.T) {
 			continue
 		case "variables":
 			continue
-		case "install", "upgrade", "uninstall", "build":
+		case "install", "upgrade", "uninstall", "build", "docker":
 			got[b.phase] = append(got[b.phase], b.name)
 		case "":
 			t.Errorf("%s: an sh block without a readme-test marker", where)

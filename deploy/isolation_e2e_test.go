@@ -80,31 +80,8 @@ func TestE2EClusterIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := func(name string) map[string]string {
-		l := maps.Clone(executorLabels)
-		l["gitea-dynamic-runner.io/assignment-id"] = name // one per Pod, as the backend's
-		return l
-	}
-	// The executors' namespace enforces Pod Security restricted (installKEDA): the test's Pods
-	// are hardened as an executor is.
-	restricted := &corev1.PodSecurityContext{
-		RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
-		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
-	hardened := &corev1.SecurityContext{
-		AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-	}
 	// Another executor Pod, with a listener (the echo service of the install test's jobs).
-	other := in.runPod(ctx, t, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "isolation-other-executor", Labels: labels("isolation-other")},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever, SecurityContext: restricted,
-			Containers: []corev1.Container{{
-				Name: "echo", Image: "gdr.local/echo:latest", ImagePullPolicy: corev1.PullIfNotPresent,
-				Ports: []corev1.ContainerPort{{ContainerPort: 7000}}, SecurityContext: hardened,
-			}},
-		},
-	})
+	other := in.runPod(ctx, t, executorLike(executorLabels, "isolation-other-executor", echoContainer()))
 	gateway := in.gatewayPod(ctx, t)
 
 	natsURL, err := url.Parse(in.nats.url)
@@ -131,16 +108,9 @@ func TestE2EClusterIsolation(t *testing.T) {
 	for _, tg := range targets {
 		args = append(args, "connect="+tg.label+"@"+tg.addr)
 	}
-	probe := in.runPod(ctx, t, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "isolation-probe", Labels: labels("isolation-probe")},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever, SecurityContext: restricted,
-			Containers: []corev1.Container{{
-				Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullIfNotPresent, Args: args,
-				SecurityContext: hardened,
-			}},
-		},
-	})
+	probe := in.runPod(ctx, t, executorLike(executorLabels, "isolation-probe", corev1.Container{
+		Name: "probe", Image: "gdr.local/probe:latest", ImagePullPolicy: corev1.PullIfNotPresent, Args: args,
+	}))
 	t.Logf("probe %s (%s) -> %v", probe.Name, probe.Status.PodIP, targets)
 
 	// Enforced: the condition first (the rules of every Pod concerned run
@@ -236,6 +206,38 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// executorLike is a Pod named name in the executors' namespace with the labels the pod backend
+// gives its executors (executorLabels, with an assignment ID of its own) and containers, hardened
+// as an executor is (the namespace enforces Pod Security restricted, or the admission policy).
+func executorLike(executorLabels map[string]string, name string, containers ...corev1.Container) *corev1.Pod {
+	labels := maps.Clone(executorLabels)
+	labels["gitea-dynamic-runner.io/assignment-id"] = name // one per Pod, as the backend's
+	for i := range containers {
+		containers[i].SecurityContext = &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: containers,
+		},
+	}
+}
+
+// echoContainer serves the echo service (the install test's jobs' service) on 7000.
+func echoContainer() corev1.Container {
+	return corev1.Container{
+		Name: "echo", Image: "gdr.local/echo:latest", ImagePullPolicy: corev1.PullIfNotPresent,
+		Ports: []corev1.ContainerPort{{ContainerPort: 7000}},
+	}
 }
 
 // runPod creates pod (an executor's stand-in) in the executors' namespace and
