@@ -52,8 +52,8 @@ func runReadmeBlock(ctx context.Context, t testing.TB, c *clusterenv.Cluster, ph
 	}
 }
 
-// TestE2EClusterBuildKitRootless proves, on the test node (containerd 1.6, runc 1.1.5: no
-// Kubernetes user namespaces), that the build capability's seccomp exception is needed and
+// TestE2EClusterBuildKitRootless proves, on the test node (no Kubernetes user namespaces
+// in the Pod), that the build capability's seccomp exception is needed and
 // enough: the buildkit image as a native sidecar (65532, every capability dropped but SETUID and
 // SETGID, which newuidmap's and newgidmap's file capabilities need, privilege escalation allowed
 // for them) and a client container hardened like every executor container (RuntimeDefault, no

@@ -31,8 +31,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// TestE2EClusterDockerRootless proves, on the test node (containerd 1.6, runc 1.1.5: no
-// Kubernetes user namespaces), what a pool's docker capability runs without privilege: the
+// TestE2EClusterDockerRootless proves, on the test node (no Kubernetes user namespaces
+// in the Pod), what a pool's docker capability runs without privilege: the
 // sidecar the pod backend injects (the docker image: rootless dockerd under RootlessKit, 65532,
 // every capability dropped but SETUID and SETGID for newuidmap's and newgidmap's file
 // capabilities, the build capability's Localhost seccomp profile, the node's /dev/net/tun), and

@@ -6,7 +6,8 @@
 // The binaries are built once, outside the checkout, by `make peers`:
 // scripts/peers/kube.sh (API server, etcd) and scripts/peers/kube-node.sh
 // (scheduler, controller-manager, kubelet from the Go module proxy;
-// containerd 1.6, runc and the CNI plugins from Debian's packages). Start
+// containerd 2.4 and runc 1.5 built from the Go module proxy, which offer
+// Kubernetes user namespaces; the CNI plugins from Debian's packages). Start
 // skips the test on a developer machine without them and fails it with
 // CI=true (testenv.RequirePeer).
 //
@@ -108,11 +109,15 @@ var kubeletSysctls = []string{
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
 }
 
+// NodeVersion is the version of scripts/peers/kube-node.sh's folder: the
+// Kubernetes release it serves and the containerd it builds.
+const NodeVersion = Version + "-containerd-v2.4.2"
+
 // NodeAssets returns the folder of scripts/peers/kube-node.sh's build, the
 // node's runtime (skipping or failing the test as testenv.RequirePeer does).
 func NodeAssets(t testing.TB) string {
 	t.Helper()
-	return testenv.RequirePeer(t, testenv.Peer{Name: "kube-node", Version: Version, Executables: []string{
+	return testenv.RequirePeer(t, testenv.Peer{Name: "kube-node", Version: NodeVersion, Executables: []string{
 		"bin/containerd", "bin/containerd-shim-runc-v2", "bin/ctr", "bin/runc", "bin/nft",
 		"cni/bridge", "cni/host-local", "cni/loopback",
 	}})
@@ -452,7 +457,10 @@ func (c *Cluster) writeNodeConfig() error {
 			return err
 		}
 	}
-	containerd := fmt.Sprintf(`version = 2
+	// containerd 2's configuration (version 3). The cgroup v1 deprecation is
+	// the machine's (a hybrid hierarchy), not the node's to fix: ignored,
+	// so that the CRI's conditions stay clean.
+	containerd := fmt.Sprintf(`version = 3
 root = %q
 state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
@@ -460,25 +468,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = %q
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %q
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %q
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = %q
+[plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  ignore_deprecation_warnings = ["io.containerd.deprecation/cgroup-v1"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = %q
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %q
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%q]
     conf_dir = %q
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = %q
 `, filepath.Join(d, "containerd", "root"), filepath.Join(d, "containerd.sock"), filepath.Join(d, "containerd", "opt"),
-		PauseImage, filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"),
-		c.registryHostsDir())
+		PauseImage, c.registryHostsDir(), filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"))
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "gdr",
