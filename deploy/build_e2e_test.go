@@ -4,6 +4,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -426,19 +427,20 @@ func decodeBase64(t *testing.T, s string) []byte {
 // buildPodProblems lists what in the executor Pod p of a build pool differs from what README's
 // security table says the build capability grants.
 func buildPodProblems(p *corev1.Pod) []string {
-	return sidecarPodProblems(p, pod.BuildContainer, corev1.EnvVar{Name: pod.EnvBuildKitHost, Value: pod.BuildKitHost})
+	return sidecarPodProblems(p, pod.BuildContainer, corev1.EnvVar{Name: pod.EnvBuildKitHost, Value: pod.BuildKitHost}, false)
 }
 
 // sidecarPodProblems lists what in the executor Pod p differs from what README's security table
 // says its capability grants: the sidecar named sidecar with SETUID and SETGID alone, the
 // default Localhost profile, escalation allowed, non-root; every other container with no
-// capability, RuntimeDefault and no escalation; no container privileged; no hostUsers; env in
-// the runner container; no hostPath volume but, for the docker sidecar, the node's tun device
-// mounted by it alone, read-only.
-func sidecarPodProblems(p *corev1.Pod, sidecar string, env corev1.EnvVar) []string {
+// capability, RuntimeDefault and no escalation; no container privileged; env in the runner
+// container; no hostPath volume but, for the docker sidecar, the node's tun device mounted by it
+// alone, read-only; with userns, hostUsers false and the sidecar alone with an unmasked /proc,
+// else neither.
+func sidecarPodProblems(p *corev1.Pod, sidecar string, env corev1.EnvVar, userns bool) []string {
 	var problems []string
-	if p.Spec.HostUsers != nil {
-		problems = append(problems, "hostUsers is set: the capabilities offer no user namespace yet")
+	if got := p.Spec.HostUsers != nil && !*p.Spec.HostUsers; got != userns {
+		problems = append(problems, fmt.Sprintf("hostUsers %v, want a user namespace: %v", p.Spec.HostUsers, userns))
 	}
 	podSeccomp := corev1.SeccompProfileTypeUnconfined
 	if sc := p.Spec.SecurityContext; sc != nil && sc.SeccompProfile != nil {
@@ -468,6 +470,9 @@ func sidecarPodProblems(p *corev1.Pod, sidecar string, env corev1.EnvVar) []stri
 		}
 		if sc.Privileged != nil && *sc.Privileged {
 			problems = append(problems, c.Name+": privileged")
+		}
+		if unmasked := sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount; unmasked != (userns && c.Name == sidecar) {
+			problems = append(problems, fmt.Sprintf("%s: procMount %v", c.Name, sc.ProcMount))
 		}
 		seccomp, localhost := podSeccomp, ""
 		if sc.SeccompProfile != nil {

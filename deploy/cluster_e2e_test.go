@@ -133,8 +133,8 @@ type installOptions struct {
 	// enabled by README's "Image builds" blocks (deploy/seccomp's profile on the node, the
 	// executors' namespace at Pod Security baseline), the buildkit image imported.
 	build bool
-	// docker adds the pool docker (labels [docker]): linux's template with the docker
-	// capability, enabled by deploy/README.md's "Docker workflows" block (the build's seccomp
+	// docker adds the pools docker and docker-userns (labels the same): linux's template with
+	// the docker capability, the second with its user namespace, enabled by deploy/README.md's "Docker workflows" block (the build's seccomp
 	// profile on the node, the policy, the executors' namespace at Pod Security privileged),
 	// the docker image imported.
 	docker bool
@@ -1174,8 +1174,8 @@ const dispatchNodePort = 30080
 // (the default), tenant-lax IfNotPresent; edit, if not nil, edits linux's
 // Pod template spec last; with build, copies of linux called build and build-noprofile get the
 // build capability (the buildkit image), build-noprofile with a seccomp profile no node has
-// (missingSeccompProfile); with docker, a copy of linux called docker gets the docker
-// capability (the docker image). It returns the rewritten file.
+// (missingSeccompProfile); with docker, copies of linux called docker and docker-userns get
+// the docker capability (the docker image), docker-userns with its user namespace. It returns the rewritten file.
 func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, o installOptions) string {
 	edit, build := o.podTemplate, o.build
 	t.Helper()
@@ -1243,12 +1243,18 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, o
 		}
 	}
 	if o.docker {
-		d := copyOf("docker", "IfNotPresent")
-		// The node has 2 cores and the test's jobs run one at a time: a small request.
-		d["profile"].(map[string]any)["docker"] = map[string]any{"image": dockerTestImageLocal,
-			"resources": map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "1Gi"},
-				"limits": map[string]any{"cpu": "2", "memory": "2Gi"}}}
-		pools["pools"] = append(pools["pools"].([]any), d)
+		for name, userns := range map[string]bool{"docker": false, "docker-userns": true} {
+			d := copyOf(name, "IfNotPresent")
+			// The node has 2 cores and the test's jobs run one at a time: a small request.
+			settings := map[string]any{"image": dockerTestImageLocal,
+				"resources": map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "1Gi"},
+					"limits": map[string]any{"cpu": "2", "memory": "2Gi"}}}
+			if userns {
+				settings["userNamespace"] = true
+			}
+			d["profile"].(map[string]any)["docker"] = settings
+			pools["pools"] = append(pools["pools"].([]any), d)
+		}
 	}
 	out, err := yaml.Marshal(pools)
 	if err != nil {

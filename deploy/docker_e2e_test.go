@@ -184,30 +184,73 @@ func createDockerPod(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 	}
 }
 
-// dockerFiles are the docker tests' repository: the probe (internal/testenv/clusterenv's, built
-// here: a static binary, no base image to pull) and a Dockerfile that copies it and the runner
-// the workflow adds (runner-host's static runner); RUN steps do not run on the test node
-// (docs/DOCKER.md).
+// dockerFiles are the docker tests' repository: the probe and the echo service
+// (internal/testenv/clusterenv's, built here: static binaries, no base image to pull), a
+// Dockerfile that copies the probe and the runner the workflow adds (runner-host's static
+// runner), the same with a RUN step (which needs the pool's user namespace), one for echo, and a
+// compose file of the two.
 func dockerFiles(t *testing.T) map[string]string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "probe")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./internal/testenv/clusterenv/testdata/probe")
-	cmd.Dir, cmd.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the probe: %v\n%s", err, b)
+	files := map[string]string{
+		"app/Dockerfile":      "FROM scratch\nCOPY probe /probe\nCOPY runner /runner\n",
+		"app/Dockerfile.run":  "FROM scratch\nCOPY probe /probe\nCOPY runner /runner\nRUN [\"/runner\", \"--version\"]\n",
+		"app/Dockerfile.echo": "FROM scratch\nCOPY echo /echo\nENTRYPOINT [\"/echo\"]\n",
+		"app/compose.yaml":    dockerCompose,
 	}
-	probe, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"probe", "echo"} {
+		out := filepath.Join(t.TempDir(), name)
+		cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./internal/testenv/clusterenv/testdata/"+name)
+		cmd.Dir, cmd.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", name, err, b)
+		}
+		bin, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files["app/"+name] = string(bin)
 	}
-	return map[string]string{"app/probe": string(probe), "app/Dockerfile": "FROM scratch\nCOPY probe /probe\nCOPY runner /runner\n"}
+	return files
 }
+
+// dockerCompose is the repository's compose file: the echo service and a client that dials it
+// by its service name on the project's network.
+const dockerCompose = `services:
+  echo:
+    build: {context: ., dockerfile: Dockerfile.echo}
+  client:
+    build: {context: ., dockerfile: Dockerfile}
+    command: ["/probe", "dial=echo:7000"]
+    depends_on: [echo]
+`
 
 // dockerSetup is the docker workflows' first steps: the repository checked out, the probe made
 // executable and runner-host's runner beside it.
 const dockerSetup = `      - uses: actions/checkout@v4
-      - run: chmod +x app/probe && cp /usr/local/bin/runner app/runner
+      - run: chmod +x app/probe app/echo && cp /usr/local/bin/runner app/runner
 `
+
+// dockerUsernsWorkflow is what the pool docker-userns (docker.userNamespace) adds: a build with
+// a RUN step; a container on the default bridge network probing targets on one BRIDGE line; and
+// `docker compose up` of the echo service and a client that dials it by name, then down.
+func dockerUsernsWorkflow(targets string) string {
+	return `on: push
+jobs:
+  userns:
+    runs-on: docker-userns
+    steps:
+` + dockerSetup + `      - name: build
+        run: docker build --progress plain -t probe:1 -f app/Dockerfile.run app
+      - name: bridge
+        run: echo "BRIDGE $(docker run --rm probe:1 /probe ` + targets + ` | tr '\n' ' ')"
+      - name: compose
+        run: |
+          cd app
+          docker compose up --build --abort-on-container-exit --exit-code-from client
+          docker compose down
+          echo "COMPOSE-DOWN $(docker ps --all --quiet | wc -l)"
+`
+}
 
 // dockerWorkflow is TestE2EClusterDocker's workflow in the pool runsOn: first the job itself,
 // once the executors' policies select its Pod (NATS refused to it: the condition), probes
@@ -322,7 +365,7 @@ func TestE2EClusterDocker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}) {
+			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}, false) {
 				t.Error(problem)
 			}
 		}},
@@ -367,6 +410,40 @@ func TestE2EClusterDocker(t *testing.T) {
 			}
 		}},
 		{"SidecarKilled", func(t *testing.T) { in.dockerSidecarKilled(ctx, t, push(t, "killed", "killed", dockerKilledWorkflow)) }},
+		{"UserNamespace", func(t *testing.T) {
+			if pod.DockerIDsPerPod != clusterenv.IDsPerPod {
+				t.Fatalf("the test node gives a Pod %d IDs, the docker capability's user namespace needs %d", clusterenv.IDsPerPod, pod.DockerIDsPerPod)
+			}
+			repo := push(t, "userns", "userns", dockerUsernsWorkflow(targets))
+			name := in.executorPod(ctx, t, repo)
+			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}, true) {
+				t.Error(problem)
+			}
+			job := in.waitCompleted(ctx, t, repo, "userns", 5*time.Minute)
+			log := in.g.JobLogs(t, repo, job.ID)
+			if job.Conclusion != "success" {
+				t.Fatalf("job %+v, want success:\n%s", job, log)
+			}
+			got := probeLine(t, log, "BRIDGE")
+			t.Logf("BRIDGE: %v", got)
+			for label, result := range map[string]string{"nats": "fail", "other-executor": "fail", "gateway": "ok"} {
+				if !strings.HasPrefix(got[label], result) {
+					t.Errorf("a container on the bridge network: %s=%s, want %s", label, got[label], result)
+				}
+			}
+			for _, want := range []string{`RUN ["/runner", "--version"]`, "dial echo:7000: echo: ping from probe", "COMPOSE-DOWN 0"} {
+				if !strings.Contains(log, want) {
+					t.Errorf("the job's log lacks %q:\n%s", want, log)
+				}
+			}
+			if !runnerVersionLine.MatchString(log) {
+				t.Errorf("no runner version line (%s) from the RUN step:\n%s", runnerVersionLine, log)
+			}
+		}},
 	})
 }
 

@@ -109,6 +109,12 @@ var kubeletSysctls = []string{
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
 }
 
+// IDsPerPod is the node's kubelet's userNamespaces.idsPerPod: the IDs a Pod
+// with hostUsers: false gets, as many as a node for docker pools with user
+// namespaces needs (shared/backend/pod's DockerIDsPerPod; deploy's docker
+// test keeps the two equal).
+const IDsPerPod = 4 * 65536
+
 // NodeVersion is the version of scripts/peers/kube-node.sh's folder: the
 // Kubernetes release it serves and the containerd it builds.
 const NodeVersion = Version + "-containerd-v2.4.2"
@@ -505,7 +511,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	// cluster without Kubernetes' ensure-secret-pulled-images (KEP-2535; on
 	// by default here, v1.37): an image on the node runs for any Pod that
 	// does not pull it, whoever's credentials pulled it. The tests show the
-	// pools' images.pullPolicy closing that on such a node.
+	// pools' images.pullPolicy closing that on such a node. userNamespaces:
+	// a Pod with hostUsers: false gets IDsPerPod IDs.
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 0.0.0.0
@@ -537,7 +544,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 imagePullCredentialsVerificationPolicy: NeverVerify
-`, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"))
+userNamespaces:
+  idsPerPod: %d
+`, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"), IDsPerPod)
 	// kube-proxy, nftables mode (nft from the kube-node peer, on PATH): it
 	// programs the node's own network namespace only. Every conntrack
 	// setting 0: leave the kernel's (machine-wide ones among them) alone.
@@ -692,14 +701,25 @@ func writeKubeconfig(path string, cfg *rest.Config, server string) error {
 	return nil
 }
 
-// waitNodeReady waits until the node is registered and Ready.
+// waitNodeReady waits until the node is registered and Ready, or the
+// kubelet ended (its log's "command failed" line: a configuration the
+// kubelet refuses), which it says at once rather than at ctx's end.
 func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	cs, err := kubernetes.NewForConfig(c.Plane.RESTConfig())
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	var last string
 	err = c.node.WaitReady(ctx, time.Second, func(ctx context.Context) error {
+		if log, err := os.ReadFile(filepath.Join(c.Dir, "kubelet.log")); err == nil {
+			for _, line := range strings.Split(string(log), "\n") {
+				if strings.Contains(line, `"command failed"`) {
+					cancel(fmt.Errorf("the kubelet ended: %s", line))
+				}
+			}
+		}
 		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
@@ -715,6 +735,9 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 		}
 		return errors.New("node not ready: " + last)
 	})
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
 	if err != nil {
 		return fmt.Errorf("node %s: %w", NodeName, err)
 	}

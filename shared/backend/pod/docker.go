@@ -3,6 +3,7 @@ package pod
 import (
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,15 @@ const (
 	// dockerUser is the docker image's user, whose subordinate IDs
 	// (/etc/subuid) RootlessKit maps.
 	dockerUser = 65532
+	// DockerIDsPerPod is the kubelet's userNamespaces.idsPerPod a node
+	// needs for a pool with Docker.UserNamespace: the docker image's
+	// subordinate IDs (100000-165535) inside the Pod's. A power of two, so
+	// that the kubelet's default range of IDs holds a whole number of Pods
+	// (3 * 65536 would need the kubelet user's subordinate IDs configured).
+	DockerIDsPerPod = 4 * 65536
+	// EnvDockerUserNamespace tells gdr-dockerd the Pod has a user
+	// namespace and the sidecar an unmasked /proc ("true").
+	EnvDockerUserNamespace = "GDR_DOCKER_USER_NAMESPACE"
 	// RunnerWorkDir is the runner's GDR_WORK_DIR default (shared/runner's
 	// Config.WorkDir; its TestPodKnowsTheWorkDir keeps the two in step).
 	RunnerWorkDir = "/tmp/gitea-dynamic-runner"
@@ -92,6 +102,17 @@ type Docker struct {
 	// Resources are the sidecar's requests and limits; what it leaves out
 	// is defaulted, never unset (see BuildResources).
 	Resources BuildResources `json:"resources,omitempty"`
+	// UserNamespace runs the pool's Pods in Kubernetes user namespaces
+	// (hostUsers: false) and gives the sidecar an unmasked /proc
+	// (procMount: Unmasked, which the kernel's checks need for a new procfs
+	// and a writable /proc/sys in the daemon's own namespaces), so that RUN
+	// in `docker build`, bridge networks and `docker compose` work. Every
+	// ID of the Pod, root included, is then an unprivileged ID of the node.
+	// The nodes need user namespaces (Kubernetes 1.33 or later with
+	// containerd 2 or CRI-O 1.25, runc 1.2 or crun 1.9, Linux 6.3 or later)
+	// and DockerIDsPerPod IDs per Pod (the kubelet's userNamespaces.idsPerPod),
+	// which hold the image's subordinate IDs 100000-165535. Default false.
+	UserNamespace bool `json:"userNamespace,omitempty"`
 
 	// requirements are Resources with the defaults, set by validate.
 	requirements corev1.ResourceRequirements
@@ -166,7 +187,8 @@ func injectDocker(t *corev1.PodTemplateSpec, d Docker, work corev1.VolumeMount) 
 		ImagePullPolicy: runner.ImagePullPolicy,
 		RestartPolicy:   &always,
 		Resources:       d.requirements,
-		Env:             []corev1.EnvVar{{Name: "XDG_RUNTIME_DIR", Value: dockerRuntimeDir}, {Name: "DOCKER_SOCKET_DIR", Value: DockerSocketDir}},
+		Env: []corev1.EnvVar{{Name: "XDG_RUNTIME_DIR", Value: dockerRuntimeDir}, {Name: "DOCKER_SOCKET_DIR", Value: DockerSocketDir},
+			{Name: EnvDockerUserNamespace, Value: strconv.FormatBool(d.UserNamespace)}},
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: dockerSocketVolume, MountPath: DockerSocketDir},
 			{Name: dockerStateVolume, MountPath: dockerStateDir},
@@ -183,6 +205,21 @@ func injectDocker(t *corev1.PodTemplateSpec, d Docker, work corev1.VolumeMount) 
 		SecurityContext:          sidecarSecurity(dockerUser, d.SeccompProfile),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	})
+	if d.UserNamespace {
+		hostUsers, unmasked := false, corev1.UnmaskedProcMount
+		spec.HostUsers = &hostUsers
+		spec.InitContainers[len(spec.InitContainers)-1].SecurityContext.ProcMount = &unmasked
+	}
 	runner.VolumeMounts = append(runner.VolumeMounts, corev1.VolumeMount{Name: dockerSocketVolume, MountPath: DockerSocketDir, ReadOnly: true})
 	runner.Env = append(runner.Env, corev1.EnvVar{Name: EnvDockerHost, Value: DockerHost})
+}
+
+// checkDockerUserNamespace rejects a template that keeps the Pod in the
+// node's user namespace (hostUsers: true) for a pool whose docker wants
+// one of its own.
+func checkDockerUserNamespace(spec corev1.PodSpec, d Docker) error {
+	if d.UserNamespace && spec.HostUsers != nil && *spec.HostUsers {
+		return fmt.Errorf("userNamespace: the podTemplate sets hostUsers: true; the docker capability's user namespace needs it false or unset")
+	}
+	return nil
 }

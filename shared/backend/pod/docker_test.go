@@ -3,6 +3,7 @@ package pod
 import (
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -23,10 +24,12 @@ func TestDockerCapability(t *testing.T) {
 		name, docker string
 		profile      string // want the sidecar's Localhost profile; empty: no sidecar
 		storage      string
+		userns       bool // want hostUsers false and the sidecar's /proc unmasked
 	}{
 		{name: "off", docker: ""},
 		{name: "defaults", docker: `"docker":{"image":"dk:1"},`, profile: "gdr/buildkit.json", storage: "20Gi"},
 		{name: "set", docker: `"docker":{"image":"dk:1","seccompProfile":"ops/dk.json","storageSize":"5Gi"},`, profile: "ops/dk.json", storage: "5Gi"},
+		{name: "user namespace", docker: `"docker":{"image":"dk:1","userNamespace":true},`, profile: "gdr/buildkit.json", storage: "20Gi", userns: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts, err := parseProfile(json.RawMessage(`{"runnerInImage":"/usr/local/bin/runner",`+tc.docker+dockerTemplate+`}`), keys, false)
@@ -50,6 +53,19 @@ func TestDockerCapability(t *testing.T) {
 				}
 				c := spec.InitContainers[i]
 				checkSidecar(t, which, c, "dk:1", tc.profile)
+				// The user namespace: the Pod's, and the sidecar alone unmasks its /proc.
+				userns := spec.HostUsers != nil && !*spec.HostUsers
+				unmasked := c.SecurityContext.ProcMount != nil && *c.SecurityContext.ProcMount == corev1.UnmaskedProcMount
+				told := slices.Contains(c.Env, corev1.EnvVar{Name: EnvDockerUserNamespace, Value: strconv.FormatBool(tc.userns)})
+				if userns != tc.userns || unmasked != tc.userns || !told {
+					t.Errorf("%s: hostUsers %v, sidecar procMount %v, %s told %v; want a user namespace: %v", which,
+						spec.HostUsers, c.SecurityContext.ProcMount, EnvDockerUserNamespace, told, tc.userns)
+				}
+				for _, other := range append(slices.Clone(spec.Containers), spec.InitContainers...) {
+					if other.Name != DockerContainer && other.SecurityContext != nil && other.SecurityContext.ProcMount != nil {
+						t.Errorf("%s: container %s sets procMount %s", which, other.Name, *other.SecurityContext.ProcMount)
+					}
+				}
 				mounts := map[string]corev1.VolumeMount{}
 				for _, m := range c.VolumeMounts {
 					mounts[m.Name] = m
@@ -107,6 +123,7 @@ func TestDockerCapabilityRules(t *testing.T) {
 		{"DOCKER_HOST", `{` + runner(`,"env":[{"name":"DOCKER_HOST","value":"tcp://x:2375"}]`) + `}`, "DOCKER_HOST is set by the docker capability"},
 		{"socket mount", `{"podTemplate":{"spec":{"volumes":[{"name":"x","emptyDir":{}}],"containers":[{"name":"runner","image":"r:1","volumeMounts":[{"name":"x","mountPath":"/run/docker-socket/x"}]}]}}}`, "overlaps the docker capability's /run/docker-socket"},
 		{"sidecar name", `{"podTemplate":{"spec":{"initContainers":[{"name":"gdr-docker","image":"x"}],"containers":[{"name":"runner","image":"r:1"}]}}}`, `container name "gdr-docker" is reserved`},
+		{"user namespace refused by the template", `{"docker":{"image":"d","userNamespace":true},"podTemplate":{"spec":{"hostUsers":true,"volumes":[{"name":"tmp","emptyDir":{}}],"containers":[{"name":"runner","image":"r:1","volumeMounts":[{"name":"tmp","mountPath":"/tmp"}]}]}}}`, "userNamespace: the podTemplate sets hostUsers: true"},
 		{"volume name", `{"podTemplate":{"spec":{"volumes":[{"name":"gdr-docker-tun","emptyDir":{}}],"containers":[{"name":"runner","image":"r:1"}]}}}`, "spec.volumes[gdr-docker-tun]: the prefix gdr-docker is reserved"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -187,6 +187,9 @@ func parseTemplates(raw json.RawMessage, keys taskassignment.Keys, workloadAPI b
 			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile docker: %w", err)
 		}
 		work, err := workMount(tmpl.Spec.Containers[runnerIndex(tmpl.Spec.Containers)])
+		if err == nil {
+			err = checkDockerUserNamespace(tmpl.Spec, *p.Docker)
+		}
 		if err != nil {
 			return corev1.PodTemplateSpec{}, nil, fmt.Errorf("profile docker: %w", err)
 		}
