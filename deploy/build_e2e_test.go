@@ -4,11 +4,11 @@ package deploy
 
 import (
 	"context"
-	"fmt"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
