@@ -355,11 +355,6 @@ func admissionCases() []admissionCase {
 				unmasked := corev1.UnmaskedProcMount
 				p.Spec.HostUsers, docker(p).SecurityContext.ProcMount = ptr.To(false), &unmasked
 			}},
-		{name: "the docker sidecar's /proc unmasked in the node's user namespace", want: "no container of an executor Pod outside a user namespace",
-			edit: func(p *corev1.Pod) {
-				unmasked := corev1.UnmaskedProcMount
-				docker(p).SecurityContext.ProcMount = &unmasked
-			}},
 		{name: "the docker sidecar from the buildkit image", want: sidecarRule,
 			edit: func(p *corev1.Pod) { docker(p).Image = sidecar(p).Image }},
 		{name: "the build sidecar from the docker image", want: sidecarRule,

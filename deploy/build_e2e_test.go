@@ -212,30 +212,7 @@ func (in *installation) buildSidecarKilled(ctx context.Context, t *testing.T, re
 			t.Fatalf("no /bin/sleep %s under a buildkitd after 3 min", slowSleep)
 		}
 	}
-	name := in.executorPod(ctx, t, repo)
-	restarts := func() int32 {
-		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, cs := range p.Status.InitContainerStatuses {
-			if cs.Name == pod.BuildContainer {
-				return cs.RestartCount
-			}
-		}
-		t.Fatalf("Pod %s has no %s status", name, pod.BuildContainer)
-		return 0
-	}
-	before := restarts()
-	if err := syscall.Kill(buildkitd, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill buildkitd %d: %v", buildkitd, err)
-	}
-	t.Logf("killed buildkitd %d, the parent of the RUN step's /bin/sleep %d, in %s (restarts before: %d)", buildkitd, sleeper, name, before)
-	for deadline := time.Now().Add(time.Minute); restarts() <= before; time.Sleep(500 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sidecar %s of %s was not started again within a minute of the kill", pod.BuildContainer, name)
-		}
-	}
+	in.killSidecar(ctx, t, repo, pod.BuildContainer, buildkitd, fmt.Sprintf("buildkitd %d, the parent of the RUN step's /bin/sleep %d", buildkitd, sleeper))
 	job := in.waitCompleted(ctx, t, repo, "killed", 3*time.Minute)
 	log := in.g.JobLogs(t, repo, job.ID)
 	slow, after := buildLogs(t, log, "BUILD-SLOW", "BUILD-AFTER")
@@ -247,6 +224,37 @@ func (in *installation) buildSidecarKilled(ctx context.Context, t *testing.T, re
 		t.Fatalf("job %+v, want success with the second build's RUN step:\n%s", job, log)
 	}
 	t.Logf("the killed build ends:\n%s\nthe next one:\n%s", tail(slow, 4), tail(after, 8))
+}
+
+// killSidecar kills the process pid (what, for the log) in the sidecar of repo's running
+// executor Pod with SIGKILL, and waits until the kubelet has started the sidecar again: the
+// fault asserted before the test looks at the outcome.
+func (in *installation) killSidecar(ctx context.Context, t *testing.T, repo, sidecar string, pid int, what string) {
+	t.Helper()
+	name := in.executorPod(ctx, t, repo)
+	restarts := func() int32 {
+		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range p.Status.InitContainerStatuses {
+			if cs.Name == sidecar {
+				return cs.RestartCount
+			}
+		}
+		t.Fatalf("Pod %s has no %s status", name, sidecar)
+		return 0
+	}
+	before := restarts()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s: %v", what, err)
+	}
+	t.Logf("killed %s, in %s (restarts before: %d)", what, name, before)
+	for deadline := time.Now().Add(time.Minute); restarts() <= before; time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar %s of %s was not started again within a minute of the kill", sidecar, name)
+		}
+	}
 }
 
 // sleepUnderBuildkitd finds the process whose command line is argv and its nearest ancestor

@@ -5,6 +5,7 @@ package deploy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net"
 	"net/url"
@@ -14,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -360,14 +360,7 @@ func TestE2EClusterDocker(t *testing.T) {
 	in.runSteps(ctx, t, []step{
 		{"Pod", func(t *testing.T) {
 			built = push(t, "built", "docker", dockerWorkflow("docker", natsTarget, targets))
-			name := in.executorPod(ctx, t, built)
-			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}, false) {
-				t.Error(problem)
-			}
+			in.checkDockerPod(ctx, t, built, false)
 		}},
 		{"Workflow", func(t *testing.T) {
 			job := in.waitCompleted(ctx, t, built, "docker", 5*time.Minute)
@@ -415,14 +408,7 @@ func TestE2EClusterDocker(t *testing.T) {
 				t.Fatalf("the test node gives a Pod %d IDs, the docker capability's user namespace needs %d", clusterenv.IDsPerPod, pod.DockerIDsPerPod)
 			}
 			repo := push(t, "userns", "userns", dockerUsernsWorkflow(targets))
-			name := in.executorPod(ctx, t, repo)
-			p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}, true) {
-				t.Error(problem)
-			}
+			in.checkDockerPod(ctx, t, repo, true)
 			job := in.waitCompleted(ctx, t, repo, "userns", 5*time.Minute)
 			log := in.g.JobLogs(t, repo, job.ID)
 			if job.Conclusion != "success" {
@@ -445,6 +431,20 @@ func TestE2EClusterDocker(t *testing.T) {
 			}
 		}},
 	})
+}
+
+// checkDockerPod checks repo's running executor Pod, as the API server stores it, against what
+// the docker capability grants (sidecarPodProblems), with or without its user namespace.
+func (in *installation) checkDockerPod(ctx context.Context, t *testing.T, repo string, userns bool) {
+	t.Helper()
+	name := in.executorPod(ctx, t, repo)
+	p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, problem := range sidecarPodProblems(p, pod.DockerContainer, corev1.EnvVar{Name: pod.EnvDockerHost, Value: pod.DockerHost}, userns) {
+		t.Error(problem)
+	}
 }
 
 // allowGitea lets the executors reach Gitea, at a private address here, as the shipped
@@ -511,30 +511,7 @@ func (in *installation) dockerSidecarKilled(ctx context.Context, t *testing.T, r
 			t.Fatalf("no %v beside a dockerd after 3 min", argv)
 		}
 	}
-	name := in.executorPod(ctx, t, repo)
-	restarts := func() int32 {
-		p, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, cs := range p.Status.InitContainerStatuses {
-			if cs.Name == pod.DockerContainer {
-				return cs.RestartCount
-			}
-		}
-		t.Fatalf("Pod %s has no %s status", name, pod.DockerContainer)
-		return 0
-	}
-	before := restarts()
-	if err := syscall.Kill(dockerd, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill dockerd %d: %v", dockerd, err)
-	}
-	t.Logf("killed dockerd %d, beside the container's /probe %d, in %s (restarts before: %d)", dockerd, probe, name, before)
-	for deadline := time.Now().Add(time.Minute); restarts() <= before; time.Sleep(500 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sidecar %s of %s was not started again within a minute of the kill", pod.DockerContainer, name)
-		}
-	}
+	in.killSidecar(ctx, t, repo, pod.DockerContainer, dockerd, fmt.Sprintf("dockerd %d, beside the container's /probe %d", dockerd, probe))
 	job := in.waitCompleted(ctx, t, repo, "killed", 3*time.Minute)
 	log := in.g.JobLogs(t, repo, job.ID)
 	slow, after := buildLogs(t, log, "SLOW-BEGIN", "AFTER-BEGIN")
