@@ -463,7 +463,7 @@ func TestNATSAuthorization(t *testing.T) {
 	}
 
 	// gateway: functions/gateway serve() (OpenPayloads), shared/gateway FetchTask: Get,
-	// MarkStarted.
+	// MarkStarted, Unmark.
 	gateway := srv.connect(t, "GATEWAY")
 	if !t.Run("gateway", func(t *testing.T) {
 		ctx := flowContext(t)
@@ -485,6 +485,18 @@ func TestNATSAuthorization(t *testing.T) {
 		gateway.clean(t)
 		if started, err := dp.Started(ctx, a1.ID); err != nil || !started {
 			t.Fatalf("dispatch sees Started = %v, %v after the gateway's mark", started, err)
+		}
+		// Unmark: a fetch that raced recover's delete removes its mark (shared/gateway's
+		// stillBound); then the mark again, for what follows.
+		if err := p.Unmark(ctx, a1.ID); err != nil {
+			t.Fatal(err)
+		}
+		gateway.clean(t)
+		if started, err := dp.Started(ctx, a1.ID); err != nil || started {
+			t.Fatalf("dispatch sees Started = %v, %v after the gateway's Unmark", started, err)
+		}
+		if err := p.MarkStarted(ctx, a1.ID); err != nil {
+			t.Fatal(err)
 		}
 		gateway.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
 			_, err := signedQueue(gateway.js).Publish(ctx, a5)

@@ -262,16 +262,39 @@ func (p *Payloads) Delete(ctx context.Context, assignmentID string) error {
 	if assignmentID == "" {
 		return fmt.Errorf("payload store %q: delete: empty assignment ID", p.bucket)
 	}
-	for _, key := range []string{startedPrefix + assignmentID, sentPrefix + assignmentID, assignmentID} {
-		err := p.kv.Purge(ctx, key, jetstream.PurgeTTL(PayloadMarkerTTL))
-		if ttlDisabled(err) {
-			err = p.kv.Purge(ctx, key)
-		}
-		if err != nil {
+	// The marks first: a crash before the payload's purge leaves the payload,
+	// which the next pass finds and deletes again. The started mark once more
+	// last: a gateway's MarkStarted that read the payload before this delete
+	// may land after the first purge (the gateway removes the mark itself
+	// when it reads the payload gone after marking; see gateway's stillBound).
+	for _, key := range []string{startedPrefix + assignmentID, sentPrefix + assignmentID, assignmentID, startedPrefix + assignmentID} {
+		if err := p.purge(ctx, key); err != nil {
 			return fmt.Errorf("payload store %q: delete assignment %s: %w", p.bucket, assignmentID, err)
 		}
 	}
 	return nil
+}
+
+// Unmark removes assignmentID's started mark (a gateway that marked a task
+// whose payload was deleted meanwhile).
+func (p *Payloads) Unmark(ctx context.Context, assignmentID string) error {
+	if assignmentID == "" {
+		return fmt.Errorf("payload store %q: unmark: empty assignment ID", p.bucket)
+	}
+	if err := p.purge(ctx, startedPrefix+assignmentID); err != nil {
+		return fmt.Errorf("payload store %q: unmark assignment %s: %w", p.bucket, assignmentID, err)
+	}
+	return nil
+}
+
+// purge purges key, leaving a delete marker that expires (PayloadMarkerTTL)
+// where the bucket allows message TTLs, else one that stays.
+func (p *Payloads) purge(ctx context.Context, key string) error {
+	err := p.kv.Purge(ctx, key, jetstream.PurgeTTL(PayloadMarkerTTL))
+	if ttlDisabled(err) {
+		err = p.kv.Purge(ctx, key)
+	}
+	return err
 }
 
 // errCodeMessageTTLDisabled is nats-server's JSMessageTTLDisabledErr: a

@@ -57,6 +57,8 @@ type Forwarder interface {
 type Payloads interface {
 	Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error)
 	MarkStarted(ctx context.Context, assignmentID string) error
+	// Unmark removes assignmentID's started mark.
+	Unmark(ctx context.Context, assignmentID string) error
 	// Started reports whether MarkStarted was called for assignmentID.
 	Started(ctx context.Context, assignmentID string) (bool, error)
 }
@@ -423,9 +425,31 @@ func (s service) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 	if err := s.g.Payloads.MarkStarted(ctx, c.assignmentID); err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("task %d: %w", c.taskID, err))
 	}
+	if err := s.g.stillBound(ctx, c); err != nil {
+		return nil, err
+	}
 	s.g.log().Info("task handed to its executor", slog.String("assignment", c.assignmentID), slog.Int64("task", c.taskID))
 	s.g.observeStarted(ctx, c)
 	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task}), nil
+}
+
+// stillBound closes the window between FetchTask's read of the payload and
+// its started mark: recover may have ended the task and deleted the payload
+// and its marks in between, and the mark put after that delete would be
+// left without its payload for ever (recover passes over payloads). Read
+// after the mark, a payload gone means that delete came first: the mark is
+// removed and the fetch refused as over. A payload still there means the
+// delete, if any, comes after, and assignmentqueue's Delete removes the
+// started mark again after the payload.
+func (g *Gateway) stillBound(ctx context.Context, c caller) error {
+	_, err := g.Payloads.Get(ctx, c.assignmentID)
+	if !errors.Is(err, taskassignment.ErrPayloadNotFound) {
+		return nil // there, or unreadable: the mark goes with the payload
+	}
+	if err := g.Payloads.Unmark(ctx, c.assignmentID); err != nil {
+		g.log().Error("started mark left after its payload", slog.String("assignment", c.assignmentID), slog.Any("error", err))
+	}
+	return connect.NewError(connect.CodeNotFound, fmt.Errorf("task %d is over or unknown", c.taskID))
 }
 
 // refuseEnded refuses a fetch of a task fetched before (its started mark)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
@@ -383,5 +385,49 @@ func TestFetchAgainAfterTheTaskEndedIsRefused(t *testing.T) {
 	defer f.gitea.mu.Unlock()
 	if len(f.gitea.tasks) != before {
 		t.Fatalf("a first fetch asked Gitea: %v", f.gitea.tasks[before:])
+	}
+}
+
+// deletingPayloads is recover ending the task while the gateway answers its executor's
+// FetchTask: the payload and its marks are deleted (assignmentqueue's Delete) after the
+// gateway has read the payload and before it marks the task started.
+type deletingPayloads struct {
+	Payloads
+	deleted  atomic.Bool
+	recovers func(ctx context.Context, assignmentID string) error
+}
+
+func (d *deletingPayloads) MarkStarted(ctx context.Context, assignmentID string) error {
+	if err := d.recovers(ctx, assignmentID); err != nil {
+		return err
+	}
+	d.deleted.Store(true)
+	return d.Payloads.MarkStarted(ctx, assignmentID)
+}
+
+// TestFetchRacingTheEndLeavesNoMark: recover deletes a task's payload and marks between the
+// gateway's read of the payload and its started mark (the fault, asserted first: the delete
+// ran there and the payload is gone). The fetch is refused as over, and no started mark is left
+// behind without its payload (nothing would ever delete it: recover passes over payloads).
+func TestFetchRacingTheEndLeavesNoMark(t *testing.T) {
+	var race *deletingPayloads
+	f := startWith(t, func(g *Gateway) {
+		race = &deletingPayloads{Payloads: g.Payloads}
+		g.Payloads = race
+	})
+	race.recovers = f.payloads.Delete
+	ctx := context.Background()
+	_, err := f.own(t, 7).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if !race.deleted.Load() {
+		t.Fatal("the delete did not run between the gateway's read and its mark")
+	}
+	if _, gone := f.payloads.Get(ctx, "linux-7"); !errors.Is(gone, taskassignment.ErrPayloadNotFound) {
+		t.Fatalf("payload after the delete: %v, want not found", gone)
+	}
+	if code(err) != connect.CodeNotFound {
+		t.Errorf("fetch racing the end = %v, want NotFound (the task is over)", err)
+	}
+	if started, err := f.payloads.Started(ctx, "linux-7"); err != nil || started {
+		t.Fatalf("started mark after the race: %v, %v; want none left without its payload", started, err)
 	}
 }

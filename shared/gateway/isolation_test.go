@@ -138,6 +138,11 @@ func TestReportsOfABoundExecutorReadNoPayload(t *testing.T) {
 	if _, err := own.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); err != nil {
 		t.Fatal(err)
 	}
+	// The fetch reads the payload twice: to bind its executor, and after its started mark
+	// (stillBound).
+	if n := f.reads.gets.Load(); n != 2 {
+		t.Fatalf("%d payload reads for one fetch, want 2", n)
+	}
 	for range 5 {
 		if _, err := own.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7})); err != nil {
 			t.Fatal(err)
@@ -146,8 +151,8 @@ func TestReportsOfABoundExecutorReadNoPayload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := f.reads.gets.Load(); n != 1 {
-		t.Fatalf("%d payload reads for one fetch and ten reports, want 1", n)
+	if n := f.reads.gets.Load(); n != 2 {
+		t.Fatalf("%d payload reads for one fetch and ten reports, want the fetch's 2", n)
 	}
 	forged := spiffeid.RequireFromPath(td, "/repo/mallory/repo/task/7")
 	svid, err := f.ca.Mint(forged, time.Hour)
@@ -161,7 +166,7 @@ func TestReportsOfABoundExecutorReadNoPayload(t *testing.T) {
 			t.Fatalf("forged UpdateLog after the real executor was bound: %v, want permission denied", err)
 		}
 	}
-	if n := f.reads.gets.Load(); n != 3 {
-		t.Fatalf("%d payload reads, want 3: a refused caller is checked every time", n)
+	if n := f.reads.gets.Load(); n != 4 {
+		t.Fatalf("%d payload reads, want the fetch's 2 and one for each of the 2 refused calls: a refused caller is checked every time", n)
 	}
 }
