@@ -164,9 +164,13 @@ func TestE2ELocalVersionNamesTheCommit(t *testing.T) {
 	}
 }
 
-// In local mode a job's `container:` and a `docker://` step fail at once,
-// the job log saying why with the image named and what to do instead.
+// In local mode a job's `container:` fails at once, and so does a
+// `docker://` step on a machine without a Docker daemon (DOCKER_HOST names
+// a socket that is not there), the job log saying why with the image named
+// and what to do instead.
 func TestE2ELocalContainerJobsSayWhy(t *testing.T) {
+	noDaemon := filepath.Join(t.TempDir(), "docker.sock")
+	t.Setenv("DOCKER_HOST", "unix://"+noDaemon)
 	s := newSetup(t)
 	var out syncBuffer
 	startLocal(t, &out, s.args(true)...)
@@ -186,7 +190,8 @@ jobs:
 `)
 	for _, tc := range []struct{ job, want string }{
 		{"incontainer", "this job asks for `container: node:20-bookworm`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20-bookworm)"},
-		{"dockerstep", "step lint uses `docker://alpine:3.20`, an image to run with Docker: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet"},
+		{"dockerstep", "step lint uses `docker://alpine:3.20`, an image to run with Docker, and this executor has no Docker daemon (no Docker daemon: nothing at " + noDaemon + ")"},
+		{"dockerstep", "or in local mode on a machine with a Docker daemon (DOCKER_HOST, else /var/run/docker.sock)"},
 	} {
 		j := s.waitJob(t, tc.job, completed, 60*time.Second, &out)
 		if j.Conclusion != "failure" {

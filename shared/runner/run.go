@@ -19,6 +19,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gateway"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/reporter"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/stepdocker"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/taskrun"
 )
 
@@ -64,7 +65,13 @@ func run(ctx context.Context, cfg Config, v values, log *slog.Logger) int {
 // execute runs the task and reports it; the exit status says whether the
 // result reached Gitea.
 func execute(ctx context.Context, cfg Config, v values, c reporter.Client, task *runnerv1.Task, cacheURL string, log *slog.Logger) int {
-	job, prepErr := taskrun.Prepare(task, v.host())
+	host := v.host()
+	if daemon, err := stepdocker.Find(ctx); err != nil {
+		host.NoDocker = err.Error()
+	} else {
+		host.Docker = daemon
+	}
+	job, prepErr := taskrun.Prepare(task, host)
 	steps := 0
 	if prepErr == nil {
 		steps = job.Steps()

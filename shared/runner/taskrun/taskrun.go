@@ -1,6 +1,8 @@
 // Package taskrun executes one Gitea task with Gitea's act fork in host mode:
-// the executor (Pod, sandbox, process) is the isolation boundary, there is no
-// Docker daemon. It turns the task into an act plan, configures act the way
+// the executor (Pod, sandbox, process) is the isolation boundary; run steps
+// run in it, and a Docker daemon, where the executor has one (a pod pool's
+// docker capability, local mode's machine), runs the steps that are images
+// (`docker://`, Docker actions) through stepdocker. It turns the task into an act plan, configures act the way
 // Gitea expects (URLs from the task's server_url, never the gateway), and
 // runs it with a reporter as act's log hook.
 package taskrun
@@ -28,6 +30,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/jobservices"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runner/stepdocker"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
 
@@ -60,6 +63,8 @@ type Job struct {
 	// services run beside the runner; Run waits for their ports.
 	services       []jobservices.Service
 	serviceTimeout time.Duration
+	// docker is the daemon of steps that are images (Host.Docker).
+	docker string
 }
 
 // Steps is the number of steps, the reporter's step count.
@@ -82,6 +87,10 @@ type Host struct {
 	// ServiceTimeout bounds the wait for the services' ports (zero:
 	// jobservices.DefaultReadyTimeout).
 	ServiceTimeout time.Duration
+	// Docker is the address of the Docker daemon that answered the runner
+	// (stepdocker.Find), which runs the job's `docker://` steps and Docker
+	// actions; empty: none, and NoDocker says why.
+	Docker, NoDocker string
 }
 
 // Prepare reads the task's single-job workflow and plans it. A job whose
@@ -148,31 +157,32 @@ func Prepare(task *runnerv1.Task, host Host) (*Job, error) {
 		}
 		job.RawContainer = yaml.Node{}
 	}
-	if err := dockerSteps(job); err != nil {
-		return nil, err
+	if host.Docker == "" {
+		if err := dockerSteps(job, host.NoDocker); err != nil {
+			return nil, err
+		}
 	}
 	plan, err := model.CombineWorkflowPlanner(wf).PlanJob(id)
 	if err != nil {
 		return nil, fmt.Errorf("plan job %s of task %d: %w", id, task.GetId(), err)
 	}
 	return &Job{Task: task, ID: id, workflow: wf, job: job, plan: plan, env: env,
-		services: services, serviceTimeout: host.ServiceTimeout}, nil
+		services: services, serviceTimeout: host.ServiceTimeout, docker: host.Docker}, nil
 }
 
-// noDaemon is what to do instead of a step that act would start with a
-// Docker daemon (a `docker://` step, a Docker action): the runner does not
-// run those yet, though a pool's docker capability gives run steps a daemon.
-const noDaemon = "gitea-dynamic-runner does not run `docker://` steps and Docker actions yet; `docker` commands in a run step work in a job of a pod pool whose profile enables the docker capability (`docker:`); or run the job in that image (`container:` on a pod pool), or use a JavaScript or composite action; to build an image, run `docker build` there, or `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"
+// noDaemon is what to do instead of a step that runs an image (a `docker://`
+// step, a Docker action) where the executor has no Docker daemon.
+const noDaemon = "`docker://` steps and Docker actions run in a job of a pod pool whose profile enables the docker capability (`docker:`), or in local mode on a machine with a Docker daemon (DOCKER_HOST, else /var/run/docker.sock); or run the job in that image (`container:` on a pod pool), or use a JavaScript or composite action; to build an image without a daemon, run `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"
 
-// dockerSteps refuses a step that runs an image (`uses: docker://...`),
-// which act would start with a Docker daemon.
-func dockerSteps(job *model.Job) error {
+// dockerSteps refuses a step that runs an image (`uses: docker://...`)
+// where the executor has no Docker daemon (why: what the runner found).
+func dockerSteps(job *model.Job, why string) error {
 	for i, st := range job.Steps {
 		if st == nil || !strings.HasPrefix(st.Uses, "docker://") {
 			continue
 		}
 		name := cmp.Or(st.Name, st.ID, fmt.Sprintf("#%d", i+1))
-		return &UnsupportedError{Reason: fmt.Sprintf("step %s uses `%s`, an image to run with Docker: %s", name, st.Uses, noDaemon)}
+		return &UnsupportedError{Reason: fmt.Sprintf("step %s uses `%s`, an image to run with Docker, and this executor has no Docker daemon (%s): %s", name, st.Uses, cmp.Or(why, "none was found"), noDaemon)}
 	}
 	return nil
 }
@@ -343,7 +353,7 @@ type daemonless struct{ Reporter }
 
 func (d daemonless) Fire(e *logrus.Entry) error {
 	if strings.HasPrefix(e.Message, dockerDaemonError) {
-		e.Message = "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: " + noDaemon
+		e.Message = "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon, and this executor has none: " + noDaemon
 	}
 	return d.Reporter.Fire(e)
 }
@@ -369,6 +379,13 @@ func (j *Job) Run(ctx context.Context, r Reporter, opt Options) (err error) {
 	// act logs through logrus' standard logger too; keep it quiet and off
 	// the job log (where it writes is the runner's to say).
 	logrus.SetLevel(logrus.WarnLevel)
+	if j.docker != "" {
+		restore, err := j.stepDocker(cfg, opt)
+		if err != nil {
+			return err
+		}
+		defer restore()
+	}
 
 	act, err := runner.New(cfg)
 	if err != nil {
@@ -395,6 +412,43 @@ func (j *Job) Run(ctx context.Context, r Reporter, opt Options) (err error) {
 		return fmt.Errorf("the job reached its deadline")
 	}
 	return execErr
+}
+
+// stepDocker gives act the executor's daemon for the steps that are images,
+// through a stepdocker.Proxy binding the task's folders (the workspace and
+// act's files are under them), and the job's steps the daemon itself
+// (DOCKER_HOST). act's Docker client reads DOCKER_HOST from the process
+// environment and from nothing else, so stepDocker sets it there until
+// restore: a runner process runs one task, and act copies that environment
+// into the steps' only where the job's own (cfg.Env) has no such name.
+func (j *Job) stepDocker(cfg *runner.Config, opt Options) (restore func(), err error) {
+	proxy, err := stepdocker.Start(j.docker, stepdocker.Options{
+		Binds:   []string{filepath.Clean(opt.WorkDir), filepath.Clean(opt.CacheDir)},
+		HostEnv: os.Environ(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	cfg.Env["DOCKER_HOST"] = j.docker
+	// A step container gets the daemon's socket at /var/run/docker.sock, as
+	// beside a job container; a daemon reached over TCP, none.
+	cfg.ContainerDaemonSocket = "-"
+	if strings.HasPrefix(j.docker, "unix://") {
+		cfg.ContainerDaemonSocket = j.docker
+	}
+	prev, had := os.LookupEnv("DOCKER_HOST")
+	if err := os.Setenv("DOCKER_HOST", proxy.Host); err != nil {
+		_ = proxy.Close()
+		return nil, err
+	}
+	return func() {
+		if had {
+			_ = os.Setenv("DOCKER_HOST", prev)
+		} else {
+			_ = os.Unsetenv("DOCKER_HOST")
+		}
+		_ = proxy.Close()
+	}, nil
 }
 
 // TaskDir returns a fresh per-task work directory under base.

@@ -159,12 +159,12 @@ func TestPrepareRefuses(t *testing.T) {
 		{"container in local mode", "jobs:\n  b:\n    runs-on: x\n    container: node:20\n    steps:\n      - run: true\n", "",
 			"this job asks for `container: node:20`, but its executor is a process on this machine (local mode, or a process pool): no container, and no Docker daemon to start one; run it on a pod pool (the cluster path runs the job in node:20)"},
 		{"docker:// step", "jobs:\n  b:\n    runs-on: x\n    steps:\n      - run: true\n      - name: lint\n        uses: docker://alpine:3.20\n", "",
-			"step lint uses `docker://alpine:3.20`, an image to run with Docker: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet"},
+			"step lint uses `docker://alpine:3.20`, an image to run with Docker, and this executor has no Docker daemon (no Docker daemon: nothing at /var/run/docker.sock): `docker://` steps and Docker actions run in a job of a pod pool whose profile enables the docker capability (`docker:`), or in local mode on a machine with a Docker daemon"},
 		{"docker:// step names the build capability", "jobs:\n  b:\n    runs-on: x\n    steps:\n      - uses: docker://moby/buildkit\n", "",
-			"to build an image, run `docker build` there, or `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"},
+			"to build an image without a daemon, run `buildctl` (BUILDKIT_HOST) in a job of a pod pool whose profile enables the build capability (`build:`)"},
 		{"container options", "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      options: --cpus 1\n    steps:\n      - run: true\n", "golang:1.26", "options"},
 	} {
-		_, err := Prepare(task(t, tc.wf, nil), Host{Image: tc.hostImage})
+		_, err := Prepare(task(t, tc.wf, nil), Host{Image: tc.hostImage, NoDocker: "no Docker daemon: nothing at /var/run/docker.sock"})
 		var ue *UnsupportedError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Prepare() = %v, want an UnsupportedError mentioning %q", tc.name, err, tc.want)
@@ -173,6 +173,10 @@ func TestPrepareRefuses(t *testing.T) {
 	job, err := Prepare(task(t, "jobs:\n  b:\n    runs-on: x\n    container:\n      image: golang:1.26\n      env:\n        GOFLAGS: -mod=mod\n    steps:\n      - run: true\n", nil), Host{Image: "golang:1.26"})
 	if err != nil || job.env["GOFLAGS"] != "-mod=mod" {
 		t.Fatalf("the host's own image: %v, env %v", err, job)
+	}
+	// With a daemon, a docker:// step is act's to run.
+	if _, err := Prepare(task(t, "jobs:\n  b:\n    runs-on: x\n    steps:\n      - uses: docker://alpine:3.20\n", nil), Host{Docker: "unix:///run/gdr-docker/docker.sock"}); err != nil {
+		t.Fatalf("a docker:// step beside a daemon: %v", err)
 	}
 	if _, err := Prepare(task(t, "jobs:\n  a:\n    runs-on: x\n  b:\n    runs-on: x\n", nil), Host{}); err == nil {
 		t.Fatal("two jobs prepared")
@@ -200,7 +204,7 @@ func TestRunDockerActionSaysWhy(t *testing.T) {
 		t.Fatalf("err %v, job %q, steps %v: want the Docker action's step failed, the next skipped", err, r.job, r.results)
 	}
 	log := strings.Join(r.shown, "\n")
-	if strings.Contains(log, dockerDaemonError) || !strings.Contains(log, "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon: gitea-dynamic-runner does not run `docker://` steps and Docker actions yet") ||
+	if strings.Contains(log, dockerDaemonError) || !strings.Contains(log, "this step runs a Docker action (`runs.using: docker`), which needs a Docker daemon, and this executor has none: `docker://` steps and Docker actions run in a job of a pod pool whose profile enables the docker capability (`docker:`)") ||
 		!strings.Contains(log, "enables the build capability (`build:`)") {
 		t.Fatalf("the job log:\n%s", log)
 	}
