@@ -213,6 +213,57 @@ func dockerFiles(t *testing.T) map[string]string {
 	return files
 }
 
+// dockerAction is the repository's Docker container action (app/action): its Dockerfile copies
+// the probe, which reads the repository's Dockerfile from the job's workspace, writes its input
+// to its output and probes targets, each label prefixed "action-".
+func dockerAction(targets string) map[string]string {
+	args := []string{`"read=app/Dockerfile"`, `"output=greeting:INPUT_WHO"`}
+	for _, target := range strings.Fields(targets) {
+		args = append(args, strconv.Quote(strings.Replace(target, "connect=", "connect=action-", 1)))
+	}
+	return map[string]string{
+		"app/action/Dockerfile": "FROM scratch\nCOPY probe /probe\nENTRYPOINT [\"/probe\"]\n",
+		"app/action/action.yml": `name: greet
+description: the probe in a container action
+inputs:
+  who: {description: whom to greet, required: true}
+outputs:
+  greeting: {description: the input}
+runs:
+  using: docker
+  image: Dockerfile
+  args: [` + strings.Join(args, ", ") + `]
+`,
+	}
+}
+
+// dockerStepsWorkflow runs the steps that are images in the pool runsOn: a `uses: docker://`
+// step of the image the job built (with an environment variable, args that read the workspace,
+// write an output and probe targets, each label prefixed "step-"), and the repository's Docker
+// action built from its Dockerfile (with an input and an output); both outputs on one OUTPUTS line.
+func dockerStepsWorkflow(runsOn, targets string) string {
+	return `on: push
+jobs:
+  steps:
+    runs-on: ` + runsOn + `
+    steps:
+` + dockerSetup + `      - run: cp app/probe app/action/probe && docker build -t probe:1 app
+      - name: image
+        id: image
+        uses: docker://probe:1
+        env:
+          GREETING: hello
+        with:
+          args: /probe read=app/Dockerfile output=seen:GREETING ` + strings.ReplaceAll(targets, "connect=", "connect=step-") + `
+      - name: action
+        id: action
+        uses: ./app/action
+        with:
+          who: world
+      - run: echo "OUTPUTS ${{ steps.image.outputs.seen }} ${{ steps.action.outputs.greeting }}"
+`
+}
+
 // dockerCompose is the repository's compose file: the echo service and a client that dials it
 // by its service name on the project's network.
 const dockerCompose = `services:
@@ -326,9 +377,13 @@ jobs:
 //     starts reaches exactly what the job reaches (the condition first: the job itself is refused
 //     NATS, so the policies select its Pod): not NATS, not another executor, the gateway; the
 //     runner's version printed in a container; a container writes into the job's workspace;
+//   - Steps: a `uses: docker://` step of the image the job built and the repository's Docker
+//     action, built from its Dockerfile, each reading the workspace, setting an output from an
+//     environment variable or input, and reaching what the job reaches (the gateway; not NATS,
+//     not another executor);
 //   - Images: a second repository's job, after the first's ended, sees no image at all;
-//   - NoCapability: the same workflow in the pool linux fails, the wrapper's word naming the
-//     pool setting;
+//   - NoCapability: the same workflows in the pool linux fail, the wrapper's word and the
+//     runner's naming the pool setting;
 //   - SidecarKilled: dockerd killed under a running container: the step fails saying so, and
 //     the job's next docker commands run on the restarted daemon, the image still there.
 func TestE2EClusterDocker(t *testing.T) {
@@ -349,6 +404,7 @@ func TestE2EClusterDocker(t *testing.T) {
 	targets := natsTarget + " connect=other-executor@" + net.JoinHostPort(other.Status.PodIP, "7000") +
 		" connect=gateway@" + net.JoinHostPort(gatewayClusterIP, "443")
 	files := dockerFiles(t)
+	maps.Copy(files, dockerAction(targets))
 	push := func(t *testing.T, name, workflow, text string) string {
 		repo := in.g.CreateRepo(t, name)
 		f := maps.Clone(files)
@@ -385,6 +441,26 @@ func TestE2EClusterDocker(t *testing.T) {
 				t.Errorf("no container wrote the runner into the job's workspace as the job's user (WORKSPACE 65532 runner):\n%s", log)
 			}
 		}},
+		{"Steps", func(t *testing.T) {
+			repo := push(t, "steps", "steps", dockerStepsWorkflow("docker", targets))
+			job := in.waitCompleted(ctx, t, repo, "steps", 5*time.Minute)
+			log := in.g.JobLogs(t, repo, job.ID)
+			if job.Conclusion != "success" {
+				t.Fatalf("job %+v, want success:\n%s", job, log)
+			}
+			for _, want := range []string{
+				"read app/Dockerfile: FROM scratch", "output seen=hello", "output greeting=world", "OUTPUTS hello world",
+				"step-nats=fail", "step-other-executor=fail", "step-gateway=ok",
+				"action-nats=fail", "action-other-executor=fail", "action-gateway=ok",
+			} {
+				if !strings.Contains(log, want) {
+					t.Errorf("the job's log lacks %q", want)
+				}
+			}
+			if t.Failed() {
+				t.Logf("the job's log:\n%s", log)
+			}
+		}},
 		{"Images", func(t *testing.T) {
 			repo := push(t, "images", "images", dockerImagesWorkflow)
 			job := in.waitCompleted(ctx, t, repo, "images", 5*time.Minute)
@@ -400,6 +476,13 @@ func TestE2EClusterDocker(t *testing.T) {
 			const want = "docker: no Docker daemon runs beside this job: its runner pool has no docker capability (DOCKER_HOST is unset). An operator enables it per pool with docker: in the pool's profile."
 			if job.Conclusion != "failure" || !strings.Contains(log, want) {
 				t.Fatalf("job %+v, want failure saying %q:\n%s", job, want, log)
+			}
+			repo = push(t, "refused-steps", "steps", dockerStepsWorkflow("ubuntu-latest", targets))
+			job = in.waitCompleted(ctx, t, repo, "steps", 5*time.Minute)
+			log = in.g.JobLogs(t, repo, job.ID)
+			const wantSteps = "step image uses `docker://probe:1`, an image to run with Docker, and this executor has no Docker daemon (no Docker daemon: nothing at /var/run/docker.sock): `docker://` steps and Docker actions run in a job of a pod pool whose profile enables the docker capability (`docker:`)"
+			if job.Conclusion != "failure" || !strings.Contains(log, wantSteps) {
+				t.Fatalf("job %+v, want failure saying %q:\n%s", job, wantSteps, log)
 			}
 		}},
 		{"SidecarKilled", func(t *testing.T) { in.dockerSidecarKilled(ctx, t, push(t, "killed", "killed", dockerKilledWorkflow)) }},

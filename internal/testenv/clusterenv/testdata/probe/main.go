@@ -9,7 +9,11 @@
 //   - dial=<host:port>: a line sent over TCP and the line that comes back;
 //   - connect=<label>@<host:port>: one TCP connection attempt (3 s at most),
 //     printed as <label>=ok or <label>=fail:<reason>; a refused or timed-out
-//     connection is a result, not a failure of the check.
+//     connection is a result, not a failure of the check;
+//   - read=<path>: the file's first line, printed as "read <path>: <line>";
+//   - output=<name>:<variable>: "<name>=<the variable's value>" appended to
+//     the file GITHUB_OUTPUT names (a step's output, as a container action
+//     sets one), and printed as "output <name>=<value>".
 //
 // With every=<duration> first, it runs the connect checks that follow for
 // ever, one round every <duration>, each printed on one line
@@ -71,6 +75,30 @@ func run(check string) error {
 		return api()
 	case strings.HasPrefix(check, "dial="):
 		return dial(strings.TrimPrefix(check, "dial="))
+	case strings.HasPrefix(check, "read="):
+		path := strings.TrimPrefix(check, "read=")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		fmt.Printf("read %s: %s\n", path, line)
+		return nil
+	case strings.HasPrefix(check, "output="):
+		name, variable, ok := strings.Cut(strings.TrimPrefix(check, "output="), ":")
+		if !ok {
+			return fmt.Errorf("want output=<name>:<variable>")
+		}
+		f, err := os.OpenFile(os.Getenv("GITHUB_OUTPUT"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, err := fmt.Fprintf(f, "%s=%s\n", name, os.Getenv(variable)); err != nil {
+			return err
+		}
+		fmt.Printf("output %s=%s\n", name, os.Getenv(variable))
+		return f.Close()
 	case strings.HasPrefix(check, "connect="):
 		label, addr, ok := strings.Cut(strings.TrimPrefix(check, "connect="), "@")
 		if !ok {
