@@ -4,12 +4,14 @@ package deploy
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/loader"
 	"helm.sh/helm/v4/pkg/kube"
+	releasev1 "helm.sh/helm/v4/pkg/release/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -84,7 +86,7 @@ func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals 
 	install := action.NewInstall(helmConfig(t, c))
 	install.ReleaseName = helmRelease
 	install.Namespace = installNamespace
-	install.WaitStrategy = kube.HookOnlyStrategy // the CLI's default without --wait: the chart has no hooks
+	install.WaitStrategy = kube.HookOnlyStrategy // the CLI's default without --wait: the chart has no install hooks (its one hook is helm test's)
 	t0 := time.Now()
 	if _, err := install.RunWithContext(ctx, chrt, vals); err != nil {
 		t.Fatalf("helm install: %v", err)
@@ -104,9 +106,47 @@ func TestE2EClusterHelm(t *testing.T) {
 	in := installKEDAWith(ctx, t, installOptions{how: installHelm})
 	in.runSteps(ctx, t, []step{
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"HelmTest", func(t *testing.T) { in.helmTest(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 		{"Uninstall", func(t *testing.T) { in.helmUninstall(ctx, t) }},
 	})
+}
+
+// helmTest runs helm test (the chart's `dispatch check` Pod) and reads its report, as `helm
+// test --logs` does: every pool's registration accepted by Gitea, dispatch's NATS user and the
+// assignments' stream found; the succeeded Pod is gone afterwards (its delete policy).
+func (in *installation) helmTest(ctx context.Context, t *testing.T) {
+	rt := action.NewReleaseTesting(helmConfig(t, in.c))
+	rt.Namespace = installNamespace
+	rt.Timeout = 3 * time.Minute
+	reli, shutdown, err := rt.Run(helmRelease)
+	var logs strings.Builder
+	if rel, ok := reli.(*releasev1.Release); ok {
+		if lerr := rt.GetPodLogs(&logs, rel); lerr != nil {
+			t.Errorf("the check's logs: %v", lerr)
+		}
+	}
+	if serr := shutdown(); serr != nil {
+		t.Errorf("helm test's cleanup: %v", serr)
+	}
+	t.Logf("helm test --logs:\n%s", logs.String())
+	if err != nil {
+		t.Fatalf("helm test: %v", err)
+	}
+	for _, want := range []string{": pool linux: ok", ": user dispatch: ok", ": stream CI_RUNNER: ok"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the check's report lacks %q", want)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		_, err := in.cs.CoreV1().Pods(installNamespace).Get(ctx, helmRelease+"-check", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the succeeded check Pod is still there: %v", err)
+		}
+	}
 }
 
 // helmUninstall runs helm uninstall and checks what is gone and what stays. The release is

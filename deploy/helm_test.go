@@ -61,27 +61,9 @@ func renderChart(t testing.TB, ns string, vals map[string]any) ([]doc, error) {
 // renderManifest is renderChart's text, as `helm template` prints it.
 func renderManifest(t testing.TB, ns string, vals map[string]any) (string, error) {
 	t.Helper()
-	chrt, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load the chart %s: %v", chartDir, err)
-	}
-	install := action.NewInstall(action.NewConfiguration())
-	install.DryRunStrategy = action.DryRunClient
-	install.ReleaseName = "gdr"
-	install.Namespace = ns
-	install.Replace = true
-	kube, err := common.ParseKubeVersion(kubeVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
-	install.KubeVersion = kube
-	rel, err := install.Run(chrt, vals)
+	acc, err := renderRelease(t, ns, vals)
 	if err != nil {
 		return "", err
-	}
-	acc, err := release.NewAccessor(rel)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return acc.Manifest(), nil
 }
@@ -666,5 +648,182 @@ func TestHelmExecutorsEgress(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHelmPodPlacement renders the chart on both scalers with every placement value set, each
+// function's different, and checks every Pod template of the release: its function's resources
+// (but handle's setup Job, whose are its own), priority class, node selector, tolerations,
+// affinity and annotations (Knative's own kept beside them), and the release's pull secrets;
+// and with the defaults, none of them but the resources.
+func TestHelmPodPlacement(t *testing.T) {
+	cpu := map[string]string{"dispatch": "110m", "handle": "120m", "recover": "130m", "gateway": "140m"}
+	functions := slices.Sorted(maps.Keys(cpu))
+	placement := func(fn string) map[string]any {
+		return map[string]any{
+			"resources":         map[string]any{"requests": map[string]any{"cpu": cpu[fn], "memory": "1Gi"}, "limits": map[string]any{"memory": "2Gi"}},
+			"nodeSelector":      map[string]any{"pool": fn},
+			"tolerations":       []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": fn, "effect": "NoSchedule"}},
+			"affinity":          map[string]any{"podAntiAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{"weight": 1, "podAffinityTerm": map[string]any{"topologyKey": "kubernetes.io/hostname", "labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": fn}}}}}}},
+			"podAnnotations":    map[string]any{"example.com/function": fn},
+			"priorityClassName": "gdr-" + fn,
+		}
+	}
+	for _, scaler := range []string{"keda", "knative"} {
+		t.Run(scaler, func(t *testing.T) {
+			vals := map[string]any{"scaler": scaler, "knative": map[string]any{"tickToken": "t"},
+				"imagePullSecrets": []any{map[string]any{"name": "regcred"}}}
+			for _, fn := range functions {
+				vals[fn] = placement(fn)
+			}
+			seen := map[string]int{}
+			for _, p := range podTemplates(t, mustRenderChart(t, installNamespace, vals)) {
+				if p.pool != "" {
+					continue
+				}
+				fn := p.labels["app.kubernetes.io/name"]
+				want := placement(fn)
+				seen[fn]++
+				s := p.spec
+				if s.PriorityClassName != "gdr-"+fn || s.NodeSelector["pool"] != fn || len(s.Tolerations) != 1 || s.Tolerations[0].Value != fn ||
+					s.Affinity == nil || s.Affinity.PodAntiAffinity == nil ||
+					len(s.ImagePullSecrets) != 1 || s.ImagePullSecrets[0].Name != "regcred" {
+					t.Errorf("%s (%s): placement %q %v %+v %+v %+v", p, fn, s.PriorityClassName, s.NodeSelector, s.Tolerations, s.Affinity, s.ImagePullSecrets)
+				}
+				ann := stringMap(path(p.doc.obj, append(strings.Split(p.path, "."), "metadata", "annotations")...))
+				if ann["example.com/function"] != fn || (p.knative && ann["autoscaling.knative.dev/min-scale"] != "0") {
+					t.Errorf("%s: annotations %v", p, ann)
+				}
+				res := s.Containers[0].Resources
+				if p.doc.name() == "handle-setup" {
+					want = map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "50m"}}}
+				}
+				wantCPU := path(want, "resources", "requests", "cpu")
+				if got := res.Requests.Cpu().String(); got != wantCPU {
+					t.Errorf("%s: cpu request %s, want %v", p, got, wantCPU)
+				}
+			}
+			for _, fn := range functions {
+				if seen[fn] == 0 {
+					t.Errorf("no Pod template of %s rendered", fn)
+				}
+			}
+		})
+	}
+	for _, p := range podTemplates(t, mustRenderChart(t, installNamespace, nil)) {
+		s := p.spec
+		if p.pool != "" {
+			continue
+		}
+		if s.PriorityClassName != "" || s.NodeSelector != nil || s.Tolerations != nil || s.Affinity != nil || s.ImagePullSecrets != nil {
+			t.Errorf("%s: the defaults place it: %+v", p, s)
+		}
+		if got := s.Containers[0].Resources.Requests.Memory().String(); got != "64Mi" {
+			t.Errorf("%s: the default memory request %s, want 64Mi", p, got)
+		}
+	}
+}
+
+// TestHelmChartHasNoSymlink: a chart packaged or pulled elsewhere holds only its own files
+// (Helm follows a symlink out of the chart when it loads a folder, not when it packages one
+// someone else unpacks); the Prometheus rules live in the chart, and deploy/prometheus links
+// to them.
+func TestHelmChartHasNoSymlink(t *testing.T) {
+	err := filepath.WalkDir(chartDir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&os.ModeSymlink != 0 {
+			t.Errorf("%s is a symlink", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// renderRelease renders the chart as `helm template` does (Helm's own install action, client
+// only: the values schema checked, nothing sent anywhere) into namespace ns with vals, and
+// returns the release: its manifest, hooks and notes.
+func renderRelease(t testing.TB, ns string, vals map[string]any) (release.Accessor, error) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load the chart %s: %v", chartDir, err)
+	}
+	install := action.NewInstall(action.NewConfiguration())
+	install.DryRunStrategy = action.DryRunClient
+	install.ReleaseName = "gdr"
+	install.Namespace = ns
+	install.Replace = true
+	kube, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install.KubeVersion = kube
+	rel, err := install.Run(chrt, vals)
+	if err != nil {
+		return nil, err
+	}
+	acc, err := release.NewAccessor(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return acc, nil
+}
+
+// TestHelmTestHook: the chart's one hook is helm test's Pod, running `dispatch check` as
+// dispatch with nothing of gdr-secrets (no key), hardened as every Pod of the release and
+// placed as dispatch; the notes name the namespaces, the check and every pool's labels.
+func TestHelmTestHook(t *testing.T) {
+	acc, err := renderRelease(t, installNamespace, map[string]any{"dispatch": map[string]any{"nodeSelector": map[string]any{"pool": "control"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := acc.Hooks()
+	if len(hooks) != 1 {
+		t.Fatalf("%d hooks, want helm test's one", len(hooks))
+	}
+	h, err := release.NewHookAccessor(hooks[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []doc
+	raws, err := splitDocs([]byte(h.Manifest()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, raw := range raws {
+		var obj map[string]any
+		if err := yaml.Unmarshal(raw, &obj); err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, doc{file: "helm-test", raw: raw, obj: obj})
+	}
+	if len(docs) != 1 || docs[0].kind() != "Pod" || path(docs[0].obj, "metadata", "annotations", "helm.sh/hook") != "test" {
+		t.Fatalf("the hook: %s", h.Manifest())
+	}
+	var pod corev1.Pod
+	if err := strictValue(docs[0].obj, &pod); err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	if !slices.Equal(c.Command, []string{"dispatch"}) || !slices.Equal(c.Args, []string{"check"}) || pod.Spec.ServiceAccountName != "gitea-dynamic-runner-dispatch" ||
+		pod.Spec.NodeSelector["pool"] != "control" {
+		t.Errorf("the check Pod: %+v", pod.Spec)
+	}
+	if strings.Contains(string(docs[0].raw), "gdr-secrets") {
+		t.Errorf("the check Pod reads gdr-secrets:\n%s", docs[0].raw)
+	}
+	if problems := hardeningProblems(podTemplate{doc: docs[0], path: "spec", spec: pod.Spec, labels: pod.Labels}); len(problems) > 0 {
+		t.Errorf("the check Pod is not hardened: %v", problems)
+	}
+	notes := acc.Notes()
+	for _, want := range []string{"release gdr in " + installNamespace, "executors run in gitea-dynamic-runner-jobs", "helm test gdr -n " + installNamespace + " --logs",
+		"logs gdr-check", "linux (pod, capacity 10): ubuntu-latest"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the notes lack %q:\n%s", want, notes)
+		}
 	}
 }

@@ -60,6 +60,27 @@ type RegisterConfig struct {
 	pools runnerpool.Pools
 }
 
+// CheckConfig is what `dispatch check` reads: no key, no secret but the NATS user's and the
+// runner registrations (helm test's Pod carries nothing more).
+type CheckConfig struct {
+	function.CommonSettings
+	natsconn.ConnSettings
+	gitea.InstanceSettings
+	runnerpool.PoolSettings
+	assignmentevents.PublishSettings
+
+	Stream string `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+
+	pools runnerpool.Pools
+}
+
+// Check loads the pools file.
+func (c *CheckConfig) Check() error {
+	pools, err := c.PoolSettings.Load()
+	c.pools = pools
+	return err
+}
+
 // Check loads the pools file.
 func (c *RegisterConfig) Check() error {
 	pools, err := c.PoolSettings.Load()

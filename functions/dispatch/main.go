@@ -25,6 +25,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -46,8 +47,8 @@ import (
 )
 
 // program is dispatch's command line.
-var program = function.Program{Name: "dispatch", Synopsis: "keygen DIR | register | run [-pool NAME] | serve [-pool NAME] | status [-o table|json]",
-	Commands: []string{"register", "run", "serve", "status"}}
+var program = function.Program{Name: "dispatch", Synopsis: "keygen DIR | register | run [-pool NAME] | serve [-pool NAME] | status [-o table|json] | check",
+	Commands: []string{"register", "run", "serve", "status", "check"}}
 
 func main() {
 	os.Exit(execute(context.Background(), os.Args[1:], os.Stderr))
@@ -71,6 +72,15 @@ func executeTo(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				return function.Usage(fmt.Errorf("register takes no arguments, got %q", args[1:]))
 			}
 			return register(ctx, cfg, &http.Client{Timeout: 30 * time.Second}, log)
+		})
+	}
+	if len(args) > 0 && args[0] == "check" {
+		var cfg CheckConfig
+		return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, _ *slog.Logger, args []string) error {
+			if len(args) > 1 {
+				return function.Usage(fmt.Errorf("check takes no arguments, got %q", args[1:]))
+			}
+			return check(ctx, cfg, &http.Client{Timeout: 30 * time.Second}, stdout)
 		})
 	}
 	var cfg Config
@@ -148,6 +158,57 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 	default:
 		return function.Usage(fmt.Errorf("unknown command %q", cmd))
 	}
+}
+
+// check asks Gitea and NATS for what dispatch needs of them, with its own settings and
+// credentials, and writes one line per question: each pool's registration declares its labels
+// (as every dispatch round does: Gitea reachable, the runner known, its token accepted), and
+// dispatch's NATS user connects and, on the KEDA path, finds the assignments' stream (handle's
+// setup Job makes it). It changes nothing Gitea or NATS would not see from a round, claims no
+// task, and fails when any answer is not ok: `helm test` runs it.
+func check(ctx context.Context, cfg CheckConfig, hc *http.Client, w io.Writer) error {
+	pools := cfg.pools
+	var errs []error
+	report := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			fmt.Fprintf(w, "%s: %v\n", what, err)
+			return
+		}
+		fmt.Fprintf(w, "%s: ok\n", what)
+	}
+	giteaURL, natsURL := redacted(cfg.GiteaURL), redacted(cfg.URL)
+	clients, err := gitea.PoolClients(cfg.GiteaURL, hc, pools)
+	if err != nil {
+		report("gitea "+giteaURL, err)
+	}
+	for _, p := range pools {
+		if c := clients[p.Name]; c != nil {
+			report(fmt.Sprintf("gitea %s: pool %s", giteaURL, p.Name), c.Declare(ctx, p.Labels))
+		}
+	}
+	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
+	report("nats "+natsURL+": user dispatch", err)
+	if err == nil {
+		defer func() { _ = natsconn.Close(nc) }()
+		if !cfg.CloudEvents() {
+			_, err := js.Stream(ctx, cfg.Stream)
+			report(fmt.Sprintf("nats %s: stream %s", natsURL, cfg.Stream), err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// redacted is a comma-separated list of URLs with any password in them replaced (url.URL's
+// Redacted); a part that does not parse is left out.
+func redacted(urls string) string {
+	var out []string
+	for _, part := range strings.Split(urls, ",") {
+		if u, err := url.Parse(strings.TrimSpace(part)); err == nil {
+			out = append(out, u.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // register registers every pool that has no credentials yet. A pool that

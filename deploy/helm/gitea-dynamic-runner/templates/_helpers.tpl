@@ -65,3 +65,32 @@ array: dispatch's ScaledObject has one trigger per label (Gitea's queued jobs th
 {{- end -}}
 {{- $labels | uniq | toJson -}}
 {{- end }}
+
+{{/*
+gdr.podPlacement: a function's Pod placement, (list $ "gateway"): its priorityClassName,
+nodeSelector, tolerations and affinity (values <function>.*), and the release's
+imagePullSecrets; nothing where none is set.
+*/}}
+{{- define "gdr.podPlacement" -}}
+{{- $root := index . 0 -}}
+{{- $c := index $root.Values (index . 1) -}}
+{{- with $c.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
