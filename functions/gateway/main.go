@@ -34,6 +34,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidfile"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -53,7 +54,7 @@ type Config struct {
 	actionscache.Settings
 
 	BootstrapKey secretkey.Key `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	SVIDCert     string        `envconfig:"GDR_SVID_CERT" desc:"gateway: PEM file of its X.509-SVID; empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
+	SVIDCert     string        `envconfig:"GDR_SVID_CERT" desc:"gateway: PEM file of its X.509-SVID (read again when it changes); empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
 	SVIDKey      string        `envconfig:"GDR_SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
 	SVIDBundle   string        `envconfig:"GDR_SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
 	MetricsAddr  string        `envconfig:"GDR_METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
@@ -110,7 +111,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	svids, bundles, closeSource, err := spiffeSource(ctx, cfg)
+	svids, bundles, closeSource, err := spiffeSource(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -199,19 +200,19 @@ func svidValid(src x509svid.Source, now func() time.Time) func(context.Context) 
 }
 
 // spiffeSource returns the gateway's SVID and bundle sources: files when
-// configured, else the Workload API, which keeps both rotated.
-func spiffeSource(ctx context.Context, cfg Config) (x509svid.Source, x509bundle.Source, func(), error) {
+// configured (read again when they change: a renewal of the certificate, a
+// rotation of the installation's CA), else the Workload API, which keeps both
+// rotated.
+func spiffeSource(ctx context.Context, cfg Config, log *slog.Logger) (x509svid.Source, x509bundle.Source, func(), error) {
 	if cfg.SVIDCert != "" {
-		svid, err := x509svid.Load(cfg.SVIDCert, cfg.SVIDKey)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("GDR_SVID_CERT/GDR_SVID_KEY: %w", err)
-		}
 		td, _, _ := cfg.Parse()
-		bundle, err := x509bundle.Load(td, cfg.SVIDBundle)
+		src, err := svidfile.Open(td, cfg.SVIDCert, cfg.SVIDKey, cfg.SVIDBundle, svidfile.Options{OnError: func(err error) {
+			log.Error("the SVID's files changed and could not be read: serving the last good ones", slog.Any("error", err))
+		}})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("GDR_SVID_BUNDLE: %w", err)
+			return nil, nil, nil, fmt.Errorf("GDR_SVID_CERT, GDR_SVID_KEY, GDR_SVID_BUNDLE: %w", err)
 		}
-		return svid, bundle, func() {}, nil
+		return src, src, func() {}, nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

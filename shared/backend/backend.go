@@ -37,7 +37,7 @@ type Backend interface {
 type BuildSettings struct {
 	ProcessDir     string `envconfig:"GDR_PROCESS_DIR" default:"/var/lib/gitea-dynamic-runner/executors" desc:"process backend: one directory per executor"`
 	RunnerBin      string `envconfig:"GDR_RUNNER_BIN" default:"runner" desc:"process backend: the runner binary (looked up in PATH)"`
-	CADir          string `envconfig:"GDR_CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over"`
+	CADir          string `envconfig:"GDR_CA_DIR" desc:"process and opensandbox backends: directory of the local SPIFFE CA that mints executor SVIDs (created if absent); for opensandbox only where the gateway trusts this CA (GDR_OPENSANDBOX_SPIRE_SERVER in a cluster); empty for opensandbox without a SPIRE Server: no SVID is handed over. Pod backend with GDR_POD_IDENTITY=ca: the installation's CA (ca.pem, ca-key.pem, and bundle.pem during a rotation), read on handle's first mint, never created"`
 	OpenSandboxURL string `envconfig:"GDR_OPENSANDBOX_URL" desc:"opensandbox backend: the lifecycle API's base URL"`
 	OpenSandboxKey string `envconfig:"GDR_OPENSANDBOX_API_KEY" desc:"opensandbox backend: API key (OPEN-SANDBOX-API-KEY)"`
 	// OpenSandboxSPIRE names the SPIRE Server that mints sandbox SVIDs.
@@ -46,13 +46,14 @@ type BuildSettings struct {
 	OpenSandboxMaxTimeout time.Duration `envconfig:"GDR_OPENSANDBOX_MAX_TIMEOUT" default:"24h" desc:"opensandbox backend: the server's max_sandbox_timeout_seconds (its default: 86400 s); a pool whose job timeout is longer gets sandboxes of this timeout, with a warning when the backend starts (the server refuses a longer one)"`
 	KubeNamespace         string        `envconfig:"GDR_KUBE_NAMESPACE" default:"gitea-dynamic-runner-jobs" desc:"pod backend: the executors' namespace, of their Pods, Secrets and Events and of their SPIRE entries' k8s:ns selector; not the control plane's (the API server comes from KUBECONFIG, else the in-cluster config)"`
 	SPIREServer           string        `envconfig:"GDR_SPIRE_SERVER" desc:"pod backend, required: the SPIRE Server API for task registration entries: host:port (TCP, mutual TLS with this function's own SVID from the Workload API at SPIFFE_ENDPOINT_SOCKET; the server's authorization policy lists the ID as a registrar, deploy/spire/policy.rego, and limits it to task entries) or unix:<socket path> (a local caller: an admin of every entry)"`
-	PodIdentity           string        `envconfig:"GDR_POD_IDENTITY" default:"minted" desc:"pod backend: how an executor Pod gets its SVID: minted (handle mints it with the SPIRE Server's SVID API before the Pod exists and writes it into the Pod's own Secret: the runner holds it from its first instruction; handle's ID must be a minter in the server's policy) or workload-api (deploy: the components/workload-api component or Helm spire.podIdentity, which add the one cluster-wide grant, get Nodes; handle registers an entry for the Pod once it is scheduled, and the node's SPIRE agent hands the SVID out through the Workload API once it has synced the entry, up to its sync interval later)"`
+	PodIdentity           string        `envconfig:"GDR_POD_IDENTITY" default:"minted" desc:"pod backend: how an executor Pod gets its SVID: minted (handle mints it with the SPIRE Server's SVID API before the Pod exists and writes it into the Pod's own Secret: the runner holds it from its first instruction; handle's ID must be a minter in the server's policy), ca (as minted, from the installation's own CA in GDR_CA_DIR instead: no SPIRE Server, GDR_SPIRE_SERVER and GDR_CLUSTER_NAME unused) or workload-api (deploy: the components/workload-api component or Helm spire.podIdentity, which add the one cluster-wide grant, get Nodes; handle registers an entry for the Pod once it is scheduled, and the node's SPIRE agent hands the SVID out through the Workload API once it has synced the entry, up to its sync interval later)"`
 	ClusterName           string        `envconfig:"GDR_CLUSTER_NAME" desc:"pod backend: the cluster name of SPIRE's k8s_psat node attestor (part of every agent's SPIFFE ID)"`
 }
 
 // The values of GDR_POD_IDENTITY (BuildSettings.PodIdentity).
 const (
 	PodIdentityMinted      = "minted"
+	PodIdentityCA          = "ca"
 	PodIdentityWorkloadAPI = "workload-api"
 )
 
@@ -80,14 +81,21 @@ func (c BuildSettings) Check(kind taskassignment.BackendKind) error {
 		return errors.Join(errs...)
 	case taskassignment.BackendPod:
 		var errs []error
+		switch c.PodIdentity {
+		case PodIdentityCA:
+			if c.CADir == "" {
+				errs = append(errs, errors.New("GDR_CA_DIR is required for the pod backend with GDR_POD_IDENTITY=ca: the folder of the installation's CA (a Secret volume)"))
+			}
+			return errors.Join(errs...)
+		case PodIdentityMinted, PodIdentityWorkloadAPI:
+		default:
+			errs = append(errs, fmt.Errorf("GDR_POD_IDENTITY %q: want %s, %s or %s", c.PodIdentity, PodIdentityMinted, PodIdentityCA, PodIdentityWorkloadAPI))
+		}
 		if c.ClusterName == "" {
 			errs = append(errs, errors.New("GDR_CLUSTER_NAME is required for the pod backend"))
 		}
 		if c.SPIREServer == "" {
 			errs = append(errs, errors.New("GDR_SPIRE_SERVER is required for the pod backend: the SPIRE Server's TCP API (host:port), or unix:<admin socket path>"))
-		}
-		if c.PodIdentity != PodIdentityMinted && c.PodIdentity != PodIdentityWorkloadAPI {
-			errs = append(errs, fmt.Errorf("GDR_POD_IDENTITY %q: want %s or %s", c.PodIdentity, PodIdentityMinted, PodIdentityWorkloadAPI))
 		}
 		// Its form is checked when the backend is built (spiremint.ClientConn):
 		// this package links no gRPC, for handle's process-only build.

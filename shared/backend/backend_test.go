@@ -65,7 +65,8 @@ func TestSetupCheckNamesTheVariable(t *testing.T) {
 		{taskassignment.BackendOpenSandbox, backend.BuildSettings{}, "GDR_OPENSANDBOX_URL"},
 		{taskassignment.BackendOpenSandbox, backend.BuildSettings{OpenSandboxURL: "http://x", OpenSandboxSPIRE: "unix:/s", CADir: "/ca"}, "set one, not both"},
 		{taskassignment.BackendPod, backend.BuildSettings{}, "GDR_CLUSTER_NAME"},
-		{taskassignment.BackendPod, backend.BuildSettings{ClusterName: "c", SPIREServer: "s:8081", PodIdentity: "agent"}, `GDR_POD_IDENTITY "agent": want minted or workload-api`},
+		{taskassignment.BackendPod, backend.BuildSettings{ClusterName: "c", SPIREServer: "s:8081", PodIdentity: "agent"}, `GDR_POD_IDENTITY "agent": want minted, ca or workload-api`},
+		{taskassignment.BackendPod, backend.BuildSettings{PodIdentity: backend.PodIdentityCA}, "GDR_CA_DIR is required for the pod backend with GDR_POD_IDENTITY=ca"},
 	} {
 		if err := tt.setup.Check(tt.kind); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s %+v: Check = %v, want %q", tt.kind, tt.setup, err, tt.want)
@@ -75,6 +76,10 @@ func TestSetupCheckNamesTheVariable(t *testing.T) {
 		if err := (backend.BuildSettings{ClusterName: "c", SPIREServer: "s:8081", PodIdentity: id}).Check(taskassignment.BackendPod); err != nil {
 			t.Errorf("pod with GDR_POD_IDENTITY=%s: %v", id, err)
 		}
+	}
+	// The installation's CA: no SPIRE Server, no cluster name.
+	if err := (backend.BuildSettings{PodIdentity: backend.PodIdentityCA, CADir: "/ca"}).Check(taskassignment.BackendPod); err != nil {
+		t.Errorf("pod with GDR_POD_IDENTITY=ca: %v", err)
 	}
 	if err := (backend.BuildSettings{CADir: "/ca"}).Check(taskassignment.BackendProcess); err != nil {
 		t.Errorf("process with a CA: %v", err)

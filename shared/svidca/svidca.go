@@ -23,6 +23,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -39,6 +40,8 @@ type CA struct {
 	key  crypto.Signer
 	cert *x509.Certificate
 	now  func() time.Time
+	// authorities are bundle.pem's (nil: the CA's certificate alone).
+	authorities []*x509.Certificate
 }
 
 // New creates a CA with a fresh root key for trust domain td.
@@ -72,27 +75,45 @@ func New(td spiffeid.TrustDomain) (*CA, error) {
 	return &CA{td: td, key: key, cert: cert, now: time.Now}, nil
 }
 
+// The files of a CA's folder.
+const (
+	certFile = "ca.pem"
+	keyFile  = "ca-key.pem"
+	// BundleFile, optional, lists every authority the CA's SVIDs are verified with, its own
+	// certificate among them: during a rotation, the old root and the new (an SVID or a
+	// gateway certificate signed by either stays valid until it expires).
+	BundleFile = "bundle.pem"
+)
+
 // LoadOrCreate reads the CA kept in dir (ca.pem, ca-key.pem), or creates one
 // there for td. A CA of another trust domain is an error.
 func LoadOrCreate(dir string, td spiffeid.TrustDomain) (*CA, error) {
-	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
-	certPEM, err := os.ReadFile(certPath)
-	if errors.Is(err, fs.ErrNotExist) {
-		ca, err := New(td)
-		if err != nil {
-			return nil, err
-		}
-		if err := ca.save(certPath, keyPath); err != nil {
-			return nil, err
-		}
-		return ca, nil
+	ca, err := Load(dir, td)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return ca, err
 	}
-	if err != nil {
+	if ca, err = New(td); err != nil {
 		return nil, err
+	}
+	if err := ca.save(filepath.Join(dir, certFile), filepath.Join(dir, keyFile)); err != nil {
+		return nil, err
+	}
+	return ca, nil
+}
+
+// Load reads the CA kept in dir (ca.pem, ca-key.pem; an error wrapping
+// fs.ErrNotExist when ca.pem is absent) and, when dir has one, bundle.pem,
+// which must hold the CA's own certificate. It writes nothing: dir may be a
+// read-only Secret volume.
+func Load(dir string, td spiffeid.TrustDomain) (*CA, error) {
+	certPath, keyPath := filepath.Join(dir, certFile), filepath.Join(dir, keyFile)
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("svidca: %w", err)
 	}
 	keyPEM, err := os.ReadFile(keyPath)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("svidca: %w", err)
 	}
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(keyPEM)
@@ -114,7 +135,17 @@ func LoadOrCreate(dir string, td spiffeid.TrustDomain) (*CA, error) {
 	if len(cert.URIs) != 1 || cert.URIs[0].String() != td.IDString() {
 		return nil, fmt.Errorf("svidca: the CA in %s is not of trust domain %q", dir, td.Name())
 	}
-	return &CA{td: td, key: signer, cert: cert, now: time.Now}, nil
+	ca := &CA{td: td, key: signer, cert: cert, now: time.Now}
+	switch b, err := x509bundle.Load(td, filepath.Join(dir, BundleFile)); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("svidca: %w", err)
+	case !b.HasX509Authority(cert):
+		return nil, fmt.Errorf("svidca: %s does not hold the CA's own certificate (%s)", filepath.Join(dir, BundleFile), certPath)
+	default:
+		ca.authorities = b.X509Authorities()
+	}
+	return ca, nil
 }
 
 func (c *CA) save(certPath, keyPath string) error {
@@ -131,8 +162,12 @@ func (c *CA) save(certPath, keyPath string) error {
 	return os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), 0o644)
 }
 
-// Bundle returns the trust bundle that verifies every SVID the CA mints.
+// Bundle returns the trust bundle that verifies every SVID the CA mints:
+// bundle.pem's authorities where the CA's folder has one.
 func (c *CA) Bundle() *x509bundle.Bundle {
+	if c.authorities != nil {
+		return x509bundle.FromX509Authorities(c.td, c.authorities)
+	}
 	return x509bundle.FromX509Authorities(c.td, []*x509.Certificate{c.cert})
 }
 
@@ -197,4 +232,37 @@ func (c *CA) MintX509SVID(_ context.Context, id spiffeid.ID, ttl time.Duration) 
 		return nil, nil, err
 	}
 	return svid, c.Bundle(), nil
+}
+
+// Deferred is the CA of a folder loaded on its first mint (Load), and
+// again after a failed load: a process that may never mint (recover beside
+// handle, in the same configuration) neither needs nor reads the key. Safe
+// for concurrent use.
+type Deferred struct {
+	dir string
+	td  spiffeid.TrustDomain
+
+	mu sync.Mutex
+	ca *CA
+}
+
+// NewDeferred returns the CA of dir for td, loaded on its first mint.
+func NewDeferred(dir string, td spiffeid.TrustDomain) *Deferred {
+	return &Deferred{dir: dir, td: td}
+}
+
+// MintX509SVID loads the CA if it is not yet, then mints as CA.MintX509SVID.
+func (d *Deferred) MintX509SVID(ctx context.Context, id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, *x509bundle.Bundle, error) {
+	d.mu.Lock()
+	if d.ca == nil {
+		ca, err := Load(d.dir, d.td)
+		if err != nil {
+			d.mu.Unlock()
+			return nil, nil, err
+		}
+		d.ca = ca
+	}
+	ca := d.ca
+	d.mu.Unlock()
+	return ca.MintX509SVID(ctx, id, ttl)
 }

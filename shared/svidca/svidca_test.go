@@ -1,8 +1,12 @@
 package svidca
 
 import (
+	"context"
 	"crypto/tls"
+	"encoding/pem"
+	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -105,5 +109,85 @@ func TestLoadOrCreate(t *testing.T) {
 	}
 	if _, err := LoadOrCreate(dir, spiffeid.RequireTrustDomainFromString("other.example.org")); err == nil || !strings.Contains(err.Error(), "not of trust domain") {
 		t.Fatalf("a CA of another trust domain loaded: %v", err)
+	}
+}
+
+// Load reads a CA's folder (a Secret volume) and creates nothing where there is none; with
+// bundle.pem (a rotation: the old root and the new), its SVIDs carry both authorities, so an
+// executor minted by the new root verifies a gateway whose certificate the old root signed; a
+// bundle.pem without the CA's own certificate is refused.
+func TestLoadWithRotationBundle(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Load(dir, td); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Load of an empty folder = %v, want not exist", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("Load wrote %v", entries)
+	}
+	old, err := New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreate(dir, td); err != nil { // the new root
+		t.Fatal(err)
+	}
+	current, err := Load(dir, td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := func(cas ...*CA) {
+		t.Helper()
+		var b []byte
+		for _, c := range cas {
+			b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, BundleFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bundle(old)
+	if _, err := Load(dir, td); err == nil || !strings.Contains(err.Error(), "does not hold the CA's own certificate") {
+		t.Fatalf("Load with a bundle lacking the CA = %v", err)
+	}
+	bundle(old, current)
+	executorID := spiffeid.RequireFromPath(td, "/repo/alice/repo/task/1")
+	svid, b, err := NewDeferred(dir, td).MintX509SVID(context.Background(), executorID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.X509Authorities()); n != 2 {
+		t.Fatalf("the bundle of a minted SVID holds %d authorities, want the old and the new root", n)
+	}
+	gateway, err := old.Mint(spiffeid.RequireFromPath(td, "/gateway"), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := x509svid.Verify(gateway.Certificates, b); err != nil {
+		t.Errorf("the old root's gateway certificate does not verify with the minted bundle: %v", err)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, b); err != nil {
+		t.Errorf("the new root's SVID does not verify: %v", err)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, old.Bundle()); err == nil {
+		t.Error("the old root alone verifies an SVID the new one signed")
+	}
+}
+
+// A Deferred CA reads nothing until its first mint, and loads again after a failed load.
+func TestDeferredLoadsOnMint(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ca")
+	ca := NewDeferred(dir, td)
+	id := spiffeid.RequireFromPath(td, "/repo/alice/repo/task/1")
+	if _, _, err := ca.MintX509SVID(context.Background(), id, time.Hour); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a mint before the CA exists = %v, want not exist", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the deferred CA created its folder: %v", err)
+	}
+	if _, err := LoadOrCreate(dir, td); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ca.MintX509SVID(context.Background(), id, time.Hour); err != nil {
+		t.Fatalf("a mint once the CA exists: %v", err)
 	}
 }

@@ -11,14 +11,16 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
 // Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn), for
-// entries and, with GDR_POD_IDENTITY=minted, SVIDs (Config.Minter). The
-// returned function closes the SPIRE connection.
+// entries and, with GDR_POD_IDENTITY=minted, SVIDs (Config.Minter); with
+// GDR_POD_IDENTITY=ca, SVIDs come from the CA in c.CADir and there is no
+// SPIRE connection. The returned function closes the SPIRE connection.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
 	if err := c.Check(taskassignment.BackendPod); err != nil {
 		return nil, nil, err
@@ -34,15 +36,26 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err != nil {
 		return nil, nil, err
 	}
+	cfg := Config{
+		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
+		Cluster: c.ClusterName, CorruptEvents: true,
+		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
+	}
+	if c.PodIdentity == backend.PodIdentityCA {
+		// No SPIRE at all: the installation's CA, read on the first mint
+		// (recover, which never mints, never reads its key).
+		cfg.Minter = svidca.NewDeferred(c.CADir, d.TrustDomain)
+		b, err := New(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, func() error { return nil }, nil
+	}
 	conn, closeConn, err := spiremint.ClientConn(c.SPIREServer, d.TrustDomain)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod backend: GDR_SPIRE_SERVER: %w", err)
 	}
-	cfg := Config{
-		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
-		Entries: entryv1.NewEntryClient(conn), Cluster: c.ClusterName, CorruptEvents: true,
-		OnCorrupt: func(x Corrupt) { d.Log.Error("Pod with corrupt metadata skipped", slog.Any("pod", x)) },
-	}
+	cfg.Entries = entryv1.NewEntryClient(conn)
 	if c.PodIdentity == backend.PodIdentityMinted {
 		// The same connection: recover, which never mints, never uses it
 		// for that.

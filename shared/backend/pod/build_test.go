@@ -69,6 +69,18 @@ func TestBuildPodIdentity(t *testing.T) {
 		}
 		_ = closeFn()
 	}
+	// ca: the installation's CA mints (read at the first mint, not by Build: the folder may
+	// not be there for recover), with no SPIRE Server and no cluster name.
+	b, closeFn, err := Build(backend.BuildSettings{KubeNamespace: "ci", PodIdentity: backend.PodIdentityCA, CADir: filepath.Join(t.TempDir(), "absent")}, deps)
+	if err != nil {
+		t.Fatalf("ca: %v", err)
+	}
+	if pb := b.(*Backend); pb.minter == nil || pb.entries != nil {
+		t.Errorf("ca: minter %v, entries %v: want the CA and no SPIRE entry client", pb.minter, pb.entries)
+	}
+	if err := closeFn(); err != nil {
+		t.Error(err)
+	}
 }
 
 // buildDeps points KUBECONFIG at an API server that is never reached (Build

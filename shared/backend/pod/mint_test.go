@@ -211,3 +211,52 @@ func TestCreateRunsTheRunnerTheImageHolds(t *testing.T) {
 		}
 	}
 }
+
+// With the installation's CA (GDR_POD_IDENTITY=ca) there is no SPIRE: no entry client at all.
+// Create mints from the CA's folder into the Pod's Secret, with the folder's rotation bundle,
+// and Delete removes Pod and Secret without asking for an entry.
+func TestCAIdentityNeedsNoSPIRE(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	uidOnCreate(client)
+	dir := t.TempDir()
+	if _, err := svidca.LoadOrCreate(dir, cfg.TrustDomain); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.Entries, cfg.Minter = client, nil, svidca.NewDeferred(dir, cfg.TrustDomain)
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testAssignment(t, 7, "")
+	e, err := b.Create(ctx, a, launch(cfg.Keys, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := client.CoreV1().Secrets("ci").Get(ctx, SecretName(e.Name), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svid, err := x509svid.Parse(secret.Data[bootstrap.EnvSVIDCert], secret.Data[bootstrap.EnvSVIDKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := spiffeid.FromString(a.Identity.SPIFFEID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID != want {
+		t.Fatalf("the Secret's SVID is %s, want %s", svid.ID, want)
+	}
+	if err := b.Delete(ctx, e); err != nil {
+		t.Fatalf("Delete without SPIRE: %v", err)
+	}
+	if _, err := client.CoreV1().Pods("ci").Get(ctx, e.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the Pod after Delete: %v", err)
+	}
+	cfg.Minter = nil
+	if _, err := New(cfg); err == nil {
+		t.Fatal("a backend with neither an entry client nor a minter was built")
+	}
+}

@@ -210,8 +210,8 @@ func New(cfg Config) (*Backend, error) {
 	switch {
 	case b.client == nil:
 		return nil, errors.New("pod backend: no Kubernetes client")
-	case b.entries == nil:
-		return nil, errors.New("pod backend: no SPIRE entry client")
+	case b.entries == nil && b.minter == nil:
+		return nil, errors.New("pod backend: no SPIRE entry client (the workload API's identity needs one)")
 	case b.keys.Runner == "" || b.keys.AssignmentID == "":
 		return nil, errors.New("pod backend: no metadata keys")
 	case b.td.IsZero():
@@ -231,7 +231,9 @@ func New(cfg Config) (*Backend, error) {
 	if err := validEntryIDPrefix(b.entryPrefix); err != nil {
 		return nil, fmt.Errorf("pod backend: %w", err)
 	}
-	if _, err := agentID(b.td, b.cluster, "node-uid"); err != nil || b.cluster == "" {
+	// The cluster name is the agents' (entries name them as parents): with
+	// no entry client, no SPIRE and no need of it.
+	if _, err := agentID(b.td, b.cluster, "node-uid"); b.entries != nil && (err != nil || b.cluster == "") {
 		return nil, fmt.Errorf("pod backend: cluster name %q is not a SPIFFE ID path segment", b.cluster)
 	}
 	for _, p := range cfg.Pools {
@@ -729,8 +731,12 @@ func (b *Backend) Delete(ctx context.Context, e *executor.Executor) error {
 	if err != nil {
 		return err
 	}
-	if err := deleteEntry(ctx, b.entries, EntryID(b.entryPrefix, assignmentID)); err != nil {
-		return fmt.Errorf("pod backend: delete executor %s: %w", e.Name, err)
+	// Without an entry client (the installation's CA mints) there is no SPIRE
+	// and so no entry; with one, an entry a workload-api Pod had goes first.
+	if b.entries != nil {
+		if err := deleteEntry(ctx, b.entries, EntryID(b.entryPrefix, assignmentID)); err != nil {
+			return fmt.Errorf("pod backend: delete executor %s: %w", e.Name, err)
+		}
 	}
 	err = b.client.CoreV1().Pods(b.ns).Delete(ctx, e.Name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
