@@ -41,3 +41,29 @@ func TestMissingBackendSettingIsAConfigurationError(t *testing.T) {
 		t.Fatalf("handle without GDR_CLUSTER_NAME exited %d, want 2 naming it; stderr:\n%s", code, stderr.String())
 	}
 }
+
+// `handle keys` (the chart's keys Job) needs the release's namespace, and with GDR_KEYS_CA a
+// gateway ID of the trust domain: missing or wrong, exit 2 naming the variable, before any
+// connection.
+func TestKeysConfiguration(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, "GDR_KEYS_NAMESPACE"},
+		{map[string]string{"GDR_KEYS_NAMESPACE": "gdr", "GDR_KEYS_CA": "true", "GDR_TRUST_DOMAIN": "ci.example.org", "GDR_GATEWAY_SPIFFE_ID": "spiffe://other.org/gateway"},
+			`GDR_GATEWAY_SPIFFE_ID "spiffe://other.org/gateway": want a SPIFFE ID of trust domain ci.example.org`},
+	} {
+		for _, k := range []string{"GDR_KEYS_NAMESPACE", "GDR_KEYS_CA", "GDR_TRUST_DOMAIN", "GDR_GATEWAY_SPIFFE_ID"} {
+			t.Setenv(k, tc.env[k]) // restored after the test
+			if tc.env[k] == "" {
+				os.Unsetenv(k)
+			}
+		}
+		var stderr bytes.Buffer
+		if code := execute(context.Background(), []string{"keys"}, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("handle keys with %v exited %d, want 2 naming %q; stderr:\n%s", tc.env, code, tc.want, stderr.String())
+		}
+	}
+}

@@ -33,6 +33,9 @@ func main() {
 
 // execute runs the command line args and returns the exit code.
 func execute(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "keys" {
+		return keys(ctx, args, os.Stdout, stderr)
+	}
 	var cfg Config
 	return program.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, _ []string) error {
 		return serve(ctx, cfg, log.With(slog.String("backend", cfg.Backend)))

@@ -61,6 +61,23 @@ func Write(dir string, random io.Reader) ([]string, error) {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 	}
+	contents, err := Generate(random)
+	if err != nil {
+		return nil, err
+	}
+	var written []string
+	for _, name := range Files {
+		p := filepath.Join(dir, name)
+		if err := create(p, contents[name]); err != nil {
+			return written, err
+		}
+		written = append(written, p)
+	}
+	return written, nil
+}
+
+// Generate returns the contents of every file of Files, the keys read from random.
+func Generate(random io.Reader) (map[string][]byte, error) {
 	contents := make(map[string][]byte, len(Files))
 	for _, s := range sizes {
 		b, err := read(random, s.n)
@@ -74,16 +91,22 @@ func Write(dir string, random io.Reader) ([]string, error) {
 		return nil, fmt.Errorf("%s: %w", AssignmentSigningKey, err)
 	}
 	contents[AssignmentSigningKey] = encode(seed)
-	contents[VerifyKeys] = encode(ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey))
-	var written []string
-	for _, name := range Files {
-		p := filepath.Join(dir, name)
-		if err := create(p, contents[name]); err != nil {
-			return written, err
-		}
-		written = append(written, p)
+	verify, err := VerifyKeyOf(contents[AssignmentSigningKey])
+	if err != nil {
+		return nil, err
 	}
-	return written, nil
+	contents[VerifyKeys] = verify
+	return contents, nil
+}
+
+// VerifyKeyOf returns the verification key (VerifyKeys' form) of a signing key in
+// AssignmentSigningKey's form. Its errors hold no key material.
+func VerifyKeyOf(signingKey []byte) ([]byte, error) {
+	seed, err := base64.StdEncoding.DecodeString(string(signingKey))
+	if err != nil || len(seed) != ed25519.SeedSize {
+		return nil, fmt.Errorf("%s: not the base64 of a %d-byte Ed25519 seed", AssignmentSigningKey, ed25519.SeedSize)
+	}
+	return encode(ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)), nil
 }
 
 // read returns n bytes of random.

@@ -115,32 +115,15 @@ func Load(dir string, td spiffeid.TrustDomain) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("svidca: %w", err)
 	}
-	cb, _ := pem.Decode(certPEM)
-	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		return nil, fmt.Errorf("svidca: %s or %s is not PEM", certPath, keyPath)
-	}
-	cert, err := x509.ParseCertificate(cb.Bytes)
+	ca, err := Parse(certPEM, keyPEM, td)
 	if err != nil {
-		return nil, fmt.Errorf("svidca: %s: %w", certPath, err)
+		return nil, fmt.Errorf("svidca: %s, %s: %w", certPath, keyPath, err)
 	}
-	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("svidca: %s is not a PKCS#8 key", keyPath)
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("svidca: %s is not a signing key", keyPath)
-	}
-	if len(cert.URIs) != 1 || cert.URIs[0].String() != td.IDString() {
-		return nil, fmt.Errorf("svidca: the CA in %s is not of trust domain %q", dir, td.Name())
-	}
-	ca := &CA{td: td, key: signer, cert: cert, now: time.Now}
 	switch b, err := x509bundle.Load(td, filepath.Join(dir, BundleFile)); {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		return nil, fmt.Errorf("svidca: %w", err)
-	case !b.HasX509Authority(cert):
+	case !b.HasX509Authority(ca.cert):
 		return nil, fmt.Errorf("svidca: %s does not hold the CA's own certificate (%s)", filepath.Join(dir, BundleFile), certPath)
 	default:
 		ca.authorities = b.X509Authorities()
@@ -148,18 +131,60 @@ func Load(dir string, td spiffeid.TrustDomain) (*CA, error) {
 	return ca, nil
 }
 
+// Parse returns the CA of a PEM certificate and PKCS#8 key (Marshal's), which must be of
+// trust domain td. Its errors never hold key material.
+func Parse(certPEM, keyPEM []byte, td spiffeid.TrustDomain) (*CA, error) {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, errors.New("the certificate or the key is not PEM")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("the certificate: %w", err)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, errors.New("the key is not PKCS#8")
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, errors.New("the key is not a signing key")
+	}
+	if len(cert.URIs) != 1 || cert.URIs[0].String() != td.IDString() {
+		return nil, fmt.Errorf("the CA is not of trust domain %q", td.Name())
+	}
+	if !cert.IsCA {
+		return nil, errors.New("the certificate is not a CA's")
+	}
+	return &CA{td: td, key: signer, cert: cert, now: time.Now}, nil
+}
+
+// Marshal returns the CA's certificate and its PKCS#8 key, PEM (Parse reads them).
+func (c *CA) Marshal() (certPEM, keyPEM []byte, err error) {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(c.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// Certificate is the CA's own certificate, its root.
+func (c *CA) Certificate() *x509.Certificate { return c.cert }
+
 func (c *CA) save(certPath, keyPath string) error {
 	if err := os.MkdirAll(filepath.Dir(certPath), 0o700); err != nil {
 		return err
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(c.key)
+	certPEM, keyPEM, err := c.Marshal()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 		return err
 	}
-	return os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw}), 0o644)
+	return os.WriteFile(certPath, certPEM, 0o644)
 }
 
 // Bundle returns the trust bundle that verifies every SVID the CA mints:

@@ -1,0 +1,94 @@
+//go:build gdr_pod || !(gdr_process || gdr_pod || gdr_opensandbox)
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installsecrets"
+)
+
+// keysProgram is `handle keys`: the chart's keys Job.
+var keysProgram = function.Program{Name: "handle", Synopsis: "keys", Commands: []string{"keys"}}
+
+// KeysConfig is what `handle keys` reads.
+type KeysConfig struct {
+	function.CommonSettings
+
+	Namespace   string `envconfig:"GDR_KEYS_NAMESPACE" required:"true" desc:"keys: the release's namespace, where its keys are kept"`
+	Owner       string `envconfig:"GDR_KEYS_OWNER" desc:"keys: a ConfigMap of the release that owns every object made, so that they go with it; empty: none"`
+	CA          bool   `envconfig:"GDR_KEYS_CA" default:"false" desc:"keys: also the installation's CA (gdr-identity-ca), its bundle (gdr-identity-bundle) and the gateway's certificate (gdr-gateway-svid), for GDR_POD_IDENTITY=ca"`
+	TrustDomain string `envconfig:"GDR_TRUST_DOMAIN" desc:"keys, with GDR_KEYS_CA: the trust domain of the CA"`
+	GatewayID   string `envconfig:"GDR_GATEWAY_SPIFFE_ID" desc:"keys, with GDR_KEYS_CA: the gateway's SPIFFE ID, its certificate's"`
+
+	td      spiffeid.TrustDomain
+	gateway spiffeid.ID
+}
+
+// Check parses the identities GDR_KEYS_CA needs.
+func (c *KeysConfig) Check() error {
+	if !c.CA {
+		return nil
+	}
+	td, err := spiffeid.TrustDomainFromString(c.TrustDomain)
+	if err != nil {
+		return fmt.Errorf("GDR_TRUST_DOMAIN %q: %w", c.TrustDomain, err)
+	}
+	gw, err := spiffeid.FromString(c.GatewayID)
+	if err != nil || !gw.MemberOf(td) {
+		return fmt.Errorf("GDR_GATEWAY_SPIFFE_ID %q: want a SPIFFE ID of trust domain %s", c.GatewayID, td.Name())
+	}
+	c.td, c.gateway = td, gw
+	return nil
+}
+
+// keys runs `handle keys`: installsecrets.Ensure in the release's namespace, as the
+// ServiceAccount of the chart's keys Job (KUBECONFIG, else in-cluster), one line per object.
+func keys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var cfg KeysConfig
+	return keysProgram.Exec(ctx, &cfg, args, stderr, func(ctx context.Context, log *slog.Logger, args []string) error {
+		if len(args) > 1 {
+			return function.Usage(fmt.Errorf("keys takes no arguments, got %q", args[1:]))
+		}
+		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+		if err != nil {
+			if rc, err = rest.InClusterConfig(); err != nil {
+				return fmt.Errorf("keys: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
+			}
+		}
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return err
+		}
+		opt := installsecrets.Options{Namespace: cfg.Namespace, CA: cfg.CA, TrustDomain: cfg.td, GatewayID: cfg.gateway, Random: rand.Reader}
+		if cfg.Owner != "" {
+			cm, err := client.CoreV1().ConfigMaps(cfg.Namespace).Get(ctx, cfg.Owner, metav1.GetOptions{})
+			if err != nil {
+				return fmt.Errorf("keys: GDR_KEYS_OWNER: ConfigMap %s: %w", cfg.Owner, err)
+			}
+			opt.Owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: cm.Name, UID: cm.UID}
+		}
+		report, err := installsecrets.Ensure(ctx, client, opt)
+		for _, line := range report {
+			fmt.Fprintln(stdout, line)
+		}
+		if err != nil {
+			return fmt.Errorf("keys: %w", err)
+		}
+		log.Info("keys ensured", slog.Int("objects", len(report)))
+		return nil
+	})
+}
+
