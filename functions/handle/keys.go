@@ -91,4 +91,3 @@ func keys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return nil
 	})
 }
-

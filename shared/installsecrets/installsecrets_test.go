@@ -23,7 +23,7 @@ var td = spiffeid.RequireTrustDomainFromString("ci.example.org")
 
 func options(now time.Time) Options {
 	return Options{Namespace: "gdr", CA: true, TrustDomain: td, GatewayID: spiffeid.RequireFromPath(td, "/gateway"),
-		Owner: &metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "gdr-config", UID: "cm-uid"},
+		Owner:  &metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "gdr-config", UID: "cm-uid"},
 		Random: rand.Reader, Now: func() time.Time { return now }}
 }
 
