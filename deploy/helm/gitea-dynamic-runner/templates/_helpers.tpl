@@ -94,3 +94,79 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/*
+gdr.keysPod: the Pod template of the keys Job and CronJob (`handle keys`): its own
+ServiceAccount, hardened, placed and annotated as handle, with resources of its own.
+*/}}
+{{- define "gdr.keysPod" -}}
+metadata:
+  labels:
+    app.kubernetes.io/part-of: gitea-dynamic-runner
+    app.kubernetes.io/name: keys
+  {{- with .Values.handle.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  restartPolicy: OnFailure
+  serviceAccountName: gitea-dynamic-runner-keys
+  {{- include "gdr.podPlacement" (list . "handle") | nindent 2 }}
+  automountServiceAccountToken: true   # it makes Secrets through the Kubernetes API
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: keys
+      image: {{ include "gdr.image" (list . "handle") }}
+      {{- with .Values.images.pullPolicy }}
+      imagePullPolicy: {{ . }}
+      {{- end }}
+      command: ["handle"]
+      args: ["keys"]
+      env:
+        - name: GDR_KEYS_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        - name: GDR_KEYS_OWNER   # what it makes goes with the release
+          value: gdr-config
+        - name: GDR_KEYS_CA
+          value: {{ eq .Values.identity "ca" | quote }}
+        - name: GDR_TRUST_DOMAIN
+          valueFrom:
+            configMapKeyRef:
+              name: gdr-config
+              key: GDR_TRUST_DOMAIN
+        - name: GDR_GATEWAY_SPIFFE_ID
+          valueFrom:
+            configMapKeyRef:
+              name: gdr-config
+              key: GDR_GATEWAY_SPIFFE_ID
+        - name: GDR_LOG_LEVEL
+          valueFrom:
+            configMapKeyRef:
+              name: gdr-config
+              key: GDR_LOG_LEVEL
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+      resources:
+        requests:
+          cpu: 10m
+          memory: 64Mi
+        limits:
+          memory: 128Mi
+  volumes:
+    - name: tmp
+      emptyDir:
+        sizeLimit: 16Mi
+{{- end }}
