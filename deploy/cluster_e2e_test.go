@@ -138,6 +138,10 @@ type installOptions struct {
 	// profile on the node, the policy, the executors' namespace at Pod Security privileged),
 	// the docker image imported.
 	docker bool
+	// identity is the chart's identity (installHelm only): "ca" starts no SPIRE Server or
+	// agent and makes no key by hand (the keys Job makes them, read back after the install);
+	// "" is SPIRE, as shipped.
+	identity string
 }
 
 // setEnv sets each of env on every container of the ScaledJob obj's Job template, in place
@@ -188,13 +192,22 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	td := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
 	handleID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/handle-pod")
 	recoverID := spiffeid.RequireFromPath(td, "/gitea-dynamic-runner/recover")
-	spire := spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()),
-		spireenv.WithShippedPolicy(t, "spire", map[string]any{
-			"registrars": []string{handleID.String(), recoverID.String()}, "minters": []string{handleID.String()}}))
-	agentID := c.StartSPIREAgent(ctx, t, spire, o.spireSync) // forwards spire.Addr to the node
-	_, spirePort, err := net.SplitHostPort(spire.Addr)
-	if err != nil {
-		t.Fatal(err)
+	ca := o.identity == "ca"
+	if ca && o.how != installHelm {
+		t.Fatal("installOptions.identity ca is the chart's")
+	}
+	var spire *spireenv.Server
+	var agentID spiffeid.ID
+	spirePort := "1" // identity ca: no SPIRE Server, the setting unused
+	if !ca {
+		spire = spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()),
+			spireenv.WithShippedPolicy(t, "spire", map[string]any{
+				"registrars": []string{handleID.String(), recoverID.String()}, "minters": []string{handleID.String()}}))
+		agentID = c.StartSPIREAgent(ctx, t, spire, o.spireSync) // forwards spire.Addr to the node
+		var err error
+		if _, spirePort, err = net.SplitHostPort(spire.Addr); err != nil {
+			t.Fatal(err)
+		}
 	}
 	natsConf, err := os.ReadFile(authorizationFile)
 	if err != nil {
@@ -406,10 +419,6 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	_, _ = rand.Read(seed)
 	verify := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
 	secrets := map[string]map[string][]byte{
-		"gdr-secrets": {
-			"bootstrap-key": key(32), "payload-key": key(32), "webhook-secret": key(24), "tick-token": key(32),
-			"assignment-signing-key": []byte(base64.StdEncoding.EncodeToString(seed)),
-		},
 		"gdr-runner-credentials": registerPools(ctx, t, g, pools),
 		// KEDA reads Gitea's queue with it (deploy/README.md, install step 3).
 		"gdr-gitea-read": {"token": []byte(g.CreateToken(t, "gdr-dispatch-wake", "read:admin"))},
@@ -420,6 +429,12 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			t.Fatal(err)
 		}
 		secrets["gdr-nats-"+strings.ReplaceAll(strings.ToLower(u), "_", "-")] = map[string][]byte{"nkey": data}
+	}
+	if !ca { // identity ca: the chart's keys Job makes them (read back after the install)
+		secrets["gdr-secrets"] = map[string][]byte{
+			"bootstrap-key": key(32), "payload-key": key(32), "webhook-secret": key(24), "tick-token": key(32),
+			"assignment-signing-key": []byte(base64.StdEncoding.EncodeToString(seed)),
+		}
 	}
 	for name, data := range secrets {
 		if _, err := cs.CoreV1().Secrets(installNamespace).Create(ctx, &corev1.Secret{
@@ -434,18 +449,24 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoreV1().ConfigMaps(installNamespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "gdr-assignment-verify-keys"},
-		Data:       map[string]string{"verify-keys": base64.StdEncoding.EncodeToString(verify)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	if !ca {
+		if _, err := cs.CoreV1().ConfigMaps(installNamespace).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "gdr-assignment-verify-keys"},
+			Data:       map[string]string{"verify-keys": base64.StdEncoding.EncodeToString(verify)},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The registration entries of the gateway, handle and recover
 	// (deploy/README.md): each one's ServiceAccount in this namespace, on
-	// this node's agent.
-	for id, sa := range map[spiffeid.ID]string{
+	// this node's agent. None with identity ca: no SPIRE.
+	entries := map[spiffeid.ID]string{
 		gatewayID: "gitea-dynamic-runner-gateway", handleID: "gitea-dynamic-runner-handle", recoverID: "gitea-dynamic-runner-recover",
-	} {
+	}
+	if ca {
+		entries = nil
+	}
+	for id, sa := range entries {
 		resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
 			SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: id.Path()},
 			ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
@@ -487,13 +508,22 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		if o.podIdentity != "" {
 			vals["spire"].(map[string]any)["podIdentity"] = o.podIdentity
 		}
-		// The chart with these values renders what kubectl apply -k would apply here.
-		if probs := stepProblems(t, mustRenderChart(t, installNamespace, vals), unstructuredDocs(objs)); len(probs) > 0 {
+		if ca {
+			vals["identity"] = "ca"
+		} else if probs := stepProblems(t, mustRenderChart(t, installNamespace, vals), unstructuredDocs(objs)); len(probs) > 0 {
+			// The chart with these values renders what kubectl apply -k would apply here.
 			t.Fatalf("the chart's objects are not the kustomize install's:\n%s", strings.Join(probs, "\n"))
 		}
 		helmInstall(ctx, t, c, vals)
 	}
 	waitInstalled(ctx, t, c, cs, o.alwaysUp)
+	if ca { // the keys Job's
+		s, err := cs.CoreV1().Secrets(installNamespace).Get(ctx, "gdr-secrets", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the keys Job's gdr-secrets: %v", err)
+		}
+		secrets["gdr-secrets"] = s.Data
+	}
 
 	// Gitea's workflow_job webhook reaches dispatch serve as an operator
 	// would expose it (here: a NodePort on the node's address, which the

@@ -4,10 +4,16 @@ package deploy
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/loader"
 	"helm.sh/helm/v4/pkg/kube"
@@ -19,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 )
 
 // helmRelease is the release name of the chart in the cluster tests.
@@ -206,6 +213,149 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 	for _, s := range []string{"gdr-secrets", "gdr-runner-credentials"} {
 		if _, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, s, metav1.GetOptions{}); err != nil {
 			t.Errorf("Secret %s (the operator's, not the release's) after helm uninstall: %v", s, err)
+		}
+	}
+}
+
+// TestE2EClusterHelmBuiltinIdentity installs the chart with identity ca into a cluster that runs
+// no SPIRE Server or agent, with no key made by hand (installKEDAWith's identity ca: only the
+// runner registrations, NATS's users and KEDA's Gitea token): the keys Job makes every key, the
+// CA, its bundle and the gateway's certificate; real jobs run to their conclusion, each
+// executor with an SVID handle minted from that CA (the gateway, whose bundle holds that CA
+// alone, admits nothing else); helm test passes; an upgrade keeps every key; helm uninstall
+// takes what the keys Job made.
+func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	in := installKEDAWith(ctx, t, installOptions{how: installHelm, identity: "ca"})
+	var made map[string]string
+	in.runSteps(ctx, t, []step{
+		{"Keys", func(t *testing.T) { made = in.builtinKeys(ctx, t) }},
+		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"HelmTest", func(t *testing.T) { in.helmTest(ctx, t) }},
+		{"Upgrade", func(t *testing.T) {
+			chrt, err := loader.Load(chartDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			upgrade := action.NewUpgrade(helmConfig(t, in.c))
+			upgrade.Namespace = installNamespace
+			upgrade.ReuseValues = true
+			upgrade.WaitStrategy = kube.HookOnlyStrategy
+			if _, err := upgrade.RunWithContext(ctx, helmRelease, chrt, map[string]any{"logLevel": "debug"}); err != nil {
+				t.Fatalf("helm upgrade: %v", err)
+			}
+			in.waitJobComplete(ctx, t, "keys-2")
+			if after := in.builtinKeys(ctx, t); !maps.Equal(after, made) {
+				t.Fatal("the upgrade's keys Job changed a key")
+			}
+		}},
+		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
+		{"Uninstall", func(t *testing.T) {
+			uninstall := action.NewUninstall(helmConfig(t, in.c))
+			uninstall.WaitStrategy = kube.HookOnlyStrategy
+			if _, err := uninstall.Run(helmRelease); err != nil {
+				t.Fatalf("helm uninstall: %v", err)
+			}
+			for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+				var left []string
+				for _, s := range []string{"gdr-secrets", "gdr-identity-ca", "gdr-gateway-svid"} {
+					if _, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, s, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+						left = append(left, "Secret "+s)
+					}
+				}
+				for _, cm := range []string{"gdr-assignment-verify-keys", "gdr-identity-bundle"} {
+					if _, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, cm, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+						left = append(left, "ConfigMap "+cm)
+					}
+				}
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after helm uninstall, the keys Job's objects are still there: %v", left)
+				}
+			}
+		}},
+	})
+}
+
+// builtinKeys checks what the keys Job made with identity ca, owned by the release's gdr-config:
+// the keys, the verification key, the CA (handle's), the bundle holding its root, and the
+// gateway's certificate for its SPIFFE ID, verified by that bundle. It returns a digest of every
+// key, for an upgrade to compare.
+func (in *installation) builtinKeys(ctx context.Context, t *testing.T) map[string]string {
+	t.Helper()
+	in.waitJobComplete(ctx, t, "keys-1")
+	cfg, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, "gdr-config", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	td, err := spiffeid.TrustDomainFromString(cfg.Data["GDR_TRUST_DOMAIN"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := map[string]string{}
+	owned := func(name string, refs []metav1.OwnerReference) {
+		if len(refs) != 1 || refs[0].UID != cfg.UID {
+			t.Errorf("%s is not owned by gdr-config: %+v", name, refs)
+		}
+	}
+	secret := func(name string) map[string][]byte {
+		s, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("Secret %s: %v", name, err)
+		}
+		owned("Secret "+name, s.OwnerReferences)
+		for k, v := range s.Data {
+			digest[name+"/"+k] = fmt.Sprintf("%x", sha256.Sum256(v))
+		}
+		return s.Data
+	}
+	keys := secret("gdr-secrets")
+	for _, k := range []string{"bootstrap-key", "payload-key", "webhook-secret", "tick-token", "assignment-signing-key"} {
+		if len(keys[k]) == 0 {
+			t.Errorf("gdr-secrets lacks %s", k)
+		}
+	}
+	caData := secret("gdr-identity-ca")
+	ca, err := svidca.Parse(caData["ca.pem"], caData["ca-key.pem"], td)
+	if err != nil {
+		t.Fatalf("gdr-identity-ca: %v", err)
+	}
+	bundleCM, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, "gdr-identity-bundle", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("ConfigMap gdr-identity-bundle", bundleCM.OwnerReferences)
+	bundle, err := x509bundle.Parse(td, []byte(bundleCM.Data["bundle.pem"]))
+	if err != nil || !bundle.HasX509Authority(ca.Certificate()) {
+		t.Fatalf("gdr-identity-bundle: %v, holds the CA's root: %v", err, err == nil && bundle.HasX509Authority(ca.Certificate()))
+	}
+	gw := secret("gdr-gateway-svid")
+	svid, err := x509svid.Parse(gw["tls.crt"], gw["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID.String() != cfg.Data["GDR_GATEWAY_SPIFFE_ID"] {
+		t.Errorf("the gateway's certificate is %s, want %s", svid.ID, cfg.Data["GDR_GATEWAY_SPIFFE_ID"])
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, bundle); err != nil {
+		t.Errorf("the bundle does not verify the gateway's certificate: %v", err)
+	}
+	return digest
+}
+
+// waitJobComplete waits until the Job name of installNamespace completed.
+func (in *installation) waitJobComplete(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		j, err := in.cs.BatchV1().Jobs(installNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && j.Status.Succeeded > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Job %s not complete: %v %+v", name, err, j)
 		}
 	}
 }
