@@ -419,7 +419,6 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	_, _ = rand.Read(seed)
 	verify := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
 	secrets := map[string]map[string][]byte{
-		"gdr-runner-credentials": registerPools(ctx, t, g, pools),
 		// KEDA reads Gitea's queue with it (deploy/README.md, install step 3).
 		"gdr-gitea-read": {"token": []byte(g.CreateToken(t, "gdr-dispatch-wake", "read:admin"))},
 	}
@@ -429,6 +428,11 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			t.Fatal(err)
 		}
 		secrets["gdr-nats-"+strings.ReplaceAll(strings.ToLower(u), "_", "-")] = map[string][]byte{"nkey": data}
+	}
+	if ca { // identity ca: the keys Job registers the pools, given Gitea's token
+		secrets["gdr-registration-token"] = map[string][]byte{"token": []byte(g.RegistrationToken(t))}
+	} else {
+		secrets["gdr-runner-credentials"] = registerPools(ctx, t, g, pools)
 	}
 	if !ca { // identity ca: the chart's keys Job makes them (read back after the install)
 		secrets["gdr-secrets"] = map[string][]byte{
@@ -510,6 +514,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		}
 		if ca {
 			vals["identity"] = "ca"
+			vals["gitea"].(map[string]any)["registrationTokenSecret"] = "gdr-registration-token"
 		} else if probs := stepProblems(t, mustRenderChart(t, installNamespace, vals), unstructuredDocs(objs)); len(probs) > 0 {
 			// The chart with these values renders what kubectl apply -k would apply here.
 			t.Fatalf("the chart's objects are not the kustomize install's:\n%s", strings.Join(probs, "\n"))

@@ -218,9 +218,10 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 }
 
 // TestE2EClusterHelmBuiltinIdentity installs the chart with identity ca into a cluster that runs
-// no SPIRE Server or agent, with no key made by hand (installKEDAWith's identity ca: only the
-// runner registrations, NATS's users and KEDA's Gitea token): the keys Job makes every key, the
-// CA, its bundle and the gateway's certificate; real jobs run to their conclusion, each
+// no SPIRE Server or agent, with no key made and no pool registered by hand (installKEDAWith's
+// identity ca: Gitea's registration token, NATS's users and KEDA's Gitea token): the keys Job
+// makes every key, the CA, its bundle and the gateway's certificate, and registers the pools;
+// real jobs run to their conclusion, each
 // executor with an SVID handle minted from that CA (the gateway, whose bundle holds that CA
 // alone, admits nothing else); helm test passes; an upgrade keeps every key; helm uninstall
 // takes what the keys Job made.
@@ -259,7 +260,7 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 			}
 			for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
 				var left []string
-				for _, s := range []string{"gdr-secrets", "gdr-identity-ca", "gdr-gateway-svid"} {
+				for _, s := range []string{"gdr-secrets", "gdr-identity-ca", "gdr-gateway-svid", "gdr-runner-credentials"} {
 					if _, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, s, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 						left = append(left, "Secret "+s)
 					}
@@ -312,6 +313,11 @@ func (in *installation) builtinKeys(ctx context.Context, t *testing.T) map[strin
 		}
 		return s.Data
 	}
+	runners, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, "gdr-runner-credentials", metav1.GetOptions{})
+	if err != nil || len(runners.Data) == 0 {
+		t.Fatalf("the keys Job registered no pool: %v", err)
+	}
+	owned("Secret gdr-runner-credentials", runners.OwnerReferences)
 	keys := secret("gdr-secrets")
 	for _, k := range []string{"bootstrap-key", "payload-key", "webhook-secret", "tick-token", "assignment-signing-key"} {
 		if len(keys[k]) == 0 {

@@ -902,6 +902,15 @@ func TestHelmIdentityCA(t *testing.T) {
 	if !strings.Contains(string(k["Job keys-1"].raw), "GDR_KEYS_CA\n              value: \"true\"") {
 		t.Errorf("the keys Job is not told to keep the CA:\n%s", k["Job keys-1"].raw)
 	}
+	withToken := byKey(mustRenderChart(t, installNamespace, map[string]any{"gitea": map[string]any{"registrationTokenSecret": "gdr-registration-token"}}))
+	for _, want := range []string{"name: GDR_KEYS_REGISTER", "name: gdr-registration-token"} {
+		if !strings.Contains(string(withToken["Job keys-1"].raw), want) {
+			t.Errorf("with gitea.registrationTokenSecret, the keys Job lacks %q:\n%s", want, withToken["Job keys-1"].raw)
+		}
+	}
+	if strings.Contains(string(k["Job keys-1"].raw), "GDR_KEYS_REGISTER") {
+		t.Error("the keys Job registers without a token Secret")
+	}
 	spireDocs := byKey(mustRenderChart(t, installNamespace, nil))
 	if _, ok := spireDocs["CronJob keys-renew"]; ok {
 		t.Error("a keys-renew CronJob with identity spire")

@@ -5,9 +5,12 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installsecrets"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 )
 
 // keysProgram is `handle keys`: the chart's keys Job.
@@ -31,13 +35,31 @@ type KeysConfig struct {
 	CA          bool   `envconfig:"GDR_KEYS_CA" default:"false" desc:"keys: also the installation's CA (gdr-identity-ca), its bundle (gdr-identity-bundle) and the gateway's certificate (gdr-gateway-svid), for GDR_POD_IDENTITY=ca"`
 	TrustDomain string `envconfig:"GDR_TRUST_DOMAIN" desc:"keys, with GDR_KEYS_CA: the trust domain of the CA"`
 	GatewayID   string `envconfig:"GDR_GATEWAY_SPIFFE_ID" desc:"keys, with GDR_KEYS_CA: the gateway's SPIFFE ID, its certificate's"`
+	// The pools' registrations (gdr-runner-credentials), with GDR_KEYS_REGISTER.
+	Register          bool   `envconfig:"GDR_KEYS_REGISTER" default:"false" desc:"keys: also register with Gitea every pool of GDR_POOLS_FILE that gdr-runner-credentials lacks, with GDR_REGISTRATION_TOKEN, and add its credentials"`
+	PoolsFile         string `envconfig:"GDR_POOLS_FILE" desc:"keys, with GDR_KEYS_REGISTER: the pools file"`
+	StateDir          string `envconfig:"GDR_STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"keys, with GDR_KEYS_REGISTER: where the functions find the credentials (the Secret's mount), for their file names"`
+	GiteaURL          string `envconfig:"GDR_GITEA_URL" desc:"keys, with GDR_KEYS_REGISTER: Gitea's root URL"`
+	RegistrationToken string `envconfig:"GDR_REGISTRATION_TOKEN" desc:"keys, with GDR_KEYS_REGISTER: Gitea's runner registration token (needed while a pool is unregistered)"`
+	RunnerName        string `envconfig:"GDR_RUNNER_NAME" default:"gitea-dynamic-runner" desc:"keys, with GDR_KEYS_REGISTER: runner name prefix; a pool registers as <name>-<pool>"`
 
 	td      spiffeid.TrustDomain
 	gateway spiffeid.ID
+	pools   runnerpool.Pools
 }
 
-// Check parses the identities GDR_KEYS_CA needs.
+// Check parses the identities GDR_KEYS_CA needs and loads the pools GDR_KEYS_REGISTER does.
 func (c *KeysConfig) Check() error {
+	if c.Register {
+		if c.PoolsFile == "" || c.GiteaURL == "" {
+			return errors.New("GDR_KEYS_REGISTER: GDR_POOLS_FILE and GDR_GITEA_URL are required")
+		}
+		pools, err := runnerpool.PoolSettings{PoolsFile: c.PoolsFile, StateDir: c.StateDir}.Load()
+		if err != nil {
+			return err
+		}
+		c.pools = pools
+	}
 	if !c.CA {
 		return nil
 	}
@@ -73,6 +95,10 @@ func keys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return err
 		}
 		opt := installsecrets.Options{Namespace: cfg.Namespace, CA: cfg.CA, TrustDomain: cfg.td, GatewayID: cfg.gateway, Random: rand.Reader}
+		if cfg.Register {
+			opt.Runners = &installsecrets.Runners{GiteaURL: cfg.GiteaURL, Token: cfg.RegistrationToken, Name: cfg.RunnerName,
+				Pools: cfg.pools, HTTP: &http.Client{Timeout: 30 * time.Second}}
+		}
 		if cfg.Owner != "" {
 			cm, err := client.CoreV1().ConfigMaps(cfg.Namespace).Get(ctx, cfg.Owner, metav1.GetOptions{})
 			if err != nil {

@@ -34,6 +34,16 @@ type Credentials struct {
 	Name  string `json:"name"`
 }
 
+// EncodeCredentials is a credentials file's content (FileStore's; a Secret's key holds the same
+// and is mounted as the file).
+func EncodeCredentials(c Credentials) ([]byte, error) {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
 // ErrNoCredentials means the pool has not been registered yet.
 var ErrNoCredentials = errors.New("runner credentials not found")
 
@@ -63,7 +73,7 @@ func (s FileStore) Load() (Credentials, error) {
 // Save writes the credentials atomically (a crash leaves the old file or the
 // new one, never half of one), with mode 0600.
 func (s FileStore) Save(c Credentials) error {
-	data, err := json.MarshalIndent(c, "", "  ")
+	data, err := EncodeCredentials(c)
 	if err != nil {
 		return err
 	}
@@ -75,7 +85,7 @@ func (s FileStore) Save(c Credentials) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
 	}

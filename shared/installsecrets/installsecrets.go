@@ -1,6 +1,6 @@
 // Package installsecrets makes an installation's keys in Kubernetes when they are absent and
 // keeps them: the chart's keys Job runs Ensure at every install and upgrade, in place of the
-// operator's `dispatch keygen` and kubectl commands.
+// operator's `dispatch keygen`, `dispatch register` and kubectl commands.
 //
 // Invariants a caller relies on:
 //   - a key that exists is never replaced: a new payload key would make the stored payloads
@@ -21,6 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -31,7 +34,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installkeys"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 )
 
@@ -47,6 +52,9 @@ const (
 	Bundle = "gdr-identity-bundle"
 	// GatewaySVID holds the gateway's certificate and key (tls.crt, tls.key).
 	GatewaySVID = "gdr-gateway-svid"
+	// RunnerCredentials holds each pool's registration, its credentials file under the file's
+	// name (mounted as GDR_STATE_DIR).
+	RunnerCredentials = "gdr-runner-credentials"
 )
 
 // Keys of the CA's, the bundle's and the gateway's objects.
@@ -73,8 +81,20 @@ type Options struct {
 	TrustDomain spiffeid.TrustDomain
 	GatewayID   spiffeid.ID
 	GatewayTTL  time.Duration
-	Random      io.Reader
-	Now         func() time.Time
+	// Runners, when set: every pool registered with Gitea (RunnerCredentials).
+	Runners *Runners
+	Random  io.Reader
+	Now     func() time.Time
+}
+
+// Runners says how to register the pools that have no registration yet.
+type Runners struct {
+	GiteaURL string
+	Token    string
+	// Name prefixes each runner's name: <Name>-<pool>.
+	Name  string
+	Pools runnerpool.Pools
+	HTTP  *http.Client
 }
 
 // Report says, one line per object, what Ensure did: created, kept, renewed, updated.
@@ -103,7 +123,65 @@ func Ensure(ctx context.Context, client kubernetes.Interface, opt Options) (Repo
 			return e.report, err
 		}
 	}
+	if opt.Runners != nil {
+		if err := e.runners(ctx, *opt.Runners); err != nil {
+			return e.report, err
+		}
+	}
 	return e.report, nil
+}
+
+// runners registers with Gitea each pool RunnerCredentials lacks and adds its credentials;
+// a registration there is never replaced (the pool's runner in Gitea is that one). A pool
+// registered but not yet stored (the Job died in between) is registered again on the next run:
+// Gitea then lists an idle runner of the first registration, which an administrator removes.
+func (e *ensurer) runners(ctx context.Context, r Runners) error {
+	secrets := e.client.CoreV1().Secrets(e.opt.Namespace)
+	s, err := secrets.Get(ctx, RunnerCredentials, metav1.GetOptions{})
+	exists := err == nil
+	switch {
+	case apierrors.IsNotFound(err):
+		s = &corev1.Secret{ObjectMeta: e.meta(RunnerCredentials), Type: corev1.SecretTypeOpaque}
+	case err != nil:
+		return fmt.Errorf("Secret %s: %w", RunnerCredentials, err)
+	}
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	var added []string
+	for _, p := range r.Pools {
+		key := filepath.Base(p.Credentials)
+		if len(s.Data[key]) > 0 {
+			continue
+		}
+		if r.Token == "" {
+			return fmt.Errorf("pool %s is not registered and no registration token is set (GDR_REGISTRATION_TOKEN, the chart's gitea.registrationTokenSecret)", p.Name)
+		}
+		creds, err := gitea.Register(ctx, r.GiteaURL, r.HTTP, gitea.Registration{Token: r.Token, Name: r.Name + "-" + p.Name, Labels: p.Labels})
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+		data, err := gitea.EncodeCredentials(creds)
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+		s.Data[key] = data
+		added = append(added, p.Name)
+	}
+	if len(added) == 0 {
+		e.say("Secret %s: kept", RunnerCredentials)
+		return nil
+	}
+	if exists {
+		_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+	} else {
+		_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("Secret %s (pools %s registered, not stored: remove their runners in Gitea): %w", RunnerCredentials, strings.Join(added, ", "), err)
+	}
+	e.say("Secret %s: pools %s registered", RunnerCredentials, strings.Join(added, ", "))
+	return nil
 }
 
 type ensurer struct {

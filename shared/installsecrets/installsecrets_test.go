@@ -3,11 +3,19 @@ package installsecrets
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -15,7 +23,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installkeys"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 )
 
@@ -207,5 +217,71 @@ func TestEnsureRefusesAnIncompleteKeySecret(t *testing.T) {
 	}
 	if _, err := Ensure(context.Background(), c, Options{Namespace: "gdr", CA: true, TrustDomain: td, GatewayID: spiffeid.RequireFromPath(spiffeid.RequireTrustDomainFromString("other.org"), "/gateway")}); err == nil {
 		t.Fatal("a gateway ID of another trust domain was accepted")
+	}
+}
+
+// registrar is Gitea's runner service answering Register only (what the keys Job asks).
+type registrar struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+	mu    sync.Mutex
+	names []string
+}
+
+func (r *registrar) Register(_ context.Context, req *connect.Request[runnerv1.RegisterRequest]) (*connect.Response[runnerv1.RegisterResponse], error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if req.Msg.GetToken() != "registration-token" {
+		return nil, connect.NewError(connect.CodePermissionDenied, errors.New("bad token"))
+	}
+	r.names = append(r.names, req.Msg.GetName())
+	return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{Id: int64(len(r.names)), Uuid: "uuid-" + req.Msg.GetName(), Token: "token-" + req.Msg.GetName(), Name: req.Msg.GetName()}}), nil
+}
+
+// The pools without a registration in gdr-runner-credentials are registered, each once, and
+// added beside the ones there, which stay; a second run registers nothing; a missing token is
+// an error naming the pool.
+func TestEnsureRegistersThePools(t *testing.T) {
+	ctx := context.Background()
+	reg := &registrar{}
+	mux := http.NewServeMux()
+	path, h := runnerv1connect.NewRunnerServiceHandler(reg)
+	mux.Handle("/api/actions"+path, http.StripPrefix("/api/actions", h))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	pools := runnerpool.Pools{
+		{Name: "linux", Labels: []string{"ubuntu-latest"}, Credentials: "/var/lib/gitea-dynamic-runner/linux.json"},
+		{Name: "build", Labels: []string{"build"}, Credentials: "/var/lib/gitea-dynamic-runner/build.json"},
+	}
+	c := fake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: RunnerCredentials, Namespace: "gdr"},
+		Data: map[string][]byte{"linux.json": []byte(`{"id":7,"uuid":"kept","token":"kept-token"}`)}})
+	opt := Options{Namespace: "gdr", Random: rand.Reader,
+		Runners: &Runners{GiteaURL: srv.URL + "/", Token: "registration-token", Name: "gdr", Pools: pools, HTTP: srv.Client()}}
+	report, err := Ensure(ctx, c, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(reg.names, []string{"gdr-build"}) || !slices.Contains(report, "Secret gdr-runner-credentials: pools build registered") {
+		t.Fatalf("registered %v, report %q", reg.names, report)
+	}
+	s := get(t, c, RunnerCredentials)
+	if string(s.Data["linux.json"]) != `{"id":7,"uuid":"kept","token":"kept-token"}` {
+		t.Errorf("the existing registration changed: %s", s.Data["linux.json"])
+	}
+	var creds gitea.Credentials
+	if err := json.Unmarshal(s.Data["build.json"], &creds); err != nil || creds.UUID != "uuid-gdr-build" || creds.Token != "token-gdr-build" {
+		t.Fatalf("build.json: %s (%v)", s.Data["build.json"], err)
+	}
+	if _, err := Ensure(ctx, c, opt); err != nil || len(reg.names) != 1 {
+		t.Fatalf("a second run: %v, registrations %v", err, reg.names)
+	}
+	for _, line := range report {
+		if strings.Contains(line, "token-gdr-build") || strings.Contains(line, "registration-token") {
+			t.Fatalf("the report shows a token: %q", line)
+		}
+	}
+	opt.Runners.Token = ""
+	opt.Runners.Pools = append(opt.Runners.Pools, runnerpool.Pool{Name: "gpu", Labels: []string{"gpu"}, Credentials: "/x/gpu.json"})
+	if _, err := Ensure(ctx, c, opt); err == nil || !strings.Contains(err.Error(), "pool gpu is not registered and no registration token is set") {
+		t.Fatalf("a new pool without a token: %v", err)
 	}
 }

@@ -127,6 +127,9 @@ spec:
       {{- end }}
       command: ["handle"]
       args: ["keys"]
+      envFrom:
+        - configMapRef:
+            name: gdr-config   # the trust domain, the gateway's ID, Gitea, the pools file
       env:
         - name: GDR_KEYS_NAMESPACE
           valueFrom:
@@ -136,27 +139,24 @@ spec:
           value: gdr-config
         - name: GDR_KEYS_CA
           value: {{ eq .Values.identity "ca" | quote }}
-        - name: GDR_TRUST_DOMAIN
+        {{- with .Values.gitea.registrationTokenSecret }}
+        - name: GDR_KEYS_REGISTER   # every pool registered with Gitea (gdr-runner-credentials)
+          value: "true"
+        - name: GDR_REGISTRATION_TOKEN
           valueFrom:
-            configMapKeyRef:
-              name: gdr-config
-              key: GDR_TRUST_DOMAIN
-        - name: GDR_GATEWAY_SPIFFE_ID
-          valueFrom:
-            configMapKeyRef:
-              name: gdr-config
-              key: GDR_GATEWAY_SPIFFE_ID
-        - name: GDR_LOG_LEVEL
-          valueFrom:
-            configMapKeyRef:
-              name: gdr-config
-              key: GDR_LOG_LEVEL
+            secretKeyRef:
+              name: {{ . }}
+              key: token
+        {{- end }}
       securityContext:
         allowPrivilegeEscalation: false
         readOnlyRootFilesystem: true
         capabilities:
           drop: ["ALL"]
       volumeMounts:
+        - name: pools
+          mountPath: /etc/gitea-dynamic-runner
+          readOnly: true
         - name: tmp
           mountPath: /tmp
       resources:
@@ -166,6 +166,9 @@ spec:
         limits:
           memory: 128Mi
   volumes:
+    - name: pools
+      configMap:
+        name: gdr-pools
     - name: tmp
       emptyDir:
         sizeLimit: 16Mi
