@@ -140,10 +140,11 @@ images:
 
 ## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
 ##       with -update rewrites its own section (one package at a time: they write one file);
-##       `make test` fails while a table is stale
+##       `make test` fails while a table is stale; and the chart schema's pool profile rules
 CONFIG_DOC_PACKAGES := ./functions/dispatch ./functions/handle ./functions/recover ./functions/gateway ./shared/runner ./functions/local
 docs:
 	@for p in $(CONFIG_DOC_PACKAGES); do $(GO) test -count=1 -run '^TestConfigurationDoc$$' $$p -update || exit 1; done
+	$(GO) test -count=1 -run '^TestHelmSchemaChecksProfiles$$' ./deploy -update-schema
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:
