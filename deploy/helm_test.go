@@ -928,3 +928,47 @@ func TestHelmIdentityCA(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmPodMonitor: off by default; enabled, it selects the release's dispatch and gateway
+// Pods, and each endpoint's port is a named port of one of them (both are scraped), in the
+// release's namespace unless told otherwise, with the labels the operator selects on.
+func TestHelmPodMonitor(t *testing.T) {
+	for _, d := range mustRenderChart(t, installNamespace, nil) {
+		if d.kind() == "PodMonitor" {
+			t.Fatal("the default values render a PodMonitor")
+		}
+	}
+	docs := mustRenderChart(t, installNamespace, map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"team": "ci"}}}})
+	monitors := slices.DeleteFunc(slices.Clone(docs), func(d doc) bool { return d.kind() != "PodMonitor" })
+	if len(monitors) != 1 {
+		t.Fatalf("%d PodMonitors", len(monitors))
+	}
+	m := monitors[0].obj
+	if path(m, "metadata", "namespace") != installNamespace || path(m, "metadata", "labels", "team") != "ci" {
+		t.Errorf("PodMonitor metadata %v", path(m, "metadata"))
+	}
+	ports := map[string]string{} // port name -> function
+	for _, p := range podTemplates(t, docs) {
+		fn := p.labels["app.kubernetes.io/name"]
+		if fn != "dispatch" && fn != "gateway" {
+			continue
+		}
+		for _, c := range p.spec.Containers {
+			for _, port := range c.Ports {
+				ports[port.Name] = fn
+			}
+		}
+	}
+	scraped := map[string]bool{}
+	for _, e := range path(m, "spec", "podMetricsEndpoints").([]any) {
+		name := e.(map[string]any)["port"].(string)
+		fn, ok := ports[name]
+		if !ok {
+			t.Errorf("endpoint port %q is no port of dispatch or the gateway (%v)", name, ports)
+		}
+		scraped[fn] = true
+	}
+	if !scraped["dispatch"] || !scraped["gateway"] {
+		t.Errorf("scraped %v, want dispatch and the gateway", scraped)
+	}
+}
