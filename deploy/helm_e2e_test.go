@@ -101,6 +101,23 @@ func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals 
 	t.Logf("helm install: %v", time.Since(t0).Round(time.Millisecond))
 }
 
+// helmUpgrade runs helm upgrade of the release to the chart with vals over its values (as the
+// CLI's --reuse-values), without waiting but for hooks.
+func helmUpgrade(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals map[string]any) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrade := action.NewUpgrade(helmConfig(t, c))
+	upgrade.Namespace = installNamespace
+	upgrade.ReuseValues = true
+	upgrade.WaitStrategy = kube.HookOnlyStrategy
+	if _, err := upgrade.RunWithContext(ctx, helmRelease, chrt, vals); err != nil {
+		t.Fatalf("helm upgrade with %v: %v", vals, err)
+	}
+}
+
 // TestE2EClusterHelm installs the control plane with the chart (helm install, the Go library)
 // into a new single-node cluster, with the values that give the objects TestE2EClusterInstall
 // applies (checked object by object before the install), everything else as installKEDA does;
@@ -164,17 +181,7 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 	if _, err := in.cs.AppsV1().Deployments(installNamespace).Get(ctx, "gateway", metav1.GetOptions{}); err != nil {
 		t.Fatalf("before the uninstall: %v", err)
 	}
-	chrt, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	upgrade := action.NewUpgrade(helmConfig(t, in.c))
-	upgrade.Namespace = installNamespace
-	upgrade.ReuseValues = true
-	upgrade.WaitStrategy = kube.HookOnlyStrategy
-	if _, err := upgrade.RunWithContext(ctx, helmRelease, chrt, map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}}); err != nil {
-		t.Fatalf("helm upgrade to spire.podIdentity workload-api: %v", err)
-	}
+	helmUpgrade(ctx, t, in.c, map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}})
 	if _, err := in.cs.RbacV1().ClusterRoles().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{}); err != nil {
 		t.Fatalf("no fault to check: the release with spire.podIdentity workload-api has no ClusterRole gitea-dynamic-runner-nodes: %v", err)
 	}
@@ -235,17 +242,7 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"HelmTest", func(t *testing.T) { in.helmTest(ctx, t) }},
 		{"Upgrade", func(t *testing.T) {
-			chrt, err := loader.Load(chartDir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			upgrade := action.NewUpgrade(helmConfig(t, in.c))
-			upgrade.Namespace = installNamespace
-			upgrade.ReuseValues = true
-			upgrade.WaitStrategy = kube.HookOnlyStrategy
-			if _, err := upgrade.RunWithContext(ctx, helmRelease, chrt, map[string]any{"logLevel": "debug"}); err != nil {
-				t.Fatalf("helm upgrade: %v", err)
-			}
+			helmUpgrade(ctx, t, in.c, map[string]any{"logLevel": "debug"})
 			in.waitJobComplete(ctx, t, "keys-2")
 			if after := in.builtinKeys(ctx, t); !maps.Equal(after, made) {
 				t.Fatal("the upgrade's keys Job changed a key")
