@@ -911,6 +911,9 @@ func TestHelmIdentityCA(t *testing.T) {
 	if strings.Contains(string(k["Job keys-1"].raw), "GDR_KEYS_REGISTER") {
 		t.Error("the keys Job registers without a token Secret")
 	}
+	if _, ok := byKey(mustRenderChart(t, installNamespace, map[string]any{"identity": "ca", "spire": map[string]any{"podIdentity": "workload-api"}}))["ClusterRole gitea-dynamic-runner-nodes"]; ok {
+		t.Error("identity ca with spire.podIdentity workload-api grants the Nodes ClusterRole")
+	}
 	spireDocs := byKey(mustRenderChart(t, installNamespace, nil))
 	if _, ok := spireDocs["CronJob keys-renew"]; ok {
 		t.Error("a keys-renew CronJob with identity spire")
