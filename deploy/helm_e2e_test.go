@@ -238,7 +238,10 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 	in := installKEDAWith(ctx, t, installOptions{how: installHelm, identity: "ca"})
 	var made map[string]string
 	in.runSteps(ctx, t, []step{
-		{"Keys", func(t *testing.T) { made = in.builtinKeys(ctx, t) }},
+		{"Keys", func(t *testing.T) {
+			in.waitJobComplete(ctx, t, "keys-1")
+			made = in.builtinKeys(ctx, t)
+		}},
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"HelmTest", func(t *testing.T) { in.helmTest(ctx, t) }},
 		{"Upgrade", func(t *testing.T) {
@@ -284,7 +287,6 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 // key, for an upgrade to compare.
 func (in *installation) builtinKeys(ctx context.Context, t *testing.T) map[string]string {
 	t.Helper()
-	in.waitJobComplete(ctx, t, "keys-1")
 	cfg, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, "gdr-config", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
