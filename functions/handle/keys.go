@@ -14,10 +14,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installsecrets"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -83,16 +81,9 @@ func keys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 {
 			return function.Usage(fmt.Errorf("keys takes no arguments, got %q", args[1:]))
 		}
-		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+		client, err := pod.KubernetesClient()
 		if err != nil {
-			if rc, err = rest.InClusterConfig(); err != nil {
-				return fmt.Errorf("keys: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
-			}
-		}
-		client, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			return err
+			return fmt.Errorf("keys: %w", err)
 		}
 		opt := installsecrets.Options{Namespace: cfg.Namespace, CA: cfg.CA, TrustDomain: cfg.td, GatewayID: cfg.gateway, Random: rand.Reader}
 		if cfg.Register {

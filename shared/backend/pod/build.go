@@ -15,6 +15,19 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
+// KubernetesClient is a client of the API server KUBECONFIG names, else of
+// the in-cluster configuration (a Pod's ServiceAccount).
+func KubernetesClient() (kubernetes.Interface, error) {
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		if rc, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
+		}
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
 // Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn), for
@@ -25,16 +38,9 @@ func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() err
 	if err := c.Check(taskassignment.BackendPod); err != nil {
 		return nil, nil, err
 	}
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	client, err := KubernetesClient()
 	if err != nil {
-		if rc, err = rest.InClusterConfig(); err != nil {
-			return nil, nil, fmt.Errorf("pod backend: no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
-		}
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("pod backend: %w", err)
 	}
 	cfg := Config{
 		Client: client, Namespace: c.KubeNamespace, Keys: d.Keys, TrustDomain: d.TrustDomain, Pools: d.Pools,
