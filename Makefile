@@ -138,6 +138,27 @@ images:
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
 	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -peer buildkit="$$buildkit" -peer docker="$$docker" -commit "$(COMMIT)"
 
+## release: a release to install without building (internal/release): make images' layouts, each
+##          index stamped with VERSION (vX.Y.Z), the chart (version and appVersion VERSION) naming
+##          them under REGISTRY by digest, and SHA256SUMS, into RELEASE_DIR (deploy/README.md,
+##          "Helm"); `make release push VERSION=v0.2.0 REGISTRY=registry.example.net/gdr`
+VERSION ?=
+REGISTRY ?= ghcr.io/gitea-dynamic-runner
+RELEASE_DIR ?= $(BIN)/release/$(VERSION)
+PLAIN_HTTP ?= false
+.PHONY: release push
+release: images
+	@test -n "$(VERSION)" || { echo "make release: set VERSION=vX.Y.Z" >&2; exit 1; }
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
+	$(GO) run ./internal/release/cmd/release make -version $(VERSION) -registry $(REGISTRY) -images $(BIN)/images -out $(RELEASE_DIR)
+
+## push: push RELEASE_DIR's release to REGISTRY, the registry it was made for: the images, then
+##       the chart (OCI, oci://REGISTRY/gitea-dynamic-runner); credentials from
+##       ~/.docker/config.json (`crane auth login`); PLAIN_HTTP=true for a registry without TLS
+push:
+	@test -n "$(VERSION)" || { echo "make push: set VERSION=vX.Y.Z" >&2; exit 1; }
+	$(GO) run ./internal/release/cmd/release push -dir $(RELEASE_DIR) -registry $(REGISTRY) -plain-http=$(PLAIN_HTTP)
+
 ## docs: regenerate docs/CONFIGURATION.md's tables from the code: each package's TestConfigurationDoc
 ##       with -update rewrites its own section (one package at a time: they write one file);
 ##       `make test` fails while a table is stale; and the chart schema's pool profile rules

@@ -307,6 +307,8 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"gitea url", map[string]any{"gitea": map[string]any{"url": ""}}, "url"},
 		{"max in flight", map[string]any{"handle": map[string]any{"maxInFlight": 0}}, "maxInFlight"},
 		{"pull policy", map[string]any{"images": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
+		{"digest not sha256", map[string]any{"images": map[string]any{"digests": map[string]any{"handle": "latest"}}}, "handle"},
+		{"digest of no function", map[string]any{"images": map[string]any{"digests": map[string]any{"runner": "sha256:" + strings.Repeat("a", 64)}}}, "runner"},
 		{"pool without a name", map[string]any{"pools": []any{map[string]any{"labels": []any{"x"}, "backend": "pod"}}}, "name"},
 		{"pool backend", map[string]any{"pools": []any{map[string]any{"name": "a", "labels": []any{"x"}, "backend": "vm"}}}, "backend"},
 		{"knative without its token", map[string]any{"scaler": "knative"}, "knative.tickToken"},

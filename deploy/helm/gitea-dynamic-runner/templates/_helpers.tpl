@@ -9,12 +9,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-gdr.image: the image of a function: (list $ "handle") -> <images.registry>/gitea-dynamic-runner-handle:<images.tag>.
+gdr.image: the image of a function: (list $ "handle") -> <images.registry>/gitea-dynamic-runner-handle:<images.tag>,
+then @<digest> where images.digests pins it (a release's chart pins every function's).
 */}}
 {{- define "gdr.image" -}}
 {{- $root := index . 0 -}}
 {{- $name := index . 1 -}}
 {{- printf "%s/gitea-dynamic-runner-%s:%s" $root.Values.images.registry $name ($root.Values.images.tag | default $root.Chart.AppVersion) -}}
+{{- with index ($root.Values.images.digests | default dict) $name }}@{{ . }}{{ end -}}
 {{- end }}
 
 {{/*
