@@ -58,7 +58,8 @@ try-gitea:
 ## peers: build the real peers the end-to-end tests start (once; cached outside the checkout):
 ##        Gitea v1.27.3; Kubernetes v1.37.2 (kube-apiserver, kube-scheduler,
 ##        kube-controller-manager, kubelet, kube-proxy) + etcd v3.7.0; kubectl v1.37.2 (the
-##        commands of deploy/README.md's install, run by TestE2EClusterReadme); spire-server and spire-agent
+##        commands of deploy/README.md's install, run by TestE2EClusterReadme); helm v4.3.2 (the
+##        commands of its Helm section, run by TestE2EClusterHelmBuiltinIdentity); spire-server and spire-agent
 ##        v1.13.3; the node's runtime from Debian's packages (containerd, runc, CNI plugins, nft);
 ##        kube-router v2.1.0's firewall with Debian's iptables and ipset (the test cluster's
 ##        NetworkPolicy dataplane; a test peer only); KEDA's operator v2.21.0; OpenSandbox's
@@ -68,6 +69,7 @@ peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
 	./scripts/peers/kubectl.sh build
+	./scripts/peers/helm.sh build
 	./scripts/peers/kube-node.sh build
 	./scripts/peers/kube-router.sh build
 	./scripts/peers/spire.sh build

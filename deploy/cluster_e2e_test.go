@@ -96,6 +96,10 @@ type installation struct {
 	registryHost string
 	// webhook is the ID of Gitea's system webhook to dispatch serve.
 	webhook int64
+	// releases is the registry of installOptions.release's releases, helm the shell of
+	// deploy/README.md's Helm blocks (both nil without one).
+	releases *releases
+	helm     *readmeShell
 	// gitea is Gitea's address from the node (GDR_GITEA_URL's host and port).
 	gitea string
 }
@@ -142,6 +146,12 @@ type installOptions struct {
 	// agent and makes no key by hand (the keys Job makes them, read back after the install);
 	// "" is SPIRE, as shipped.
 	identity string
+	// release, when set, is the version installHelm installs from a release, with identity
+	// ca: made by `make release` for a registry of the test's, pushed there by `make push`, and
+	// installed by deploy/README.md's Helm blocks (helm, the CLI: the tokens' Secrets, helm
+	// install from the registry), with the test cluster's own values in my-values.yaml (no
+	// images: the release's). installation.helm runs the later blocks.
+	release string
 }
 
 // setEnv sets each of env on every container of the ScaledJob obj's Job template, in place
@@ -195,6 +205,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	ca := o.identity == "ca"
 	if ca && o.how != installHelm {
 		t.Fatal("installOptions.identity ca is the chart's")
+	}
+	if o.release != "" && !ca {
+		t.Fatal("installOptions.release installs as deploy/README.md's Helm section does: identity ca")
 	}
 	var spire *spireenv.Server
 	var agentID spiffeid.ID
@@ -429,9 +442,13 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		}
 		secrets["gdr-nats-"+strings.ReplaceAll(strings.ToLower(u), "_", "-")] = map[string][]byte{"nkey": data}
 	}
-	if ca { // identity ca: the keys Job registers the pools, given Gitea's token
+	readToken := secrets["gdr-gitea-read"]["token"]
+	if o.release != "" { // deploy/README.md's Helm blocks make both token Secrets
+		delete(secrets, "gdr-gitea-read")
+	} else if ca { // identity ca: the keys Job registers the pools, given Gitea's token
 		secrets["gdr-registration-token"] = map[string][]byte{"token": []byte(g.RegistrationToken(t))}
-	} else {
+	}
+	if !ca {
 		secrets["gdr-runner-credentials"] = registerPools(ctx, t, g, pools)
 	}
 	if !ca { // identity ca: the chart's keys Job makes them (read back after the install)
@@ -504,6 +521,8 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	// KEDA's operator (on the machine, its CRDs installed), then kubectl
 	// apply -k keda (server-side apply).
 	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
+	var rel *releases
+	var helm *readmeShell
 	switch o.how {
 	case installKustomize:
 		applyAll(ctx, t, c, objs)
@@ -519,7 +538,29 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 			// The chart with these values renders what kubectl apply -k would apply here.
 			t.Fatalf("the chart's objects are not the kustomize install's:\n%s", strings.Join(probs, "\n"))
 		}
-		helmInstall(ctx, t, c, vals)
+		if o.release == "" {
+			helmInstall(ctx, t, c, nil, vals)
+			break
+		}
+		// deploy/README.md's Helm install: the values its blocks set are not in my-values.yaml.
+		rel = startReleases(t, c)
+		rel.publish(ctx, t, o.release)
+		helm = rel.helmShell(t, c, map[string]string{"VERSION": o.release, "GITEA": config["GDR_GITEA_URL"],
+			"NATS": config["GDR_NATS_URL"], "NATS_MONITOR": monitor, "NATS_REPLICAS": config["GDR_NATS_REPLICAS"]})
+		for _, k := range []string{"images", "gitea", "nats", "identity"} {
+			delete(vals, k)
+		}
+		data, err := yaml.Marshal(vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(helm.dir, "my-values.yaml"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		in := &installation{helm: helm}
+		in.helmBlock(ctx, t, "registration-token", g.RegistrationToken(t))
+		in.helmBlock(ctx, t, "gitea-read-token", string(readToken))
+		in.helmBlock(ctx, t, "install", "")
 	}
 	waitInstalled(ctx, t, c, cs, o.alwaysUp)
 	if ca { // the keys Job's
@@ -546,7 +587,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
 	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire, gitea: giteaAddr,
-		registry: registry, registryHost: registryHost, webhook: hook}
+		registry: registry, registryHost: registryHost, webhook: hook, releases: rel, helm: helm}
 }
 
 // TestE2EClusterInstall runs real jobs through deploy/keda as installed by
@@ -1468,6 +1509,12 @@ func waitInstalled(ctx context.Context, t testing.TB, c *clusterenv.Cluster, cs 
 		}
 		if err != nil || time.Now().After(deadline) || ctx.Err() != nil {
 			dumpPods(ctx, t, cs)
+			for _, name := range []string{"dispatch", "gateway"} {
+				if so, err := scaledObjects.Get(ctx, name, metav1.GetOptions{}); err == nil {
+					conds, _, _ := unstructured.NestedSlice(so.Object, "status", "conditions")
+					t.Logf("ScaledObject %s: %v", name, conds)
+				}
+			}
 			t.Fatalf("install not up (%v; done: %v)", err, done)
 		}
 		time.Sleep(time.Second)

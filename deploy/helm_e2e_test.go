@@ -15,9 +15,11 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart"
 	"helm.sh/helm/v4/pkg/chart/loader"
 	"helm.sh/helm/v4/pkg/kube"
 	releasev1 "helm.sh/helm/v4/pkg/release/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -82,14 +84,24 @@ func helmConfig(t testing.TB, c *clusterenv.Cluster) *action.Configuration {
 	return cfg
 }
 
-// helmInstall runs helm install of the chart with vals into installNamespace (server-side
-// apply, Helm v4's default; no wait: installKEDAWith waits as for kubectl apply).
-func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals map[string]any) {
+// loadChart is chrt, or the chart of chartDir when chrt is nil.
+func loadChart(t testing.TB, chrt chart.Charter) chart.Charter {
 	t.Helper()
+	if chrt != nil {
+		return chrt
+	}
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return chrt
+}
+
+// helmInstall runs helm install of chrt (nil: chartDir's) with vals into installNamespace
+// (server-side apply, Helm v4's default; no wait: installKEDAWith waits as for kubectl apply).
+func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, chrt chart.Charter, vals map[string]any) {
+	t.Helper()
+	chrt = loadChart(t, chrt)
 	install := action.NewInstall(helmConfig(t, c))
 	install.ReleaseName = helmRelease
 	install.Namespace = installNamespace
@@ -101,14 +113,11 @@ func helmInstall(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals 
 	t.Logf("helm install: %v", time.Since(t0).Round(time.Millisecond))
 }
 
-// helmUpgrade runs helm upgrade of the release to the chart with vals over its values (as the
-// CLI's --reuse-values), without waiting but for hooks.
-func helmUpgrade(ctx context.Context, t testing.TB, c *clusterenv.Cluster, vals map[string]any) {
+// helmUpgrade runs helm upgrade of the release to chrt (nil: chartDir's) with vals over its
+// values (as the CLI's --reuse-values), without waiting but for hooks.
+func helmUpgrade(ctx context.Context, t testing.TB, c *clusterenv.Cluster, chrt chart.Charter, vals map[string]any) {
 	t.Helper()
-	chrt, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chrt = loadChart(t, chrt)
 	upgrade := action.NewUpgrade(helmConfig(t, c))
 	upgrade.Namespace = installNamespace
 	upgrade.ReuseValues = true
@@ -137,7 +146,8 @@ func TestE2EClusterHelm(t *testing.T) {
 }
 
 // helmTest runs helm test (the chart's `dispatch check` Pod) and reads its report, as `helm
-// test --logs` does: every pool's registration accepted by Gitea, dispatch's NATS user and the
+// test --logs` does: the SPIRE Server reached (its SVID of the trust domain), every pool's
+// registration accepted by Gitea, dispatch's NATS user and the
 // assignments' stream found; the succeeded Pod is gone afterwards (its delete policy).
 func (in *installation) helmTest(ctx context.Context, t *testing.T) {
 	rt := action.NewReleaseTesting(helmConfig(t, in.c))
@@ -157,7 +167,7 @@ func (in *installation) helmTest(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm test: %v", err)
 	}
-	for _, want := range []string{": pool linux: ok", ": user dispatch: ok", ": stream CI_RUNNER: ok"} {
+	for _, want := range []string{": pool linux: ok", ": user dispatch: ok", ": stream CI_RUNNER: ok", "/spire/server: ok"} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the check's report lacks %q", want)
 		}
@@ -181,7 +191,7 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 	if _, err := in.cs.AppsV1().Deployments(installNamespace).Get(ctx, "gateway", metav1.GetOptions{}); err != nil {
 		t.Fatalf("before the uninstall: %v", err)
 	}
-	helmUpgrade(ctx, t, in.c, map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}})
+	helmUpgrade(ctx, t, in.c, nil, map[string]any{"spire": map[string]any{"podIdentity": "workload-api"}})
 	if _, err := in.cs.RbacV1().ClusterRoles().Get(ctx, "gitea-dynamic-runner-nodes", metav1.GetOptions{}); err != nil {
 		t.Fatalf("no fault to check: the release with spire.podIdentity workload-api has no ClusterRole gitea-dynamic-runner-nodes: %v", err)
 	}
@@ -224,40 +234,38 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 	}
 }
 
-// TestE2EClusterHelmBuiltinIdentity installs the chart with identity ca into a cluster that runs
-// no SPIRE Server or agent, with no key made and no pool registered by hand (installKEDAWith's
-// identity ca: Gitea's registration token, NATS's users and KEDA's Gitea token): the keys Job
-// makes every key, the CA, its bundle and the gateway's certificate, and registers the pools;
-// real jobs run to their conclusion, each
-// executor with an SVID handle minted from that CA (the gateway, whose bundle holds that CA
-// alone, admits nothing else); helm test passes; an upgrade keeps every key; helm uninstall
-// takes what the keys Job made.
+// TestE2EClusterHelmBuiltinIdentity installs a release with identity ca into a cluster that
+// runs no SPIRE Server or agent, with no key made and no pool registered by hand
+// (installKEDAWith's identity ca: Gitea's registration token, NATS's users and KEDA's Gitea
+// token): `make release` makes it for the test's registry, `make push` pushes it there, and the
+// chart installed is the one pulled from there, every function running the release's image by
+// digest. The keys Job makes every key, the CA, its bundle and the gateway's certificate, and
+// registers the pools; real jobs run to their conclusion, each executor with an SVID handle
+// minted from that CA; the gateway refuses a forged and a re-targeted SVID; helm test passes; an
+// upgrade to a second release (its images' indexes stamped anew, so every function is replaced)
+// keeps every key and a job running across it succeeds; helm uninstall takes what the keys Job
+// made.
 func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	in := installKEDAWith(ctx, t, installOptions{how: installHelm, identity: "ca"})
+	const first, second = "v0.0.0-e2e.1", "v0.0.0-e2e.2"
+	in := installKEDAWith(ctx, t, installOptions{how: installHelm, identity: "ca", release: first})
 	var made map[string]string
 	in.runSteps(ctx, t, []step{
 		{"Keys", func(t *testing.T) {
 			in.waitJobComplete(ctx, t, "keys-1")
 			made = in.builtinKeys(ctx, t)
 		}},
-		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
-		{"HelmTest", func(t *testing.T) { in.helmTest(ctx, t) }},
-		{"Upgrade", func(t *testing.T) {
-			helmUpgrade(ctx, t, in.c, map[string]any{"logLevel": "debug"})
-			in.waitJobComplete(ctx, t, "keys-2")
-			if after := in.builtinKeys(ctx, t); !maps.Equal(after, made) {
-				t.Fatal("the upgrade's keys Job changed a key")
-			}
+		{"Release", func(t *testing.T) {
+			n := in.runRelease(ctx, t, in.releases.manifest(t, first))
+			t.Logf("%d containers run release %s's images", n, first)
 		}},
+		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
+		{"HelmTest", func(t *testing.T) { in.helmBlock(ctx, t, "check", "") }},
+		{"Upgrade", func(t *testing.T) { in.upgradeAcrossAJob(ctx, t, second, made) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 		{"Uninstall", func(t *testing.T) {
-			uninstall := action.NewUninstall(helmConfig(t, in.c))
-			uninstall.WaitStrategy = kube.HookOnlyStrategy
-			if _, err := uninstall.Run(helmRelease); err != nil {
-				t.Fatalf("helm uninstall: %v", err)
-			}
+			in.helmBlock(ctx, t, "uninstall", "")
 			for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
 				var left []string
 				for _, s := range []string{"gdr-secrets", "gdr-identity-ca", "gdr-gateway-svid", "gdr-runner-credentials"} {
@@ -279,6 +287,81 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 			}
 		}},
 	})
+}
+
+// upgradeAcrossAJob starts a job that logs for about 90 s, probes the gateway with forged and
+// re-targeted SVIDs while it runs (gatewayRefuses), publishes the release version and upgrades
+// to its chart; the upgrade's keys Job keeps every key (made), the gateway's Pod is replaced by
+// one running the new release's image while the job still runs, and the job then succeeds with
+// every line it logged and none of the probes'.
+func (in *installation) upgradeAcrossAJob(ctx context.Context, t *testing.T, version string, made map[string]string) {
+	t.Helper()
+	in.releases.publish(ctx, t, version)
+	m := in.releases.manifest(t, version)
+	repo := in.g.CreateRepo(t, "across-upgrade")
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", `on: push
+jobs:
+  across:
+    runs-on: ubuntu-latest
+    steps:
+      - run: for i in $(seq 1 45); do echo "tick $i"; sleep 2; done
+`)
+	in.gatewayRefuses(ctx, t, repo)
+	before := in.gatewayPods(ctx, t)
+	in.helm.vars["NEW_VERSION"] = version
+	in.helmBlock(ctx, t, "upgrade", "")
+	in.waitJobComplete(ctx, t, "keys-2")
+	in.waitJobComplete(ctx, t, "handle-setup-2")
+	if after := in.builtinKeys(ctx, t); !maps.Equal(after, made) {
+		t.Fatal("the upgrade's keys Job changed a key")
+	}
+	in.runRelease(ctx, t, m)
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		now := in.gatewayPods(ctx, t)
+		replaced := false
+		for name, image := range now {
+			if _, old := before[name]; !old && image == m.Images["gateway"]+" ready" {
+				replaced = true
+			}
+		}
+		if replaced {
+			t.Logf("gateway Pods before the upgrade %v, after %v", before, now)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no gateway Pod of release %s ready: before %v, now %v", version, before, now)
+		}
+	}
+	for _, j := range in.g.Jobs(t, repo) {
+		if j.Status == "completed" {
+			t.Fatalf("the job ended (%s) before the upgrade was done: it no longer runs across it", j.Conclusion)
+		}
+	}
+	job := in.waitCompleted(ctx, t, repo, "across", 5*time.Minute)
+	logs := in.g.JobLogs(t, repo, job.ID)
+	if job.Conclusion != "success" || !strings.Contains(logs, "tick 45") || strings.Contains(logs, "gdr-probe-") {
+		t.Fatalf("the job across the upgrade: %s\n%s", job.Conclusion, logs)
+	}
+}
+
+// gatewayPods maps each gateway Pod's name to its image, then " ready" when it is Ready.
+func (in *installation) gatewayPods(ctx context.Context, t *testing.T) map[string]string {
+	t.Helper()
+	pods, err := in.cs.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		state := ""
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
+				state = " ready"
+			}
+		}
+		out[p.Name] = p.Spec.Containers[0].Image + state
+	}
+	return out
 }
 
 // builtinKeys checks what the keys Job made with identity ca, owned by the release's gdr-config:

@@ -454,78 +454,88 @@ func lookup(obj any, keys []string) any {
 	return obj
 }
 
-// TestHelmInstallStepsSetEveryValue runs deploy/README.md's "Helm" steps that make the values
-// files (the sed of values.yaml, the printf of the settings), merges them as helm -f does
-// (Helm's own values.Options) and renders the chart: every value must land where the
-// functions read it and no placeholder may be left. Then step 7's pipeline must cut the
-// gdr-pools ConfigMap's pools.yaml exactly out of the rendered chart.
+// TestHelmInstallStepsSetEveryValue runs deploy/README.md's Helm install block with a helm
+// that records its arguments (and a kubectl that does nothing), merges the values it passes as
+// the CLI does (Helm's own values.Options: the --set flags over -f my-values.yaml, empty here)
+// and renders this checkout's chart with them: every value must land where the functions read
+// it, with identity ca and the registration Secret wired, and no placeholder of a setting may
+// be left. TestE2EClusterHelmBuiltinIdentity runs the same block with the real helm.
 func TestHelmInstallStepsSetEveryValue(t *testing.T) {
-	const section = "## Helm"
-	if _, err := exec.LookPath("sed"); err != nil {
-		t.Skip("no sed on this machine")
+	var install string
+	for _, b := range readmePhase(t, "helm") {
+		if b.name == "install" {
+			install = b.text
+		}
+	}
+	if install == "" {
+		t.Fatal("README.md has no helm install block")
 	}
 	root := t.TempDir()
-	here, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(here, filepath.Join(root, "deploy")); err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{
-		"NS": "ci-runners", "REG": "registry.test/ci", "TAG": "v9", "TD": "ci.test", "CLUSTER": "c-7",
-		"GITEA": "https://git.test/", "SPIRE": "spire.test:8081", "NATS": "nats://n.test:4222",
-		"NATS_MONITOR": "n.test:8222", "NATS_REPLICAS": "5",
-	}
+	env := map[string]string{"REG": "registry.test/ci", "VERSION": "v9.1.0", "GITEA": "https://git.test/",
+		"NATS": "nats://n.test:4222", "NATS_MONITOR": "n.test:8222", "NATS_REPLICAS": "5"}
 	environ := os.Environ()
 	for k, v := range env {
 		environ = append(environ, k+"="+v)
 	}
-	for _, prefix := range []string{"sed ", "printf '%s\\n'"} {
-		for _, cmd := range sectionCommands(t, section, prefix) {
-			c := exec.Command("bash", "-c", cmd)
-			c.Dir, c.Env = root, environ
-			if out, err := c.CombinedOutput(); err != nil {
-				t.Fatalf("%s: %v\n%s", cmd, err, out)
-			}
+	if err := os.WriteFile(filepath.Join(root, "my-values.yaml"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shims := "helm() { printf '%s\\n' \"$@\" > helm.args; }\nkubectl() { :; }\n"
+	c := exec.Command("bash", "-euo", "pipefail", "-c", shims+install)
+	c.Dir, c.Env = root, environ
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("the install block: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "helm.args"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	start := []string{"install", "gdr", "oci://registry.test/ci/gitea-dynamic-runner", "--version", "9.1.0", "-n", installNamespace}
+	if !slices.Equal(args[:min(len(args), len(start))], start) {
+		t.Fatalf("helm %q, want it to start %q", args, start)
+	}
+	var opts values.Options
+	for i := len(start); i < len(args); i++ {
+		switch args[i] {
+		case "--set":
+			i++
+			opts.Values = append(opts.Values, args[i])
+		case "-f":
+			i++
+			opts.ValueFiles = append(opts.ValueFiles, filepath.Join(root, args[i]))
+		default:
+			t.Fatalf("helm install argument %q: not a --set or -f", args[i])
 		}
 	}
-	opts := values.Options{ValueFiles: []string{filepath.Join(root, "my-values.yaml"), filepath.Join(root, "my-settings.yaml")}}
 	vals, err := opts.MergeValues(getter.Providers{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest, err := renderManifest(t, env["NS"], vals)
+	manifest, err := renderManifest(t, installNamespace, vals)
 	if err != nil {
-		t.Fatalf("helm template with the steps' values: %v", err)
+		t.Fatalf("helm template with the block's values: %v", err)
 	}
-	for _, left := range []string{"ghcr.io/example/", "nats.nats.svc", "gitea.example.com", "example.org", "example-cluster", "spire-server.spire"} {
+	for _, left := range []string{"nats.nats.svc", "gitea.example.com"} {
 		if strings.Contains(manifest, left) {
-			t.Errorf("the chart still renders %q with the steps' values", left)
+			t.Errorf("the chart still renders %q with the block's values", left)
 		}
 	}
-	docs := byKey(mustRenderChart(t, env["NS"], vals))
-	data := path(docs["ConfigMap gdr-config"].obj, "data").(map[string]any)
+	docs := byKey(mustRenderChart(t, installNamespace, vals))
+	cfg := path(docs["ConfigMap gdr-config"].obj, "data").(map[string]any)
 	for k, want := range map[string]string{
-		"GDR_NATS_URL": env["NATS"], "GDR_NATS_REPLICAS": env["NATS_REPLICAS"], "GDR_GITEA_URL": env["GITEA"], "GDR_TRUST_DOMAIN": env["TD"],
-		"GDR_CLUSTER_NAME": env["CLUSTER"], "GDR_SPIRE_SERVER": env["SPIRE"], "GDR_GATEWAY_SPIFFE_ID": "spiffe://" + env["TD"] + "/gateway",
+		"GDR_NATS_URL": env["NATS"], "GDR_NATS_REPLICAS": env["NATS_REPLICAS"], "GDR_GITEA_URL": env["GITEA"], "GDR_POD_IDENTITY": "ca",
 	} {
-		if data[k] != want {
-			t.Errorf("gdr-config %s = %q, want %q", k, data[k], want)
+		if cfg[k] != want {
+			t.Errorf("gdr-config %s = %q, want %q", k, cfg[k], want)
 		}
 	}
-	pools := path(docs["ConfigMap gdr-pools"].obj, "data", "pools.yaml").(string)
-	for _, img := range []string{"runner", "runner-host"} {
-		if want := env["REG"] + "/gitea-dynamic-runner-" + img + ":" + env["TAG"]; !strings.Contains(pools, want+"\n") {
-			t.Errorf("the pools file does not name %s", want)
-		}
+	if !strings.Contains(manifest, "gdr-registration-token") {
+		t.Error("the keys Job does not read the registration token Secret the block names")
 	}
 	if got := path(docs["ScaledJob handle-pod"].obj, "spec", "triggers").([]any)[0].(map[string]any)["metadata"].(map[string]any)["natsServerMonitoringEndpoint"]; got != env["NATS_MONITOR"] {
 		t.Errorf("natsServerMonitoringEndpoint %v, want %s", got, env["NATS_MONITOR"])
 	}
-
-	// Step 7: the pools file out of helm template's output.
-	cutPools(t, section, "helm template gdr $CHART |", []byte(manifest), pools)
 }
 
 // TestHelmPrometheusRule: the chart ships no PrometheusRule by default (the kind needs the

@@ -25,13 +25,14 @@ import (
 //
 // where PHASE is variables (the one block of documented variables), install, upgrade or
 // uninstall (TestE2EClusterReadme runs the block in that phase, in order, by NAME), build
-// (TestE2EClusterBuild runs it, by NAME), docker (TestE2EClusterDocker runs it, by NAME), or
+// (TestE2EClusterBuild runs it, by NAME), docker (TestE2EClusterDocker runs it, by NAME), helm
+// (TestE2EClusterHelmBuiltinIdentity runs it, by NAME), or
 // `skip: <why>` (a prerequisite the test provides itself, saying how).
 const readmeMarker = "<!-- readme-test: "
 
 // readmeSections are the sections whose every sh block must carry a marker.
 var readmeSections = []string{"## Prerequisites", "## Install from an empty cluster (KEDA)", "## Upgrade (KEDA)", "## Uninstall (KEDA)",
-	"## Image builds", "## Docker workflows"}
+	"## Helm", "## Image builds", "## Docker workflows"}
 
 // readmeBlock is one fenced sh block of README.md.
 type readmeBlock struct {
@@ -130,8 +131,9 @@ var readmeNames = map[string][]string{
 	"install":   {"keys", "nats-users", "registration-token", "gitea-token", "gitea-read-token", "images", "overlay", "register", "spire-entries", "apply", "webhook", "check"},
 	"upgrade":   {"images", "verify-both", "apply", "sign-new", "verify-new"},
 	"uninstall": {"all"},
-	"build":     {"seccomp", "namespace"}, // TestE2EClusterBuild's
-	"docker":    {"namespace"},            // TestE2EClusterDocker's
+	"build":     {"seccomp", "namespace"},                                                               // TestE2EClusterBuild's
+	"docker":    {"namespace"},                                                                          // TestE2EClusterDocker's
+	"helm":      {"registration-token", "gitea-read-token", "install", "check", "upgrade", "uninstall"}, // TestE2EClusterHelmBuiltinIdentity's
 }
 
 // TestReadmeBlocks checks README.md's install, upgrade and uninstall as the commands
@@ -161,7 +163,7 @@ func TestReadmeBlocks(t *testing.T) {
 			continue
 		case "variables":
 			continue
-		case "install", "upgrade", "uninstall", "build", "docker":
+		case "install", "upgrade", "uninstall", "build", "docker", "helm":
 			got[b.phase] = append(got[b.phase], b.name)
 		case "":
 			t.Errorf("%s: an sh block without a readme-test marker", where)

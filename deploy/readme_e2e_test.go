@@ -102,6 +102,7 @@ func TestE2EClusterReadme(t *testing.T) {
 
 	vars := map[string]string{
 		"REG": registryHost + "/gdr", "TAG": "e2e-1", "NEW_TAG": "e2e-2",
+		"VERSION": "v0.0.0-unused.1", "NEW_VERSION": "v0.0.0-unused.2", // the Helm section's (TestE2EClusterHelmBuiltinIdentity)
 		"TD": td.Name(), "CLUSTER": clusterenv.SPIRECluster,
 		"SPIRE": net.JoinHostPort(c.NodeIP(), spirePort), "SPIRE_SERVER": spireCLI,
 		"GITEA": "http://" + giteaAddr + "/", "NATS_MONITOR": monitor, "NATS_REPLICAS": "1",
@@ -238,7 +239,7 @@ func (s *readmeShell) environ() []string {
 
 // run runs block b (bash -euo pipefail) with stdin; it fails the test with its output when b
 // fails.
-func (s *readmeShell) run(ctx context.Context, t *testing.T, b readmeBlock, stdin string) {
+func (s *readmeShell) run(ctx context.Context, t testing.TB, b readmeBlock, stdin string) {
 	t.Helper()
 	t0 := time.Now()
 	c := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", b.text)

@@ -70,6 +70,9 @@ type CheckConfig struct {
 	assignmentevents.PublishSettings
 
 	Stream string `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	// SPIREServer and TrustDomain: with identity spire, check reaches the SPIRE Server.
+	SPIREServer string `envconfig:"GDR_SPIRE_SERVER" desc:"check: the SPIRE Server's TCP API (host:port), reached and its certificate's SPIFFE ID checked against GDR_TRUST_DOMAIN; empty (identity ca): not checked"`
+	TrustDomain string `envconfig:"GDR_TRUST_DOMAIN" desc:"check, with GDR_SPIRE_SERVER: the trust domain the SPIRE Server's SVID must be of"`
 
 	pools runnerpool.Pools
 }

@@ -19,11 +19,13 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,6 +33,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
@@ -164,7 +168,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, args []string, stdou
 // credentials, and writes one line per question: each pool's registration declares its labels
 // (as every dispatch round does: Gitea reachable, the runner known, its token accepted), and
 // dispatch's NATS user connects and, on the KEDA path, finds the assignments' stream (handle's
-// setup Job makes it). It changes nothing Gitea or NATS would not see from a round, claims no
+// setup Job makes it); with GDR_SPIRE_SERVER, the SPIRE Server answers as one of the trust
+// domain (spireServer). It changes nothing Gitea or NATS would not see from a round, claims no
 // task, and fails when any answer is not ok: `helm test` runs it.
 func check(ctx context.Context, cfg CheckConfig, hc *http.Client, w io.Writer) error {
 	pools := cfg.pools
@@ -187,6 +192,14 @@ func check(ctx context.Context, cfg CheckConfig, hc *http.Client, w io.Writer) e
 			report(fmt.Sprintf("gitea %s: pool %s", giteaURL, p.Name), c.Declare(ctx, p.Labels))
 		}
 	}
+	if cfg.SPIREServer != "" && !strings.HasPrefix(cfg.SPIREServer, "unix:") {
+		what := "spire " + cfg.SPIREServer
+		id, err := spireServer(ctx, cfg.SPIREServer, cfg.TrustDomain)
+		if err == nil {
+			what += ": server " + id
+		}
+		report(what, err)
+	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	report("nats "+natsURL+": user dispatch", err)
 	if err == nil {
@@ -197,6 +210,45 @@ func check(ctx context.Context, cfg CheckConfig, hc *http.Client, w io.Writer) e
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// spireServer completes a TLS handshake with the SPIRE Server's TCP API at addr and returns the
+// SPIFFE ID of the certificate it presents, which must be of the trust domain td: proof that the
+// address reaches a SPIRE Server of this installation's trust domain. It proves no more (check's
+// Pod holds no SVID and no bundle to verify the chain with, so the certificate is not
+// authenticated) and sends nothing over the connection.
+func spireServer(ctx context.Context, addr, td string) (string, error) {
+	trust, err := spiffeid.TrustDomainFromString(td)
+	if err != nil {
+		return "", fmt.Errorf("GDR_TRUST_DOMAIN %q: %w", td, err)
+	}
+	var id spiffeid.ID
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second}, Config: &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // no bundle here: VerifyConnection checks the ID alone, and nothing is sent
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no certificate")
+			}
+			got, err := x509svid.IDFromCert(cs.PeerCertificates[0])
+			if err != nil {
+				return fmt.Errorf("not a SPIFFE SVID: %w", err)
+			}
+			if !got.MemberOf(trust) {
+				return fmt.Errorf("its SVID %s is not of trust domain %s", got, trust)
+			}
+			id = got
+			return nil
+		},
+	}}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	_ = conn.Close()
+	return id.String(), nil
 }
 
 // redacted is a comma-separated list of URLs with any password in them replaced (url.URL's

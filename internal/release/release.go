@@ -84,6 +84,9 @@ type Options struct {
 	Out string
 	// Time is every timestamp of the chart archive (SOURCE_DATE_EPOCH).
 	Time time.Time
+	// Changelog is CHANGELOG.md: its section "## [<Version>]" becomes the release's NOTES.md.
+	// A version without one is refused, but a pre-release (-rc.1, ...).
+	Changelog string
 }
 
 // Make writes the release o describes into o.Out and returns its manifest.
@@ -105,6 +108,13 @@ func Make(o Options) (*Manifest, error) {
 		if !slices.Contains(o.Names, need) {
 			return nil, fmt.Errorf("release: image %s: the chart names it but the release lacks it", need)
 		}
+	}
+	notes, err := changelogSection(o.Changelog, o.Version)
+	if err != nil {
+		return nil, fmt.Errorf("release: %w", err)
+	}
+	if notes == "" && sv.Prerelease() == "" {
+		return nil, fmt.Errorf("release: %s has no section \"## [%s]\": write the release's changes there first (its [Unreleased] section, renamed)", o.Changelog, o.Version)
 	}
 	if entries, err := os.ReadDir(o.Out); err == nil && len(entries) > 0 {
 		return nil, fmt.Errorf("release: %s is not empty: a release folder is written once (remove it, or pick another version)", o.Out)
@@ -132,6 +142,11 @@ func Make(o Options) (*Manifest, error) {
 		return nil, fmt.Errorf("release: chart %s: %w", o.Chart, err)
 	}
 	m.Chart = filepath.Base(file)
+	if notes != "" {
+		if err := os.WriteFile(filepath.Join(o.Out, "NOTES.md"), []byte(notes), 0o644); err != nil {
+			return nil, fmt.Errorf("release: %w", err)
+		}
+	}
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return nil, err
@@ -310,4 +325,24 @@ func writeSums(dir string) error {
 		fmt.Fprintf(&sums, "%x  %s\n", h.Sum(nil), f)
 	}
 	return os.WriteFile(filepath.Join(dir, "SHA256SUMS"), []byte(sums.String()), 0o644)
+}
+
+// changelogSection returns the section of version in the changelog file (its "## [version]"
+// heading to the next "## "), or "" when it has none.
+func changelogSection(file, version string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("changelog: %w", err)
+	}
+	var out []string
+	in := false
+	for _, line := range strings.SplitAfter(string(data), "\n") {
+		if strings.HasPrefix(line, "## ") {
+			in = strings.HasPrefix(line, "## ["+version+"]")
+		}
+		if in {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, ""), nil
 }

@@ -54,7 +54,43 @@ func fakeImages(t *testing.T) (string, map[string]v1.ImageIndex) {
 
 func options(images, out string) Options {
 	return Options{Version: "v1.2.3-rc.1", Registry: "registry.example.net/gdr", Images: images, Names: names,
-		Chart: chartDir, Out: out, Time: time.Unix(1_700_000_000, 0).UTC()}
+		Chart: chartDir, Out: out, Time: time.Unix(1_700_000_000, 0).UTC(), Changelog: "../../CHANGELOG.md"}
+}
+
+// TestChangelogSection: a release's notes are its changelog section, a version without one is
+// refused, and a pre-release may have none.
+func TestChangelogSection(t *testing.T) {
+	images, _ := fakeImages(t)
+	changelog := filepath.Join(t.TempDir(), "CHANGELOG.md")
+	if err := os.WriteFile(changelog, []byte("# Changelog\n\n## [Unreleased]\n\n- next\n\n## [v1.2.3] - 2026-12-07\n\n### Added\n\n- this\n\n## [v1.2.2]\n\n- older\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		version, notes, err string
+	}{
+		{"v1.2.3", "## [v1.2.3] - 2026-12-07\n\n### Added\n\n- this\n\n", ""},
+		{"v1.2.4", "", `has no section "## [v1.2.4]"`},
+		{"v1.2.4-rc.1", "", ""},
+	} {
+		t.Run(c.version, func(t *testing.T) {
+			o := options(images, filepath.Join(t.TempDir(), "r"))
+			o.Version, o.Changelog = c.version, changelog
+			_, err := Make(o)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("Make: %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes, err := os.ReadFile(filepath.Join(o.Out, "NOTES.md"))
+			if string(notes) != c.notes || (c.notes == "" && !os.IsNotExist(err)) {
+				t.Fatalf("NOTES.md %q (%v), want %q", notes, err, c.notes)
+			}
+		})
+	}
 }
 
 // TestMake: a release stamps each image's index with its version (the platform images

@@ -800,6 +800,25 @@ func (c *Cluster) TrustPlainHTTPRegistry(host string) error {
 	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644)
 }
 
+// TrustRegistryCA makes the node's containerd pull from host (host:port) over HTTPS, verifying
+// its certificate with the CA of the PEM file caFile (a private registry's own CA).
+func (c *Cluster) TrustRegistryCA(host, caFile string) error {
+	dir := filepath.Join(c.registryHostsDir(), host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o644); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = %q\n",
+		"https://"+host, "https://"+host, filepath.Join(dir, "ca.crt"))
+	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644)
+}
+
 // ImportImage imports the OCI layout at dir into the node's containerd (the
 // CRI's namespace k8s.io) as <repo>:latest, for linux/amd64.
 func (c *Cluster) ImportImage(ctx context.Context, dir, repo string) error {

@@ -7,19 +7,31 @@
 // the registry (and was refused) or did not ask at all.
 //
 // Plain HTTP: a client must be told the registry is not TLS (containerd:
-// a hosts.toml whose server is http://).
+// a hosts.toml whose server is http://). StartAnonymousTLS serves HTTPS
+// instead, with a certificate of a CA of its own (CAFile): a client trusts
+// it as a user's machine trusts a private registry's CA (SSL_CERT_FILE for
+// Go's clients, containerd: a hosts.toml naming the CA).
 package registryenv
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log"
+	"math/big"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +54,10 @@ type Registry struct {
 	// Password is User's, random per registry.
 	Password string
 
+	// CAFile is the PEM file of the CA that signed the registry's certificate
+	// (StartAnonymousTLS; empty for plain HTTP).
+	CAFile string
+
 	anonymous bool
 	mu        sync.Mutex
 	requests  []ManifestRequest
@@ -56,7 +72,7 @@ type ManifestRequest struct {
 // Start starts a registry, stopped when the test ends.
 func Start(t testing.TB) *Registry {
 	t.Helper()
-	return start(t, false)
+	return start(t, false, false, nil)
 }
 
 // StartAnonymous starts a registry that lets anyone push and pull without credentials (Password
@@ -64,10 +80,18 @@ func Start(t testing.TB) *Registry {
 // pushes there with crane). Manifest requests are recorded as Start's are.
 func StartAnonymous(t testing.TB) *Registry {
 	t.Helper()
-	return start(t, true)
+	return start(t, true, false, nil)
 }
 
-func start(t testing.TB, anonymous bool) *Registry {
+// StartAnonymousTLS is StartAnonymous serving HTTPS, its certificate valid for 127.0.0.1 and
+// each of ips (the addresses it is forwarded to), signed by a new CA whose certificate is
+// CAFile.
+func StartAnonymousTLS(t testing.TB, ips ...net.IP) *Registry {
+	t.Helper()
+	return start(t, true, true, ips)
+}
+
+func start(t testing.TB, anonymous, serveTLS bool, tlsIPs []net.IP) *Registry {
 	t.Helper()
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
@@ -80,6 +104,11 @@ func start(t testing.TB, anonymous bool) *Registry {
 		t.Fatal(err)
 	}
 	r.Addr = ln.Addr().String()
+	if serveTLS {
+		cert, caFile := serverCertificate(t, append([]net.IP{net.IPv4(127, 0, 0, 1)}, tlsIPs...))
+		r.CAFile = caFile
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	}
 	srv := &http.Server{Handler: r.auth(registry.New(registry.Logger(log.New(io.Discard, "", 0)))), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -151,4 +180,40 @@ func (r *Registry) DockerConfigJSON(host string) []byte {
 	auth := base64.StdEncoding.EncodeToString([]byte(User + ":" + r.Password))
 	b, _ := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{"auth": auth}}})
 	return b
+}
+
+// serverCertificate makes a CA (its certificate written to a file, returned) and a server
+// certificate it signs for ips.
+func serverCertificate(t testing.TB, ips []net.IP) (tls.Certificate, string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "registryenv CA"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2),
+		Subject: pkix.Name{CommonName: "registryenv"}, IPAddresses: ips,
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}},
+		ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "registry-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, caFile
 }

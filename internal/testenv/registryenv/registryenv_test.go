@@ -1,8 +1,11 @@
 package registryenv
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net/http"
+	"os"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -54,5 +57,40 @@ func TestPrivateRegistry(t *testing.T) {
 	}
 	if with == 0 || without == 0 {
 		t.Fatalf("manifest requests %+v: want authenticated and refused ones", r.ManifestRequests())
+	}
+}
+
+// TestTLSRegistry: the TLS registry serves a client that trusts its CA and fails the handshake
+// of one that does not.
+func TestTLSRegistry(t *testing.T) {
+	r := StartAnonymousTLS(t)
+	ca, err := os.ReadFile(r.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		t.Fatal("no CA certificate in CAFile")
+	}
+	trusting := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	img, err := random.Image(64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.NewTag(r.Addr + "/tls/image:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img, remote.WithTransport(trusting)); err != nil {
+		t.Fatalf("push trusting the CA: %v", err)
+	}
+	resp, err := (&http.Client{Transport: trusting}).Get("https://" + r.Addr + "/v2/")
+	if err != nil {
+		t.Fatalf("https with the CA: %v", err)
+	}
+	resp.Body.Close()
+	var unknown x509.UnknownAuthorityError
+	if _, err := http.Get("https://" + r.Addr + "/v2/"); !errors.As(err, &unknown) {
+		t.Fatalf("https without the CA: %v, want an unknown authority", err)
 	}
 }

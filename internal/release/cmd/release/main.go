@@ -40,6 +40,7 @@ func run(args []string) error {
 		images := fs.String("images", "bin/images", "make images' folder")
 		chart := fs.String("chart", "deploy/helm/gitea-dynamic-runner", "the chart's folder")
 		out := fs.String("out", "", "the release folder (empty or absent)")
+		changelog := fs.String("changelog", "CHANGELOG.md", "the changelog: the version's section is the release's NOTES.md")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
@@ -52,7 +53,7 @@ func run(args []string) error {
 			names = append(names, i.Name)
 		}
 		m, err := release.Make(release.Options{Version: *version, Registry: *registry, Images: *images, Names: names,
-			Chart: *chart, Out: *out, Time: time.Unix(epoch, 0).UTC()})
+			Chart: *chart, Out: *out, Time: time.Unix(epoch, 0).UTC(), Changelog: *changelog})
 		if err != nil {
 			return err
 		}
