@@ -265,24 +265,23 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 		{"Upgrade", func(t *testing.T) { in.upgradeAcrossAJob(ctx, t, second, made) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 		{"Uninstall", func(t *testing.T) {
+			// What the operator (and this test, as one) made before the install stays.
+			operators := map[string]bool{"gdr-registration-token": true, "gdr-gitea-read": true, registrySecret: true,
+				"dispatch-webhook": true, "gateway-probe": true}
+			for _, u := range natsUsers {
+				operators["gdr-nats-"+strings.ReplaceAll(strings.ToLower(u), "_", "-")] = true
+			}
+			if left := in.leftAfterUninstall(ctx, t, operators); len(left) < 10 {
+				t.Fatalf("no fault to check: before the uninstall only %v", left)
+			}
 			in.helmBlock(ctx, t, "uninstall", "")
 			for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
-				var left []string
-				for _, s := range []string{"gdr-secrets", "gdr-identity-ca", "gdr-gateway-svid", "gdr-runner-credentials"} {
-					if _, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, s, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-						left = append(left, "Secret "+s)
-					}
-				}
-				for _, cm := range []string{"gdr-assignment-verify-keys", "gdr-identity-bundle"} {
-					if _, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, cm, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-						left = append(left, "ConfigMap "+cm)
-					}
-				}
+				left := in.leftAfterUninstall(ctx, t, operators)
 				if len(left) == 0 {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("after helm uninstall, the keys Job's objects are still there: %v", left)
+					t.Fatalf("after helm uninstall, objects of ours are still there: %v", left)
 				}
 			}
 		}},

@@ -21,7 +21,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/release"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
@@ -277,4 +279,44 @@ func (in *installation) gatewayRefuses(ctx context.Context, t *testing.T, repo s
 			t.Logf("%s: refused: %v", p.name, err)
 		}
 	}
+}
+
+// leftAfterUninstall lists every object left in the release's and the executors' namespaces
+// but what the operator made before the install (operators: their names) and what Kubernetes
+// puts in every namespace: after helm uninstall, what is left of ours.
+func (in *installation) leftAfterUninstall(ctx context.Context, t *testing.T, operators map[string]bool) []string {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(in.c.Plane.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := []schema.GroupVersionResource{
+		{Version: "v1", Resource: "pods"}, {Version: "v1", Resource: "services"}, {Version: "v1", Resource: "configmaps"},
+		{Version: "v1", Resource: "secrets"}, {Version: "v1", Resource: "serviceaccounts"},
+		{Version: "v1", Resource: "persistentvolumeclaims"},
+		{Group: "apps", Version: "v1", Resource: "deployments"}, {Group: "batch", Version: "v1", Resource: "jobs"},
+		{Group: "batch", Version: "v1", Resource: "cronjobs"},
+		{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
+		{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+		{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"},
+		{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledobjects"}, {Group: "keda.sh", Version: "v1alpha1", Resource: "scaledjobs"},
+	}
+	var left []string
+	for _, ns := range []string{installNamespace, jobsNamespace} {
+		for _, k := range kinds {
+			list, err := dyn.Resource(k).Namespace(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatalf("list %s in %s: %v", k.Resource, ns, err)
+			}
+			for _, o := range list.Items {
+				name := o.GetName()
+				switch {
+				case operators[name], name == "default" && k.Resource == "serviceaccounts", name == "kube-root-ca.crt":
+					continue
+				}
+				left = append(left, fmt.Sprintf("%s %s/%s", k.Resource, ns, name))
+			}
+		}
+	}
+	return left
 }
