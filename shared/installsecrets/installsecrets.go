@@ -345,13 +345,12 @@ func (e *ensurer) gateway(ctx context.Context, ca *svidca.CA, bundle *x509bundle
 	case err != nil:
 		return fmt.Errorf("Secret %s: %w", GatewaySVID, err)
 	}
+	why := ""
 	if s != nil {
-		why := e.renewal(s, bundle)
-		if why == "" {
+		if why = e.renewal(s, bundle); why == "" {
 			e.say("Secret %s: kept", GatewaySVID)
 			return nil
 		}
-		e.say("Secret %s: renewed (%s)", GatewaySVID, why)
 	}
 	svid, err := ca.Mint(e.opt.GatewayID, e.opt.GatewayTTL)
 	if err != nil {
@@ -369,7 +368,9 @@ func (e *ensurer) gateway(ctx context.Context, ca *svidca.CA, bundle *x509bundle
 		}
 	} else {
 		s.Data = data
-		_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+		if _, err = secrets.Update(ctx, s, metav1.UpdateOptions{}); err == nil {
+			e.say("Secret %s: renewed (%s)", GatewaySVID, why)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("Secret %s: %w", GatewaySVID, err)

@@ -20,8 +20,11 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/installkeys"
@@ -283,5 +286,36 @@ func TestEnsureRegistersThePools(t *testing.T) {
 	opt.Runners.Pools = append(opt.Runners.Pools, runnerpool.Pool{Name: "gpu", Labels: []string{"gpu"}, Credentials: "/x/gpu.json"})
 	if _, err := Ensure(ctx, c, opt); err == nil || !strings.Contains(err.Error(), "pool gpu is not registered and no registration token is set") {
 		t.Fatalf("a new pool without a token: %v", err)
+	}
+}
+
+// A renewal the API server refuses is reported as the error, never as renewed: the report is
+// what happened, not what was tried.
+func TestEnsureReportsARefusedRenewalAsAnError(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	now := time.Now()
+	if _, err := Ensure(ctx, c, options(now)); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	c.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name != GatewaySVID {
+			return false, nil, nil
+		}
+		refused++
+		return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), GatewaySVID, errors.New("refused"))
+	})
+	report, err := Ensure(ctx, c, options(now.Add(61*24*time.Hour)))
+	if refused != 1 {
+		t.Fatalf("no fault to check: %d refused updates of %s", refused, GatewaySVID)
+	}
+	if err == nil || !strings.Contains(err.Error(), GatewaySVID) {
+		t.Fatalf("Ensure: %v, want the refused update of %s", err, GatewaySVID)
+	}
+	for _, line := range report {
+		if strings.Contains(line, "renewed") {
+			t.Fatalf("reported %q though the update was refused", line)
+		}
 	}
 }
