@@ -509,6 +509,8 @@ func TestKedaSchedules(t *testing.T) {
 		Min      *int                  `json:"minReplicaCount"`
 		Max      int                   `json:"maxReplicaCount"`
 		Triggers []trigger             `json:"triggers"`
+		// InitialCooldown is initialCooldownPeriod (s).
+		InitialCooldown int `json:"initialCooldownPeriod"`
 	}
 	scaled := map[string]scaledObject{}
 	for _, name := range []string{"dispatch", "gateway"} {
@@ -524,6 +526,11 @@ func TestKedaSchedules(t *testing.T) {
 		if v.Target.Name != name || v.Min == nil || *v.Min != 0 {
 			t.Errorf("ScaledObject %s scales %q from %v: want Deployment %s from zero", name, v.Target.Name, v.Min, name)
 		}
+	}
+	if d := scaled["dispatch"]; d.InitialCooldown < 30 {
+		// dispatch's first run makes what the gateway's trigger reads (KV_CI_TASKS, consumer
+		// gateway): scaled to zero before it starts, the gateway's ScaledObject stays in error.
+		t.Errorf("ScaledObject dispatch: initialCooldownPeriod %d s: want its first run kept up (30 s at least) to make the bucket", d.InitialCooldown)
 	}
 	if d := scaled["dispatch"]; d.Max != 1 || len(d.Triggers) != 2 {
 		t.Errorf("ScaledObject dispatch: max %d, %d triggers: want one replica at most, on the queue's lag and Gitea's queued jobs", d.Max, len(d.Triggers))
