@@ -329,11 +329,20 @@ func (r *contractRun) pending(a contractAnswer) bool {
 	case eventExit:
 		return a.State == "Running" || k8s && a.State == "Pending" && a.Reason == "CREATING"
 	case eventExpire:
-		return a.State == "Running" || !k8s && a == contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR",
-			Message: "Sandbox container exited with code 137."}
+		return a.State == "Running" || !k8s && (a == dockerKilledAtExpiry || a == dockerRemovingAtExpiry)
 	}
 	return false
 }
+
+// The real server's answers on Docker between an expiry and the sandbox's removal: killed (137),
+// then, while dockerd removes the container (seconds when the machine is busy; seen in CI on
+// 2026-12-07), "removing".
+var (
+	dockerKilledAtExpiry = contractAnswer{Status: http.StatusOK, State: "Failed", Reason: "CONTAINER_EXITED_ERROR",
+		Message: "Sandbox container exited with code 137."}
+	dockerRemovingAtExpiry = contractAnswer{Status: http.StatusOK, State: "Unknown", Reason: "CONTAINER_STATE_UNKNOWN",
+		Message: "Sandbox container is in state 'removing'."}
+)
 
 // withEntrypoint returns want, if it is a sandbox's answer, with the
 // entrypoint the server shows for the case's sandbox: as the create asked
