@@ -113,7 +113,7 @@ func PullChart(ref, chartVersion string, plainHTTP bool) ([]byte, error) {
 	return res.Chart.Data, nil
 }
 
-// releasedIndex is the one multi-architecture index of a release's layout.
+// releasedIndex is the one image index a layout holds (make images' and a release's alike).
 func releasedIndex(dir string) (v1.ImageIndex, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
@@ -128,7 +128,7 @@ func releasedIndex(dir string) (v1.ImageIndex, error) {
 		return nil, err
 	}
 	if len(im.Manifests) != 1 {
-		return nil, fmt.Errorf("%s: %d descriptors, want the release's index alone", dir, len(im.Manifests))
+		return nil, fmt.Errorf("%s: %d descriptors, want one image index", dir, len(im.Manifests))
 	}
 	return outer.ImageIndex(im.Manifests[0].Digest)
 }

@@ -178,24 +178,12 @@ func Read(dir string) (*Manifest, error) {
 // The blobs are hard links to src's where the file system allows (copies elsewhere): only the
 // index is new.
 func stampImage(src, dst, version string) (v1.Hash, error) {
-	p, err := layout.FromPath(src)
+	inner, err := releasedIndex(src)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("%s: %w (make images writes it)", src, err)
+		return v1.Hash{}, fmt.Errorf("%w (make images writes it)", err)
 	}
-	outer, err := p.ImageIndex()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	im, err := outer.IndexManifest()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	if len(im.Manifests) != 1 || !im.Manifests[0].MediaType.IsIndex() {
-		return v1.Hash{}, fmt.Errorf("%s: want one multi-architecture index, found %d descriptors", src, len(im.Manifests))
-	}
-	inner, err := outer.ImageIndex(im.Manifests[0].Digest)
-	if err != nil {
-		return v1.Hash{}, err
+	if mt, err := inner.MediaType(); err != nil || !mt.IsIndex() {
+		return v1.Hash{}, fmt.Errorf("%s: want a multi-architecture index, found %s (%v)", src, mt, err)
 	}
 	stamped := mutate.Annotations(inner, map[string]string{"org.opencontainers.image.version": version}).(v1.ImageIndex)
 	if err := linkTree(filepath.Join(src, "blobs"), filepath.Join(dst, "blobs")); err != nil {
@@ -263,21 +251,19 @@ func pinChart(ch *chart.Chart, m *Manifest, digests map[string]v1.Hash) error {
 	for _, f := range Functions {
 		fmt.Fprintf(&pins, "    %s: %q\n", f, digests[f].String())
 	}
-	edits := []struct {
+	type edit struct {
 		what string
 		re   *regexp.Regexp
 		with string
-	}{
+	}
+	edits := []edit{
 		{"images.registry", regexp.MustCompile(`(?m)^  registry: .*\n`), fmt.Sprintf("  registry: %s   # the release's; a mirror: yours (the digests stay)\n", m.Registry)},
 		{"images.tag", regexp.MustCompile(`(?m)^  tag: .*\n`), fmt.Sprintf("  tag: %s\n", m.Version)},
 		{"images.digests", regexp.MustCompile(`(?m)^  digests: \{\}.*\n`), pins.String()},
 	}
 	for _, n := range poolImages {
-		edits = append(edits, struct {
-			what string
-			re   *regexp.Regexp
-			with string
-		}{"the default pool's " + n, regexp.MustCompile(regexp.QuoteMeta(placeholderRegistry+"/"+ImagePrefix+n+":latest") + `\b`), m.Images[n]})
+		edits = append(edits, edit{"the default pool's " + n,
+			regexp.MustCompile(regexp.QuoteMeta(placeholderRegistry+"/"+ImagePrefix+n+":latest") + `\b`), m.Images[n]})
 	}
 	for _, e := range edits {
 		if got := len(e.re.FindAllStringIndex(values, -1)); got != 1 {

@@ -11,7 +11,7 @@
 # The folder is complete exactly when it exists (scripts/peers/lib.sh). `go install` of
 # helm.sh/helm/v4/cmd/helm at that version, outside the checkout (its own go.mod, no replace
 # directives), with the machine's build cache: the Kubernetes client libraries it shares with the
-# project compile once. Cold: ~2-4 min on 2 cores; warm: instant.
+# project compile once. 82 s with that cache warm (from an empty one: not measured); built: instant.
 set -euo pipefail
 
 HELM_VERSION=v4.3.2
