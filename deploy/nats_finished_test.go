@@ -12,6 +12,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 // TestNATSFinishNotices runs, as each user of the shipped authorization block, the calls the
@@ -110,9 +111,9 @@ func TestNATSFinishNotices(t *testing.T) {
 		// The other through the real run: no executor, acknowledged.
 		mem := executortest.NewMemory("")
 		r := &recoverer.Recoverer{Pools: map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: pod, Capacity: 1}}}}
-		n := recoverer.Notices{Recoverer: r, Backend: pod, Executors: mem, Consumer: consumer, Batch: 4, Wait: time.Second}
+		n := pull.Notices{Decider: recoverer.NoticeHandler{Recoverer: r, Backend: pod, Executors: mem}, Backend: pod, Consumer: consumer, Batch: 4, Wait: time.Second}
 		sum, err := n.Run(ctx)
-		if err != nil || sum != (recoverer.NoticeSummary{Fetched: 1, Absent: 1}) {
+		if err != nil || sum != (pull.NoticeSummary{Fetched: 1, Absent: 1}) {
 			t.Fatalf("Notices.Run() = %+v, %v", sum, err)
 		}
 		recoverC.clean(t)

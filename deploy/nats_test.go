@@ -430,7 +430,7 @@ func TestNATSAuthorization(t *testing.T) {
 	}
 
 	// handle in job mode (functions/handle serve(): only Queue.Consumer, the consumer
-	// handle-setup made; then shared/handler Job.Run: Fetch, and per message Metadata and Ack,
+	// handle-setup made; then shared/trigger/pull Assignments.Run: Fetch, and per message Metadata and Ack,
 	// NakWithDelay / Nak, or TermWithReason: poison, or a rejection).
 	handle := srv.connect(t, "HANDLE_POD")
 	if !t.Run("handle-pod", func(t *testing.T) {
@@ -614,7 +614,7 @@ func TestNATSAuthorization(t *testing.T) {
 		// `recover status` (functions/recover status): the payloads, their started marks and
 		// run URLs (Get), and the pod consumer's state.
 		r, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: p, Tasks: p,
-			Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(recoverC.js)), Stream: assignmentqueue.DefaultStream},
+			Consumers: metrics.JetStreamConsumerInfo(recoverC.js).Backlogs(), Stream: assignmentqueue.DefaultStream},
 			runnerpool.Pools{{Name: a2.Task.Pool, Backend: taskassignment.BackendPod, Capacity: 5}}, time.Now())
 		if err != nil || len(r.Pools) != 1 || r.Pools[0].InFlight != 2 || r.Pools[0].Queued < 0 {
 			t.Fatalf("recover status = %+v, %v; want a2 and a3 in flight and the pod consumer read", r, err)
@@ -748,7 +748,7 @@ func runHandleSetup(ctx context.Context, t *testing.T, c *natsClient) {
 }
 
 // runHandleJob is one job-mode run of handle (functions/handle serve() and shared/handler
-// Job.Run) as client c: it binds the existing consumer (Queue.Consumer, nothing else: job mode
+// Assignments.Run) as client c: it binds the existing consumer (Queue.Consumer, nothing else: job mode
 // neither creates nor changes the stream or the consumer), fetches exactly len(want) messages and
 // settles each as want says for its assignment ID (unauthenticatedMsg, malformedMsg for the
 // messages without one): ack, nak (NakWithDelay, then a plain Nak on the redelivery) or term,

@@ -422,7 +422,7 @@ func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format stri
 	default:
 		payloads = p
 	}
-	r, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: payloads, Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)),
+	r, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: payloads, Consumers: metrics.JetStreamConsumerInfo(js).Backlogs(),
 		Stream: cfg.Stream}, pools, time.Now())
 	if err != nil {
 		return err

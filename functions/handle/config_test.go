@@ -11,6 +11,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 var update = flag.Bool("update", false, "rewrite handle's table in docs/CONFIGURATION.md (make docs)")
@@ -93,8 +94,8 @@ func TestLoadConfig(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// The documented defaults are the handler package's own.
-				if len(cfg.Key) != 32 || cfg.FetchWait != handler.DefaultWait || cfg.NakDelay != handler.DefaultNakDelay || cfg.ErrorDelay != handler.DefaultErrorDelay || cfg.HoldFor != handler.DefaultHoldFor {
+				// The documented defaults are the core's and its adapter's own.
+				if len(cfg.Key) != 32 || cfg.FetchWait != pull.DefaultWait || cfg.NakDelay != handler.DefaultNotYetDelay || cfg.ErrorDelay != handler.DefaultErrorDelay || cfg.HoldFor != pull.DefaultHoldFor {
 					t.Fatalf("config = %+v", cfg)
 				}
 				return

@@ -25,6 +25,8 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/push"
 )
 
 func main() {
@@ -56,7 +58,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer func() { _ = closeBackend() }()
 		reg := metrics.NewRegistry()
 		h.Observer = metrics.NewAssignments(reg)
-		return serveHTTP(ctx, cfg.HTTPAddr, handler.Receiver{Handler: h}, reg, log)
+		return serveHTTP(ctx, cfg.HTTPAddr, push.Assignments{Decider: h, Log: log}, reg, log)
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "handle-"+cfg.Backend)
 	if err != nil {
@@ -102,9 +104,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer func() { _ = closeBackend() }()
-	job := handler.Job{
-		Handler:  h,
-		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, NakDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay, HoldFor: cfg.HoldFor,
+	job := pull.Assignments{
+		Decider: h, Log: log,
+		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, HoldFor: cfg.HoldFor,
 		Linger: cfg.Linger, LingerMax: cfg.LingerMax,
 	}
 	sum, err := job.Run(ctx)
@@ -141,23 +143,23 @@ func newHandler(cfg Config, endings executor.Endings, log *slog.Logger) (handler
 			log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		},
 	}
-	return handler.Handler{Worker: worker, TrustDomain: td, Keys: ring, Log: log}, closeBackend, nil
+	return handler.Handler{Worker: worker, TrustDomain: td, Keys: ring, NotYetDelay: cfg.NakDelay, ErrorDelay: cfg.ErrorDelay}, closeBackend, nil
 }
 
-func serveHTTP(ctx context.Context, addr string, r handler.Receiver, g prometheus.Gatherer, log *slog.Logger) error {
+func serveHTTP(ctx context.Context, addr string, r push.Assignments, g prometheus.Gatherer, log *slog.Logger) error {
 	h, err := httpHandler(ctx, r, g, log)
 	if err != nil {
 		return err
 	}
 	log.Info("serving CloudEvents", slog.String("addr", addr))
-	return function.ListenAndServe(ctx, function.Server(h, handler.MaxEventBytes), addr)
+	return function.ListenAndServe(ctx, function.Server(h, push.MaxEventBytes), addr)
 }
 
 // httpHandler serves CloudEvents at / (any other path too: Knative posts
 // to /), readiness at GET /healthz and liveness at GET /livez (this mode
 // holds no NATS connection: nothing to check but the process), and g's
 // metrics at GET /metrics.
-func httpHandler(ctx context.Context, r handler.Receiver, g prometheus.Gatherer, log *slog.Logger) (http.Handler, error) {
+func httpHandler(ctx context.Context, r push.Assignments, g prometheus.Gatherer, log *slog.Logger) (http.Handler, error) {
 	events, err := r.NewHTTPHandler(ctx)
 	if err != nil {
 		return nil, err

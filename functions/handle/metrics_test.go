@@ -15,6 +15,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/push"
 )
 
 // acceptAll is a worker whose backend takes every assignment.
@@ -28,7 +29,7 @@ func TestHTTPModeProbesAndMetrics(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
 	reg := metrics.NewRegistry()
 	h := handler.Handler{Worker: acceptAll{}, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: metrics.NewAssignments(reg)}
-	handler, err := httpHandler(t.Context(), handler.Receiver{Handler: h}, reg, slog.New(slog.DiscardHandler))
+	handler, err := httpHandler(t.Context(), push.Assignments{Decider: h}, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dirlock"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/dispatcher"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
@@ -47,6 +46,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
@@ -85,7 +85,7 @@ type local struct {
 	loops        sync.WaitGroup
 	d            *dispatcher.Dispatcher
 	pool         dispatcher.Pool
-	job          handler.Job
+	job          pull.Assignments
 	recover      *recoverer.Recoverer
 	// recovering serializes the periodic pass and the finish of an ended
 	// executor. Not needed for correctness (recover never creates an
@@ -179,7 +179,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger) (*local, error) {
 type queue struct {
 	*assignmentqueue.Queue
 	signer   *assignmentsig.Signer
-	consumer delivery.Puller
+	consumer pull.Puller
 	payloads *assignmentqueue.Payloads
 	endings  *assignmentqueue.Endings
 	js       jetstream.JetStream
@@ -284,7 +284,7 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
 	l.statusSource = poolstatus.Source{Payloads: q.payloads, Tasks: q.payloads,
 		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
-		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(q.js)), Stream: q.Stream()}
+		Consumers: metrics.JetStreamConsumerInfo(q.js).Backlogs(), Stream: q.Stream()}
 	l.d = &dispatcher.Dispatcher{TrustDomain: td, Queue: q, Payloads: q.payloads, Log: log, Observer: dispatchmetrics.NewDispatch(reg)}
 	cadence := &dispatcher.Cadence{Idle: l.cfg.PollInterval, Busy: l.cfg.BusyPollInterval, Window: l.cfg.BusyWindow, Backoff: giteaBackoff}
 	l.rounds = dispatcher.NewRounds(ctx, l.dispatchOnce, cadence)
@@ -295,8 +295,9 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 				events.running(e.TaskID, e.Executor)
 			}
 		}}
-	l.job = handler.Job{
-		Handler:  handler.Handler{Worker: worker, TrustDomain: td, Keys: q.signer, Log: log, Observer: metrics.NewAssignments(reg)},
+	l.job = pull.Assignments{
+		Decider:  handler.Handler{Worker: worker, TrustDomain: td, Keys: q.signer, Observer: metrics.NewAssignments(reg)},
+		Log:      log,
 		Consumer: q.consumer, Batch: l.cfg.Capacity,
 	}
 	l.recover = &recoverer.Recoverer{

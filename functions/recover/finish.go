@@ -13,6 +13,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 // modeFinish is GDR_RECOVER_MODE=finish.
@@ -20,7 +21,7 @@ const modeFinish = "finish"
 
 // finish is one finish-mode run: for each backend of the pools file, one
 // batch of finish notices from the backend's durable consumer, each notice
-// settled (recoverer.Notices), then exit. The backends' batches run side by
+// settled (pull.Notices deciding with recoverer.NoticeHandler), then exit. The backends' batches run side by
 // side. It only binds the consumers: handle-setup creates them
 // (assignmentqueue.Finished.Ensure), as it creates the queue's, so recover's
 // NATS user needs no right to create or change a consumer.
@@ -43,8 +44,10 @@ func finish(ctx context.Context, cfg Config, r *recoverer.Recoverer, js jetstrea
 			mu.Unlock()
 			continue
 		}
-		n := recoverer.Notices{Recoverer: r, Backend: b, Executors: recoverer.Listed(r.Backends[b]), Consumer: consumer,
-			Batch: cfg.Batch, Wait: cfg.FetchWait, Retry: cfg.Retry}
+		n := pull.Notices{
+			Decider: recoverer.NoticeHandler{Recoverer: r, Backend: b, Executors: recoverer.Listed(r.Backends[b]), Retry: cfg.Retry},
+			Backend: b, Consumer: consumer, Log: log, Batch: cfg.Batch, Wait: cfg.FetchWait,
+		}
 		wg.Go(func() {
 			sum, err := n.Run(ctx)
 			log.Info("finish notices", slog.String("backend", string(b)), slog.Int("fetched", sum.Fetched),

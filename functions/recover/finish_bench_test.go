@@ -32,6 +32,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 // giteaTasks is Gitea's side for the benchmark: a task is over once
@@ -183,8 +184,10 @@ func BenchmarkE2EFinish(b *testing.B) {
 	runsDone := make(chan struct{})
 	go func() {
 		defer close(runsDone)
-		n := recoverer.Notices{Recoverer: r, Backend: taskassignment.BackendPod, Executors: recoverer.Listed(backend),
-			Consumer: consumer, Batch: 8, Wait: 2 * time.Second, Retry: 2 * time.Second}
+		n := pull.Notices{
+			Decider: recoverer.NoticeHandler{Recoverer: r, Backend: taskassignment.BackendPod, Executors: recoverer.Listed(backend), Retry: 2 * time.Second},
+			Backend: taskassignment.BackendPod, Consumer: consumer, Batch: 8, Wait: 2 * time.Second,
+		}
 		for runCtx.Err() == nil {
 			if _, err := n.Run(runCtx); err != nil {
 				b.Error(err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentevents"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
@@ -18,6 +17,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/push"
 )
 
 // In http mode a tick runs a pass that /metrics counts, and /healthz
@@ -31,7 +31,7 @@ func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	}
 	reg := metrics.NewRegistry()
 	probes := health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(env.Conn)}}}
-	h, err := handler(t.Context(), function.TickSettings{TickToken: "t1ck"}, r, assignmentevents.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
+	h, err := handler(t.Context(), function.TickSettings{TickToken: "t1ck"}, r, push.DeadLetters{Failer: r}, probes, reg, recovermetrics.NewRecover(reg), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

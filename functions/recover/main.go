@@ -47,6 +47,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/push"
 )
 
 // program is recover's command line.
@@ -153,7 +154,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		dead := assignmentevents.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
+		dead := push.DeadLetters{Failer: r, Keys: signer, TrustDomain: r.TrustDomain, Log: log}
 		return serve(ctx, cfg.HTTPAddr, cfg.TickSettings, r, dead, probes, reg, recovermetrics.NewRecover(reg), log)
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
@@ -268,7 +269,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Reco
 }
 
 // serve runs a pass per POST (a PingSource tick) until ctx ends.
-func serve(ctx context.Context, addr string, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
+func serve(ctx context.Context, addr string, ticks function.TickSettings, r *recoverer.Recoverer, dead push.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) error {
 	h, err := handler(ctx, ticks, r, dead, probes, g, obs, log)
 	if err != nil {
 		return err
@@ -282,7 +283,7 @@ func serve(ctx context.Context, addr string, ticks function.TickSettings, r *rec
 // and handle's rejection replies: each must carry an authentic assignment),
 // answers probes at GET /healthz (NATS connected) and GET /livez, and g's
 // metrics at GET /metrics.
-func handler(ctx context.Context, ticks function.TickSettings, r *recoverer.Recoverer, dead assignmentevents.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
+func handler(ctx context.Context, ticks function.TickSettings, r *recoverer.Recoverer, dead push.DeadLetters, probes health.Probes, g prometheus.Gatherer, obs passObserver, log *slog.Logger) (http.Handler, error) {
 	events, err := dead.NewHTTPHandler(ctx)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func status(ctx context.Context, cfg Config, format string, w io.Writer, log *sl
 		executors[b] = backend
 	}
 	report, err := poolstatus.Read(ctx, poolstatus.Source{Payloads: payloads, Tasks: payloads, Executors: executors,
-		Consumers: poolstatus.ConsumerInfo(metrics.JetStreamConsumerInfo(js)), Stream: cfg.Stream}, cfg.pools, time.Now())
+		Consumers: metrics.JetStreamConsumerInfo(js).Backlogs(), Stream: cfg.Stream}, cfg.pools, time.Now())
 	if err != nil {
 		return fmt.Errorf("recover status: %w", err)
 	}

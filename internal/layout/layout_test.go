@@ -13,12 +13,13 @@ import (
 // layers are the package map's layer names (its second column), in the
 // map's order. A line naming any other layer fails packageMap, so a typo
 // cannot drop a package out of the rules the layers carry.
-var layers = []string{"contract", "transport", "core", "executor", "backend", "runner", "edge"}
+var layers = []string{"contract", "transport", "core", "trigger", "executor", "backend", "runner", "edge"}
 
 // The layers the import rules (imports_test.go) are about.
 const (
 	layerCore      = "core"
 	layerTransport = "transport"
+	layerTrigger   = "trigger"
 )
 
 // mapLine is one line of the package map: a package (relative to the

@@ -6,6 +6,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/poolstatus"
 )
 
 // ConsumerInfo reads one durable consumer's state from JetStream (one
@@ -65,6 +67,17 @@ func (c *Consumers) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(info.NumAckPending), c.stream, name)
 		ch <- prometheus.MustNewConstMetric(c.redelivered, prometheus.GaugeValue, float64(info.NumRedelivered), c.stream, name)
 		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(info.NumWaiting), c.stream, name)
+	}
+}
+
+// Backlogs is what poolstatus reads of each consumer, through info.
+func (info ConsumerInfo) Backlogs() poolstatus.Backlogs {
+	return func(ctx context.Context, stream, consumer string) (poolstatus.Backlog, error) {
+		i, err := info(ctx, stream, consumer)
+		if err != nil {
+			return poolstatus.Backlog{}, err
+		}
+		return poolstatus.Backlog{Pending: i.NumPending, AckPending: uint64(max(i.NumAckPending, 0))}, nil
 	}
 }
 

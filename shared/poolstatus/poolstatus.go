@@ -20,7 +20,6 @@ import (
 	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -55,8 +54,15 @@ type Waits interface {
 	WaitReason(ctx context.Context, assignmentID string) (string, error)
 }
 
-// ConsumerInfo reads a durable consumer's state (metrics.ConsumerInfo).
-type ConsumerInfo func(ctx context.Context, stream, consumer string) (*jetstream.ConsumerInfo, error)
+// Backlog is a durable consumer's messages: not delivered yet (Pending), and
+// delivered but not settled (AckPending).
+type Backlog struct {
+	Pending, AckPending uint64
+}
+
+// Backlogs reads a durable consumer's backlog (metrics.ConsumerInfo.Backlogs
+// over JetStream).
+type Backlogs func(ctx context.Context, stream, consumer string) (Backlog, error)
 
 // Source is where a report is read from.
 type Source struct {
@@ -67,7 +73,7 @@ type Source struct {
 	Executors map[taskassignment.BackendKind]Executors
 	// Consumers and Stream give each backend's queued messages; nil leaves
 	// them out.
-	Consumers ConsumerInfo
+	Consumers Backlogs
 	Stream    string
 }
 
@@ -152,20 +158,19 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 		return Report{}, fmt.Errorf("pool status: %w", err)
 	}
 	r := Report{Time: now, Pools: []Pool{}}
-	queued := map[string]*jetstream.ConsumerInfo{}
+	queued := map[string]*Backlog{}
 	for _, p := range pools {
 		pool := Pool{Name: p.Name, Backend: string(p.Backend), Capacity: p.Capacity, Queued: -1, AckPending: -1, Tasks: []Task{}}
 		if src.Consumers != nil {
 			info, ok := queued[pool.Backend]
 			if !ok {
-				info, err = src.Consumers(ctx, src.Stream, pool.Backend)
-				if err != nil {
-					info = nil // a backend with no consumer yet: unknown
-				}
+				if b, err := src.Consumers(ctx, src.Stream, pool.Backend); err == nil {
+					info = &b
+				} // else a backend with no consumer yet: unknown
 				queued[pool.Backend] = info
 			}
 			if info != nil {
-				pool.Queued, pool.AckPending = int(info.NumPending), int(info.NumAckPending)
+				pool.Queued, pool.AckPending = int(info.Pending), int(info.AckPending)
 			}
 		}
 		for id, at := range stored {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
@@ -41,12 +40,12 @@ func TestRead(t *testing.T) {
 		{Name: "linux", Backend: taskassignment.BackendPod, Capacity: 3},
 		{Name: "gpu", Backend: taskassignment.BackendProcess, Capacity: 1},
 	}
-	consumers := func(ctx context.Context, stream, name string) (*jetstream.ConsumerInfo, error) {
+	consumers := func(ctx context.Context, stream, name string) (Backlog, error) {
 		c, err := env.JetStream.Consumer(ctx, stream, name)
 		if err != nil {
-			return nil, err
+			return Backlog{}, err
 		}
-		return c.CachedInfo(), nil
+		return Backlog{Pending: c.CachedInfo().NumPending, AckPending: uint64(c.CachedInfo().NumAckPending)}, nil
 	}
 	now := time.Now().Add(time.Minute)
 	executors := map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: findExecutors{"linux-2": {Name: "gdr-linux-2", Phase: executor.PhaseRunning}}}
@@ -146,12 +145,12 @@ func TestReadSaysWhyATaskWaits(t *testing.T) {
 		why: map[string]string{"linux-2": unschedulable, "linux-3": "must not be asked: it failed"},
 	}
 	src := Source{Payloads: env.Payloads, Executors: map[taskassignment.BackendKind]Executors{taskassignment.BackendPod: ex},
-		Consumers: func(ctx context.Context, stream, name string) (*jetstream.ConsumerInfo, error) {
+		Consumers: func(ctx context.Context, stream, name string) (Backlog, error) {
 			c, err := env.JetStream.Consumer(ctx, stream, name)
 			if err != nil {
-				return nil, err
+				return Backlog{}, err
 			}
-			return c.CachedInfo(), nil
+			return Backlog{Pending: c.CachedInfo().NumPending, AckPending: uint64(c.CachedInfo().NumAckPending)}, nil
 		}, Stream: env.Queue.Stream()}
 	r, err := Read(ctx, src, runnerpool.Pools{{Name: "linux", Backend: taskassignment.BackendPod, Capacity: 3}}, time.Now())
 	if err != nil {

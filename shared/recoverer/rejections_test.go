@@ -18,6 +18,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 // reportingGitea is giteaView that keeps the reasons reported, and answers
@@ -77,14 +78,14 @@ func withRejections(t *testing.T) (fixture, *reportingGitea) {
 	return f, g
 }
 
-// handleOnce runs one handler.Job, as handle does, with backend b and a
+// handleOnce runs one run of handle's adapter (pull.Assignments), as handle does, with backend b and a
 // consumer of the process backend limited to maxDeliver deliveries.
-func (f fixture) handleOnce(t *testing.T, b executor.Backend, maxDeliver int) handler.Summary {
+func (f fixture) handleOnce(t *testing.T, b executor.Backend, maxDeliver int) pull.Summary {
 	t.Helper()
 	c := f.consumer(t, maxDeliver, time.Minute)
 	w := executor.Worker{Backend: b, Bootstrap: f.boot, Keys: f.r.Keys}
-	j := handler.Job{Handler: handler.Handler{Worker: w, TrustDomain: td, Keys: jetstreamenv.Signer()},
-		Consumer: c, Batch: 1, Wait: time.Second, HoldFor: time.Millisecond, ErrorDelay: time.Hour, MaxDeliver: maxDeliver}
+	j := pull.Assignments{Decider: handler.Handler{Worker: w, TrustDomain: td, Keys: jetstreamenv.Signer(), ErrorDelay: time.Hour},
+		Consumer: c, Batch: 1, Wait: time.Second, HoldFor: time.Millisecond, MaxDeliver: maxDeliver}
 	sum, err := j.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)

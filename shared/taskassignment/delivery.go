@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -154,6 +155,38 @@ func FinishedNotice(body []byte) (string, error) {
 		return "", fmt.Errorf("finish notice: %w", err)
 	}
 	return id, nil
+}
+
+// NoticeOutcome is the fate of one finish notice.
+type NoticeOutcome int
+
+const (
+	// NoticeFinished: the executor was reported (or Gitea had ended the
+	// task) and deleted, and its payload deleted; acknowledge.
+	NoticeFinished NoticeOutcome = iota
+	// NoticeAbsent: no executor, nothing to do; acknowledge.
+	NoticeAbsent
+	// NoticeRetry: the executor has not ended yet, Finish failed, or the
+	// run is shutting down; offer the notice again after RetryAfter.
+	NoticeRetry
+	// NoticeDropped: the notice is malformed or names no assignment of a
+	// pool of this backend; drop it with Reason.
+	NoticeDropped
+)
+
+// NoticeDecision is what recover's finish mode made of one finish notice,
+// for its adapter to carry out.
+type NoticeDecision struct {
+	// Assignment is the notice's assignment ID; empty when malformed.
+	Assignment string
+	Outcome    NoticeOutcome
+	// RetryAfter: NoticeRetry only, counted from the decision (zero when
+	// shutting down: at once, for another run).
+	RetryAfter time.Duration
+	// Reason: NoticeDropped only.
+	Reason string
+	// Err is why the notice is retried or dropped, when there is an error.
+	Err error
 }
 
 // DeadLetterOutcome is what DeadLetter made of an assignment the Knative

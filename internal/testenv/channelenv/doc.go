@@ -4,7 +4,7 @@
 // message_dispatcher.go, defaults.go, utils/consumerconfig.go); not Knative's
 // code. No Knative module is built or imported: the harness plays the
 // channel's delivery contract against a real nats-server (see
-// jetstreamenv.Start) so that the handle side (shared/handler.Receiver) can be
+// jetstreamenv.Start) so that the handle side (shared/trigger/push.Assignments) can be
 // tested against what deploy/knative/10-channel.yaml ships.
 //
 // A Channel is three parts, as the real one is:

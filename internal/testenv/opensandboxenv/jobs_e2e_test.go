@@ -41,6 +41,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 const (
@@ -272,15 +273,15 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: w.queue.Queue, Payloads: w.queue.Payloads, KeepAlive: time.Minute, Log: log}
 	dpool := dispatcher.Pool{Pool: pool, Runner: client, Tasks: tasks}
-	job := handler.Job{
-		Handler: handler.Handler{
+	job := pull.Assignments{
+		Decider: handler.Handler{
 			Worker: executor.Worker{Backend: handleBackend, Bootstrap: boot, Keys: w.keys, Endings: w.queue.Endings,
 				OnEvent: func(e executor.Event) {
 					log.Debug(string(e.Name), slog.String("assignment", e.AssignmentID), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 				}},
-			TrustDomain: td, Keys: w.queue.Signer, Log: log,
+			TrustDomain: td, Keys: w.queue.Signer,
 		},
-		Consumer: consumer, Batch: jobsCapacity, Wait: time.Second,
+		Log: log, Consumer: consumer, Batch: jobsCapacity, Wait: time.Second,
 	}
 	rec := &recoverer.Recoverer{
 		TrustDomain: td, Keys: w.keys, Bootstrap: boot,

@@ -1,4 +1,4 @@
-package assignmentevents
+package push
 
 import (
 	"context"
@@ -28,8 +28,8 @@ type Opener interface {
 	Open(sealed []byte) ([]byte, error)
 }
 
-// Failer ends the task of an assignment the channel gave up on
-// (recoverer.Recoverer).
+// Failer ends the task of an assignment the channel gave up on: recover's
+// core (recoverer.Recoverer) decides and does it.
 type Failer interface {
 	DeadLetter(ctx context.Context, a taskassignment.Assignment, reason string) (taskassignment.DeadLetterOutcome, error)
 }
@@ -38,8 +38,9 @@ type Failer interface {
 // backend lookup and delete, a payload delete), detached from its request.
 const FailTimeout = 30 * time.Second
 
-// DeadLetters receives what the Knative path will deliver no more, and hands
-// each to Failer: recover's dead-letter sink (POST /dead-letter). Two kinds
+// DeadLetters is recover's trigger adapter in the Knative mode: it receives
+// what the Knative path will deliver no more, and hands each to Failer:
+// recover's dead-letter sink (POST /dead-letter). Two kinds
 // of event reach it:
 //
 //   - an assignment event the channel dead-lettered after its last retry

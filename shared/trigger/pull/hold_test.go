@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -30,7 +32,7 @@ func shortAckWait(t *testing.T, js jetstream.JetStream, ackWait time.Duration) j
 	return c
 }
 
-// script is an Acceptor that answers each task's offers from a list (true:
+// script is a handler.Acceptor that answers each task's offers from a list (true:
 // accepted, false: not yet; past its end, the last answer) and records the
 // task of every offer, in order.
 type script struct {
@@ -85,11 +87,12 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 	const ackWait, nakDelay = time.Second, 600 * time.Millisecond
 	env := jetstreamenv.NewQueue(t)
 	c := shortAckWait(t, env.JetStream, ackWait)
-	publish(t, env.Queue, assignment(t, 21))
+	publish(t, env.Queue, handlertest.Assignment(t, 21))
 	// Six holds (250 ms each: 1.5 s) outlast AckWait.
 	s := &script{answers: map[int64][]bool{21: {false, false, false, false, false, false, true}}, offered: make(chan int64, 8)}
 	j := job(c, s, nil)
-	j.NakDelay, j.HoldFor = nakDelay, time.Minute
+	setDelays(&j, nakDelay, 0)
+	j.HoldFor = time.Minute
 	start := time.Now()
 	done := runInBackground(context.Background(), j)
 	expectOffers(t, s.offered, 1, 5*time.Second)
@@ -130,12 +133,13 @@ func TestJobHoldsNotYetWithinOneDelivery(t *testing.T) {
 // other to be accepted.
 func TestJobHoldsEachMessageOfABatch(t *testing.T) {
 	q, c, _ := queue(t, 4)
-	publish(t, q, assignment(t, 1))
-	publish(t, q, assignment(t, 2))
+	publish(t, q, handlertest.Assignment(t, 1))
+	publish(t, q, handlertest.Assignment(t, 2))
 	s := &script{answers: map[int64][]bool{1: {false, false, true}, 2: {false, false, true}}}
 	j := job(c, s, nil)
 	j.Batch = 2
-	j.NakDelay, j.HoldFor = 300*time.Millisecond, time.Minute
+	setDelays(&j, 300*time.Millisecond, 0)
+	j.HoldFor = time.Minute
 	sum, err := j.Run(context.Background())
 	if err != nil || sum != (Summary{Fetched: 2, Accepted: 2}) {
 		t.Fatalf("Run() = %+v, %v", sum, err)
@@ -151,14 +155,15 @@ func TestJobHoldsEachMessageOfABatch(t *testing.T) {
 func TestJobHoldGivesUpAtItsBound(t *testing.T) {
 	const nakDelay = 200 * time.Millisecond
 	q, c, _ := queue(t, 4)
-	publish(t, q, assignment(t, 4))
+	publish(t, q, handlertest.Assignment(t, 4))
 	s := &script{answers: map[int64][]bool{4: {false}}}
 	j := job(c, s, nil)
 	// Offers at 0, 200 and 400 ms; the next, at 600 ms, would be past the
 	// bound. Each offer is scheduled from the end of the one before, so on a
 	// loaded machine (a slow first Accept) the third may already fall past
 	// the bound: two or three offers, never more.
-	j.NakDelay, j.HoldFor = nakDelay, 500*time.Millisecond
+	setDelays(&j, nakDelay, 0)
+	j.HoldFor = 500 * time.Millisecond
 	start := time.Now()
 	sum, err := j.Run(context.Background())
 	if err != nil || sum != (Summary{Fetched: 1, NotYet: 1}) {
@@ -176,11 +181,12 @@ func TestJobHoldGivesUpAtItsBound(t *testing.T) {
 // after the nak delay nor the hold.
 func TestJobShutdownHandsBackAHeldMessage(t *testing.T) {
 	q, c, _ := queue(t, 4)
-	publish(t, q, assignment(t, 6))
+	publish(t, q, handlertest.Assignment(t, 6))
 	s := &script{answers: map[int64][]bool{6: {false}}}
 	var log logBuffer
 	j := job(c, s, &log)
-	j.NakDelay, j.HoldFor = time.Hour, 2*time.Hour
+	setDelays(&j, time.Hour, 0)
+	j.HoldFor = 2 * time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runInBackground(ctx, j)
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), "assignment held"); {
@@ -228,14 +234,14 @@ func kedaLag(t *testing.T, c jetstream.Consumer) int64 {
 }
 
 // KEDA's formula on the real server's numbers: while a run holds a waiting
-// message, the holding run is the running Job that the lag asks for, and
+// message, the holding run is the running Assignments that the lag asks for, and
 // KEDA starts none; a run that hands the message back and exits (the old
-// behaviour) leaves the same lag and no running Job, and KEDA starts a Job
+// behaviour) leaves the same lag and no running Assignments, and KEDA starts a Assignments
 // every polling interval, which fetches nothing.
-// untilReleased is an Acceptor whose executor waits (NotYet) until release is
+// untilReleased is a handler.Acceptor whose executor waits (NotYet) until release is
 // closed; it sends the task of every offer to offered.
-func untilReleased(release <-chan struct{}, offered chan<- int64) Acceptor {
-	return acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+func untilReleased(release <-chan struct{}, offered chan<- int64) handler.Acceptor {
+	return handlertest.AcceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
 		offered <- a.Task.ID
 		select {
 		case <-release:
@@ -254,7 +260,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 	// it asks for (each fetches for a poll interval with accept, and exits),
 	// and returns how many were started and what they fetched. wantLag, if
 	// positive, is the lag every poll must see.
-	poll := func(t *testing.T, c jetstream.Consumer, runningJobs int64, accept Acceptor, wantLag int64) (started int64, fetched int) {
+	poll := func(t *testing.T, c jetstream.Consumer, runningJobs int64, accept handler.Acceptor, wantLag int64) (started int64, fetched int) {
 		for range polls {
 			lag := kedaLag(t, c)
 			if wantLag > 0 && lag != wantLag {
@@ -266,7 +272,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 				extra.Wait = pollingInterval
 				sum, err := extra.Run(context.Background())
 				if err != nil {
-					t.Fatalf("a Job KEDA started = %+v, %v", sum, err)
+					t.Fatalf("a Assignments KEDA started = %+v, %v", sum, err)
 				}
 				fetched += sum.Fetched
 			}
@@ -278,15 +284,16 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 
 	t.Run("held", func(t *testing.T) {
 		q, c, _ := queue(t, 4)
-		publish(t, q, assignment(t, 8))
+		publish(t, q, handlertest.Assignment(t, 8))
 		release := make(chan struct{})
 		offered := make(chan int64, 64)
 		waits := untilReleased(release, offered)
 		j := job(c, waits, nil)
-		j.NakDelay, j.HoldFor = 200*time.Millisecond, time.Minute
+		setDelays(&j, 200*time.Millisecond, 0)
+		j.HoldFor = time.Minute
 		done := runInBackground(context.Background(), j)
 		expectOffers(t, offered, 2, 5*time.Second) // offered again: held
-		if n, _ := poll(t, c, 1, acceptFunc(never), 1); n != 0 {
+		if n, _ := poll(t, c, 1, handlertest.AcceptFunc(handlertest.Never), 1); n != 0 {
 			t.Fatalf("KEDA started %d Jobs while one run holds the message, want 0", n)
 		}
 		close(release)
@@ -298,20 +305,21 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 
 	// The warm handle's key case: a lingering run (GDR_LINGER > 0) that holds a
 	// message fetches nothing more, and a second message queued meanwhile
-	// starts exactly one Job (lag 2 - 1 running), which takes it.
+	// starts exactly one Assignments (lag 2 - 1 running), which takes it.
 	t.Run("held by a lingering run", func(t *testing.T) {
 		q, c, _ := queue(t, 4)
-		publish(t, q, assignment(t, 10))
+		publish(t, q, handlertest.Assignment(t, 10))
 		release := make(chan struct{})
 		offered := make(chan int64, 64)
 		waits := untilReleased(release, offered)
 		j := job(c, waits, nil)
-		j.NakDelay, j.HoldFor, j.Linger = 200*time.Millisecond, time.Minute, 500*time.Millisecond
+		setDelays(&j, 200*time.Millisecond, 0)
+		j.HoldFor, j.Linger = time.Minute, 500*time.Millisecond
 		done := runInBackground(context.Background(), j)
 		expectOffers(t, offered, 2, 5*time.Second) // offered again: held
-		publish(t, q, assignment(t, 11))
+		publish(t, q, handlertest.Assignment(t, 11))
 		var taken []int64
-		started, _ := poll(t, c, 1, acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+		started, _ := poll(t, c, 1, handlertest.AcceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
 			taken = append(taken, a.Task.ID)
 			return true, nil
 		}), 0)
@@ -334,14 +342,15 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 
 	t.Run("handed back", func(t *testing.T) {
 		q, c, _ := queue(t, 4)
-		publish(t, q, assignment(t, 9))
-		j := job(c, acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }), nil)
+		publish(t, q, handlertest.Assignment(t, 9))
+		j := job(c, handlertest.AcceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) { return false, nil }), nil)
 		// A hold shorter than the nak delay never holds: nak and exit.
-		j.NakDelay, j.HoldFor = 10*time.Second, time.Second
+		setDelays(&j, 10*time.Second, 0)
+		j.HoldFor = time.Second
 		if sum, err := j.Run(context.Background()); err != nil || sum != (Summary{Fetched: 1, NotYet: 1}) {
 			t.Fatalf("Run() = %+v, %v", sum, err)
 		}
-		if n, fetched := poll(t, c, 0, acceptFunc(never), 1); n != polls || fetched != 0 {
+		if n, fetched := poll(t, c, 0, handlertest.AcceptFunc(handlertest.Never), 1); n != polls || fetched != 0 {
 			t.Fatalf("KEDA started %d Jobs in %d polling intervals (fetching %d), want one each, each an empty run", n, polls, fetched)
 		}
 	})
@@ -349,7 +358,7 @@ func TestKEDAStartsNoJobForAHeldMessage(t *testing.T) {
 
 // A held message is offered again soon at first (its executor is usually
 // scheduled within a second or two, and the job's start waits for the offer
-// that binds its identity), then less often, up to NakDelay.
+// that binds its identity), then less often, up to the decision's RetryAfter (NotYetDelay).
 func TestHoldDelay(t *testing.T) {
 	for _, tc := range []struct {
 		offers int
@@ -371,20 +380,21 @@ func TestHoldDelay(t *testing.T) {
 	}
 }
 
-// With the default NakDelay (5 s), an executor scheduled right after its
-// first NotYet is accepted on the next offer, long before NakDelay.
+// With the default NotYetDelay (5 s), an executor scheduled right after its
+// first NotYet is accepted on the next offer, long before NotYetDelay.
 func TestJobOffersAHeldMessageSoonAtFirst(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
 	c := shortAckWait(t, env.JetStream, 30*time.Second)
-	publish(t, env.Queue, assignment(t, 23))
+	publish(t, env.Queue, handlertest.Assignment(t, 23))
 	s := &script{answers: map[int64][]bool{23: {false, true}}, offered: make(chan int64, 8)}
 	j := job(c, s, nil)
-	j.NakDelay, j.HoldFor = DefaultNakDelay, time.Minute
+	setDelays(&j, handler.DefaultNotYetDelay, 0)
+	j.HoldFor = time.Minute
 	done := runInBackground(context.Background(), j)
 	expectOffers(t, s.offered, 1, 5*time.Second)
 	first := time.Now()
-	expectOffers(t, s.offered, 1, DefaultNakDelay-time.Second)
-	if again := time.Since(first); again >= DefaultNakDelay/2 {
+	expectOffers(t, s.offered, 1, handler.DefaultNotYetDelay-time.Second)
+	if again := time.Since(first); again >= handler.DefaultNotYetDelay/2 {
 		t.Fatalf("offered again after %v, want about %v", again, holdStep)
 	}
 	if r := <-done; r.err != nil || r.sum != (Summary{Fetched: 1, Accepted: 1}) {

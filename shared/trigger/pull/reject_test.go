@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -54,15 +54,15 @@ func TestJobRejectsPermanentErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			env := jetstreamenv.NewQueue(t)
 			c := env.OpenConsumer(t, taskassignment.BackendProcess, 4)
-			a := assignment(t, 1)
+			a := handlertest.Assignment(t, 1)
 			publish(t, env.Queue, a)
 			calls := 0
-			accept := acceptFunc(func(_ context.Context, got taskassignment.Assignment) (bool, error) {
+			accept := handlertest.AcceptFunc(func(_ context.Context, got taskassignment.Assignment) (bool, error) {
 				calls++
 				return false, fmt.Errorf("create executor of assignment %s: %w", got.ID, tt.err)
 			})
 			j := job(c, accept, nil)
-			j.ErrorDelay = time.Hour // a naked message does not come back during the test
+			setDelays(&j, 0, time.Hour) // a naked message does not come back during the test
 			sum, err := j.Run(context.Background())
 			if err != nil || sum != tt.want {
 				t.Fatalf("Run = %+v, %v; want %+v", sum, err, tt.want)
@@ -102,7 +102,7 @@ func TestJobRejectsPermanentErrors(t *testing.T) {
 func TestJobExhaustedReasonNamesTheAssignment(t *testing.T) {
 	tests := []struct {
 		name     string
-		accept   acceptFunc
+		accept   handlertest.AcceptFunc
 		shutdown bool
 	}{
 		{"failed", func(context.Context, taskassignment.Assignment) (bool, error) {
@@ -121,7 +121,7 @@ func TestJobExhaustedReasonNamesTheAssignment(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := assignment(t, 11)
+			a := handlertest.Assignment(t, 11)
 			publish(t, env.Queue, a)
 			j := job(c, tt.accept, nil)
 			j.MaxDeliver, j.HoldFor = 1, time.Millisecond
@@ -150,7 +150,7 @@ func TestJobExhaustedReasonNamesTheAssignment(t *testing.T) {
 
 // cancelAfterFetch cancels the run's context once its fetch has returned.
 type cancelAfterFetch struct {
-	delivery.Puller
+	Puller
 	cancel context.CancelFunc
 }
 

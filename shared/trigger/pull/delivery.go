@@ -1,10 +1,4 @@
-// Package delivery is how handle's and recover's cores give back a
-// JetStream message they could not finish: handed back to come again after a
-// delay or, on its last delivery, terminated with a reason. A work-queue
-// message handed back on its last delivery would stay in its stream,
-// delivered never again and counted as pending for ever; terminated, it
-// leaves the stream and its reason reaches whoever captures the advisory.
-package delivery
+package pull
 
 import (
 	"time"
@@ -12,7 +6,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Puller is the part of a jetstream.Consumer a core pulls its messages with.
+// Puller is the part of a jetstream.Consumer an adapter pulls its messages
+// with.
 type Puller interface {
 	Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error)
 }
@@ -27,6 +22,13 @@ func Count(msg jetstream.Msg) uint64 {
 	return 1
 }
 
+// Retry is how an adapter gives back a message it could not finish: handed
+// back to come again after a delay or, on its last delivery, terminated with
+// a reason. A work-queue message handed back on its last delivery would stay
+// in its stream, delivered never again and counted as pending for ever;
+// terminated, it leaves the stream and its reason reaches whoever captures
+// the advisory.
+//
 // Retry hands msg back to come again after delay (at once when delay is not
 // positive) or, when this is its last delivery (Count(msg) >= maxDeliver, the
 // consumer's MaxDeliver), terminates it with reason instead; terminated says

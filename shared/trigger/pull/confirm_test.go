@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -21,10 +22,10 @@ import (
 func TestJobConfirmsAcksSideBySide(t *testing.T) {
 	q, c, _ := queue(t, 10)
 	for id := int64(1); id <= 3; id++ {
-		publish(t, q, assignment(t, id))
+		publish(t, q, handlertest.Assignment(t, id))
 	}
 	secondAccepted := make(chan struct{})
-	acceptor := acceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
+	acceptor := handlertest.AcceptFunc(func(_ context.Context, a taskassignment.Assignment) (bool, error) {
 		if a.Task.ID == 2 {
 			close(secondAccepted)
 		}

@@ -1,4 +1,4 @@
-package handler
+package push
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -18,10 +19,16 @@ import (
 // be an assignment, so refusing it drops it).
 const MaxEventBytes = 64 << 10
 
-// Receiver is the Knative mode: a NatsJetStreamChannel subscription delivers
-// one CloudEvent per HTTP request. Knative acknowledges a 2xx, redelivers
-// after a 5xx (with its backoff) and terminates the message on any other
-// 4xx, so:
+// Decider is what Assignments needs of handle's core (handler.Handler).
+type Decider interface {
+	Handle(ctx context.Context, d handler.Delivery) handler.Decision
+}
+
+// Assignments is handle's trigger adapter in the Knative mode: a
+// NatsJetStreamChannel subscription delivers one CloudEvent per HTTP
+// request, which the Decider decides. Knative acknowledges a 2xx,
+// redelivers after a 5xx (with its backoff, so the decision's RetryAfter is
+// not used) and terminates the message on any other 4xx, so:
 //
 //   - Accepted answers 202,
 //   - NotYet answers 503 (Service Unavailable: deliver again),
@@ -37,13 +44,14 @@ const MaxEventBytes = 64 << 10
 //     the orphan step would send it again and again). Without a reply on the
 //     Subscription the reason is lost and the task fails only when recover's
 //     orphan step re-sends it and it is rejected again: ship the reply.
-type Receiver struct {
-	Handler Handler
+type Assignments struct {
+	Decider Decider
+	Log     *slog.Logger
 }
 
 // NewHTTPHandler returns the http.Handler to serve. ctx bounds the handler's
 // life.
-func (r Receiver) NewHTTPHandler(ctx context.Context) (http.Handler, error) {
+func (r Assignments) NewHTTPHandler(ctx context.Context) (http.Handler, error) {
 	p, err := cloudevents.NewHTTP()
 	if err != nil {
 		return nil, err
@@ -66,28 +74,36 @@ func rejection(in cloudevents.Event, id string, why error) *cloudevents.Event {
 	return &e
 }
 
-func (r Receiver) receive(ctx context.Context, event cloudevents.Event) (*cloudevents.Event, protocol.Result) {
-	log := r.Handler.log()
+func (r Assignments) log() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}
+
+func (r Assignments) receive(ctx context.Context, event cloudevents.Event) (*cloudevents.Event, protocol.Result) {
+	log := r.log()
 	attrs := []any{slog.String("event_id", event.ID()), slog.String("event_source", event.Source())}
 	if event.Type() != taskassignment.EventType {
 		log.Error("event of another type rejected", append(attrs, slog.String("event_type", event.Type()))...)
 		return nil, cehttp.NewResult(http.StatusBadRequest, "event type %q is not %q", event.Type(), taskassignment.EventType)
 	}
-	a, outcome, err := r.Handler.Handle(ctx, event.Data())
+	d := r.Decider.Handle(ctx, handler.Delivery{Body: event.Data()})
+	a, err := d.Assignment, d.Err
 	if a.ID != "" {
 		attrs = append(attrs, slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
 	}
-	switch outcome {
-	case Accepted:
+	switch d.Outcome {
+	case handler.Accepted:
 		log.Info("assignment accepted", attrs...)
 		return nil, cehttp.NewResult(http.StatusAccepted, "assignment %s accepted", a.ID)
-	case NotYet:
+	case handler.NotYet:
 		log.Info("assignment waits for its identity target", attrs...)
 		return nil, cehttp.NewResult(http.StatusServiceUnavailable, "assignment %s: identity target pending", a.ID)
-	case Poison:
+	case handler.Poison:
 		log.Error("malformed assignment event rejected", append(attrs, slog.Any("error", err))...)
 		return nil, cehttp.NewResult(http.StatusBadRequest, "%v", err)
-	case Rejected:
+	case handler.Rejected:
 		log.Error("assignment rejected: it can never be accepted; replying to recover", append(attrs, slog.Any("error", err))...)
 		reply := rejection(event, a.ID, err)
 		if reply == nil {

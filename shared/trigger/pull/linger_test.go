@@ -1,10 +1,11 @@
-package handler
+package pull
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -23,7 +24,7 @@ func TestJobLingerTakesTheNextAssignment(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q, c, _ := queue(t, 4)
-			publish(t, q, assignment(t, 1))
+			publish(t, q, handlertest.Assignment(t, 1))
 			s := &script{answers: map[int64][]bool{1: {true}, 2: {true}}, offered: make(chan int64, 4)}
 			j := job(c, s, nil)
 			j.Linger = tc.linger
@@ -32,7 +33,7 @@ func TestJobLingerTakesTheNextAssignment(t *testing.T) {
 			// Queued after the first was offered, and after the run's wait
 			// for its first message would have ended.
 			time.Sleep(j.Wait + 100*time.Millisecond)
-			publish(t, q, assignment(t, 2))
+			publish(t, q, handlertest.Assignment(t, 2))
 			var lastOffer time.Time
 			if tc.linger > 0 {
 				expectOffers(t, s.offered, 1, 5*time.Second)
@@ -62,7 +63,7 @@ func TestJobLingerEndsAtLingerMax(t *testing.T) {
 	}
 	msgs := make([]taskassignment.Assignment, 40)
 	for i := range msgs {
-		msgs[i] = assignment(t, int64(i+1))
+		msgs[i] = handlertest.Assignment(t, int64(i+1))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	published := make(chan error, 1)
@@ -108,7 +109,7 @@ func TestJobLingerEndsAtLingerMax(t *testing.T) {
 }
 
 // A run whose first wait brings nothing ends then, lingering or not: an
-// extra Job started by KEDA's arithmetic does not stay.
+// extra Assignments started by KEDA's arithmetic does not stay.
 func TestJobLingerDoesNotKeepAnEmptyRun(t *testing.T) {
 	_, c, _ := queue(t, 4)
 	j := job(c, &script{}, nil)
@@ -126,7 +127,7 @@ func TestJobLingerDoesNotKeepAnEmptyRun(t *testing.T) {
 // On SIGTERM a lingering run stops waiting at once.
 func TestJobLingerEndsOnShutdown(t *testing.T) {
 	q, c, _ := queue(t, 4)
-	publish(t, q, assignment(t, 1))
+	publish(t, q, handlertest.Assignment(t, 1))
 	s := &script{answers: map[int64][]bool{1: {true}}, offered: make(chan int64, 4)}
 	j := job(c, s, nil)
 	j.Linger = time.Hour

@@ -1,4 +1,4 @@
-package delivery_test
+package pull_test
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
 // msg records how it was settled. Methods Retry does not use panic (the
@@ -71,7 +71,7 @@ func TestRetry(t *testing.T) {
 			wantSettled: "term", wantTerminated: true, wantErr: failed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			terminated, err := delivery.Retry(tc.m, tc.delay, tc.maxDeliver, "exhausted linux-7: deliveries exhausted")
+			terminated, err := pull.Retry(tc.m, tc.delay, tc.maxDeliver, "exhausted linux-7: deliveries exhausted")
 			if terminated != tc.wantTerminated || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("Retry = %v, %v; want %v, %v", terminated, err, tc.wantTerminated, tc.wantErr)
 			}

@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -55,7 +56,7 @@ func crashChild(url, dir string) int {
 		_ = os.WriteFile(filepath.Join(dir, "created"), nil, 0o600)
 		select {} // wait for SIGKILL
 	}}
-	_, err = job(c, worker(nopT{}, backend), nil).Run(context.Background())
+	_, err = job(c, handlertest.Worker(nopT{}, backend), nil).Run(context.Background())
 	fmt.Fprintln(os.Stderr, "crash child returned:", err)
 	return 3
 }
@@ -74,7 +75,7 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	// The production consumer, but with a short AckWait so that the lost
 	// delivery comes back within the test.
 	c := shortAckWait(t, js, time.Second)
-	a := assignment(t, 77)
+	a := handlertest.Assignment(t, 77)
 	publish(t, q, a)
 
 	dir := t.TempDir()
@@ -108,7 +109,7 @@ func TestKilledAfterCreateBeforeAck(t *testing.T) {
 	expectOutstanding(t, q, 1)
 
 	var events []executor.EventName
-	w := worker(t, backend)
+	w := handlertest.Worker(t, backend)
 	w.OnEvent = func(e executor.Event) { events = append(events, e.Name) }
 	j := job(c, w, nil)
 	j.Wait = 5 * time.Second

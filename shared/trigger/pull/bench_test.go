@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler/handlertest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -27,8 +28,8 @@ func BenchmarkQueueVsHandle(b *testing.B) {
 	raw := make([]taskassignment.Assignment, b.N)
 	handled := make([]taskassignment.Assignment, b.N)
 	for i := range b.N {
-		raw[i] = assignment(b, int64(i+1))
-		handled[i] = assignment(b, int64(b.N+i+1))
+		raw[i] = handlertest.Assignment(b, int64(i+1))
+		handled[i] = handlertest.Assignment(b, int64(b.N+i+1))
 	}
 	publishAll := func(as []taskassignment.Assignment) {
 		for _, a := range as {
@@ -59,7 +60,7 @@ func BenchmarkQueueVsHandle(b *testing.B) {
 	rawTime := time.Since(start)
 
 	backend := executortest.NewMemory("node-1")
-	j := job(c, worker(b, backend), nil)
+	j := job(c, handlertest.Worker(b, backend), nil)
 	j.Batch, j.Wait = benchBatch, time.Second
 	start = time.Now()
 	publishAll(handled)
@@ -103,7 +104,7 @@ func BenchmarkConsumeVsHandle(b *testing.B) {
 	env := jetstreamenv.NewQueue(b)
 	q, c := env.Queue, env.OpenConsumer(b, taskassignment.BackendProcess, 1000)
 	for i := range 3 * b.N {
-		if _, err := q.Publish(ctx, assignment(b, int64(i+1))); err != nil {
+		if _, err := q.Publish(ctx, handlertest.Assignment(b, int64(i+1))); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -154,7 +155,7 @@ func BenchmarkConsumeVsHandle(b *testing.B) {
 	})
 
 	accepted := 0
-	j := job(c, acceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) {
+	j := job(c, handlertest.AcceptFunc(func(context.Context, taskassignment.Assignment) (bool, error) {
 		accepted++
 		return true, nil
 	}), nil)

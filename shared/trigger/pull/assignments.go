@@ -1,4 +1,4 @@
-package handler
+package pull
 
 import (
 	"cmp"
@@ -10,24 +10,17 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/delivery"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// The defaults of Job's timings, used where a field is zero.
+// The defaults of Assignments' timings, used where a field is zero.
 const (
 	// DefaultWait: a KEDA-started run finds its message within a poll.
 	DefaultWait = 2 * time.Second
-	// DefaultNakDelay: a Pod is usually scheduled within seconds.
-	DefaultNakDelay = 5 * time.Second
-	// DefaultErrorDelay: a failed backend call is not retried at once.
-	DefaultErrorDelay = 15 * time.Second
 	// DefaultHoldFor: long enough for a Pod to be scheduled on a node that
 	// is still starting, short enough that a stuck one does not keep a run.
 	DefaultHoldFor = 2 * time.Minute
-	// MaxErrorDelay caps the backoff of a message that keeps failing.
-	MaxErrorDelay = 5 * time.Minute
 	// DefaultLingerMax: a lingering run stops fetching 5 minutes after it
 	// began, well within the Job's deadline with DefaultHoldFor.
 	DefaultLingerMax = 5 * time.Minute
@@ -37,30 +30,27 @@ const (
 	ackTimeout = 5 * time.Second
 )
 
-// ErrorBackoff is when a message that failed on its delivered-th delivery
-// comes back: base, doubled with every delivery, at most MaxErrorDelay. A
-// backend that is down for an hour costs a few dozen deliveries, not
-// hundreds, and a blip still costs only base.
-func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
-	d := base
-	for i := uint64(1); i < delivered && d < MaxErrorDelay; i++ {
-		d *= 2
-	}
-	return min(d, MaxErrorDelay)
+// Decider is what Assignments needs of handle's core (handler.Handler).
+type Decider interface {
+	Handle(ctx context.Context, d handler.Delivery) handler.Decision
+	ShuttingDown(body []byte) handler.Decision
 }
 
-// Job is the KEDA ScaledJob mode: each run pulls at most Batch messages and
-// settles every one of them before it returns.
+// Assignments is handle's trigger adapter on a JetStream pull consumer: the
+// KEDA ScaledJob mode (and local mode's loop). Each run pulls at most Batch
+// messages, has the Decider decide each, and settles every one of them by
+// its decision before it returns: ack, nak with the decision's delay, hold,
+// or terminate with its reason.
 //
 // A message whose executor waits to be scheduled (NotYet) is held, not
 // handed back: the run keeps it in progress and offers it again, soon at
-// first and then less often, up to every NakDelay (holdDelay), for at most
+// first and then less often, up to every RetryAfter of its decision (holdDelay), for at most
 // HoldFor. While it holds, the message is ack-pending
 // and the run is running, so KEDA's default scaling strategy (new Jobs =
 // lag - running Jobs, lag = pending + ack-pending) starts no Job for it: an
 // assignment that waits for its executor costs one running handle, not one
 // new handle per polling interval. A run that holds fetches nothing more:
-// under KEDA other Jobs take the rest; a caller that runs Job in a loop
+// under KEDA other Jobs take the rest; a caller that runs Assignments in a loop
 // (local mode) fetches again once every held message is settled.
 //
 // A lingering run (Linger > 0) is a warm handle: once its batch is settled
@@ -71,26 +61,22 @@ func ErrorBackoff(base time.Duration, delivered uint64) time.Duration {
 // message that arrives while it waits raises the lag by one and starts no
 // Job (lag - running = 0) while the run takes it; a run that holds fetches
 // nothing more, and a second message then starts a Job of its own.
-type Job struct {
-	Handler  Handler
-	Consumer delivery.Puller
+type Assignments struct {
+	Decider  Decider
+	Consumer Puller
+	Log      *slog.Logger
 	// Batch is the most messages one run takes (at least 1).
 	Batch int
 	// Wait is how long a run waits for its first message (zero:
 	// DefaultWait).
 	Wait time.Duration
-	// NakDelay is how often a held message is offered again, and when a
-	// NotYet message the run stops holding comes back (zero:
-	// DefaultNakDelay). It must stay well below the consumer's AckWait: a
-	// held message is kept in progress once per offer.
-	NakDelay time.Duration
-	// ErrorDelay is when a Failed message comes back (zero:
-	// DefaultErrorDelay).
-	ErrorDelay time.Duration
 	// HoldFor bounds how long a run holds a NotYet message, from its first
 	// NotYet: no offer is made later than that, the message is naked with
-	// NakDelay instead (zero: DefaultHoldFor; shorter than NakDelay: never
-	// held).
+	// the decision's RetryAfter instead (zero: DefaultHoldFor; shorter
+	// than RetryAfter: never held). The longest wait between offers is
+	// the decision's RetryAfter, which must stay well below the
+	// consumer's AckWait: a held message is kept in progress once per
+	// offer.
 	HoldFor time.Duration
 	// MaxDeliver is the consumer's MaxDeliver (zero:
 	// taskassignment.MaxDeliver, what OpenConsumer sets). A message handed
@@ -113,30 +99,30 @@ type Job struct {
 	LingerMax time.Duration
 }
 
-// Summary counts what one run did with the messages it fetched.
+// Summary counts what one run of Assignments did with the messages it fetched.
 type Summary struct {
 	Fetched, Accepted, NotYet, Failed, Poison, Rejected int
 }
 
-func (s *Summary) count(o Outcome) {
+func (s *Summary) count(o handler.Outcome) {
 	switch o {
-	case Accepted:
+	case handler.Accepted:
 		s.Accepted++
-	case NotYet:
+	case handler.NotYet:
 		s.NotYet++
-	case Failed:
+	case handler.Failed:
 		s.Failed++
-	case Poison:
+	case handler.Poison:
 		s.Poison++
-	case Rejected:
+	case handler.Rejected:
 		s.Rejected++
 	}
 }
 
-// Run fetches and settles one batch, and when it lingers (see Job) the
+// Run fetches and settles one batch, and when it lingers (see Assignments) the
 // batches after it. Every message it fetched is settled before it returns:
 // acknowledged (Accepted), naked with a delay (NotYet, Failed) or terminated
-// (Poison, Rejected). A NotYet message is first held (see Job) and counts as
+// (Poison, Rejected). A NotYet message is first held (see Assignments) and counts as
 // NotYet only when the run gives it up. When ctx is cancelled
 // (SIGTERM), the message in flight, those held and those not yet started are
 // naked at once, so another handler takes them without waiting for AckWait.
@@ -150,7 +136,7 @@ func (s *Summary) count(o Outcome) {
 // a reply: flush it before the process exits. The error is only for a
 // fetch that failed; outcomes of single messages are in the Summary and the
 // log. No message available is a successful, empty run.
-func (j Job) Run(ctx context.Context) (Summary, error) {
+func (j Assignments) Run(ctx context.Context) (Summary, error) {
 	var sum Summary
 	batch := max(j.Batch, 1)
 	wait := cmp.Or(j.Wait, DefaultWait)
@@ -173,7 +159,7 @@ func (j Job) Run(ctx context.Context) (Summary, error) {
 // fetch fetches at most batch messages, waiting at most wait, and settles
 // each (settleAll) before it returns. The error is only for a fetch that
 // failed.
-func (j Job) fetch(ctx context.Context, batch int, wait time.Duration, sum *Summary) error {
+func (j Assignments) fetch(ctx context.Context, batch int, wait time.Duration, sum *Summary) error {
 	fetchCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	msgs, err := j.Consumer.Fetch(batch, jetstream.FetchContext(fetchCtx))
@@ -206,9 +192,9 @@ type held struct {
 // server's answer to the last ack is on its way, and a message counts
 // Accepted once its answer came (see settle). When ctx ends, everything held
 // is handed back at once.
-func (j Job) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summary) {
+func (j Assignments) settleAll(ctx context.Context, in <-chan jetstream.Msg, sum *Summary) {
 	var holds []*held
-	confirmed := make(chan Outcome) // one per ack under way (confirming)
+	confirmed := make(chan handler.Outcome) // one per ack under way (confirming)
 	confirming := 0
 	timer := time.NewTimer(time.Hour) // reset to the first due offer below
 	defer timer.Stop()
@@ -271,32 +257,31 @@ const (
 	confirmingAck
 )
 
-// settle offers h's message to the handler and settles it by the outcome,
-// or keeps it when it is NotYet and may still be held. An accepted message
-// is acked with the server's confirmation awaited in the background
-// (confirmingAck): its outcome, Accepted once confirmed, else Failed, is
-// sent on confirmed.
-func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Outcome, fate) {
-	log := j.Handler.log()
+// settle has h's message decided and settles it by the decision, or keeps
+// it when it is NotYet and may still be held. An accepted message is acked
+// with the server's confirmation awaited in the background (confirmingAck):
+// its outcome, Accepted once confirmed, else Failed, is sent on confirmed.
+func (j Assignments) settle(ctx context.Context, h *held, confirmed chan<- handler.Outcome) (handler.Outcome, fate) {
+	log := j.log()
 	msg := h.msg
 	attrs := []any{slog.String("subject", msg.Subject())}
 	if md, err := msg.Metadata(); err == nil {
 		attrs = append(attrs, slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivered", md.NumDelivered))
 	}
 	if ctx.Err() != nil {
-		// Decoded for its ID only: on its last delivery the message is
+		// Decided unoffered: on its last delivery the message is
 		// terminated with a reason naming the assignment.
-		a, _, _ := j.Handler.decode(msg.Data())
-		j.nak(log, msg, 0, a.ID, attrs)
-		log.Info("assignment handed back", append(attrs, slog.String("reason", errShutdown.Error()))...)
-		return Failed, settled
+		d := j.Decider.ShuttingDown(msg.Data())
+		j.nak(log, msg, 0, d.Assignment.ID, attrs)
+		log.Info("assignment handed back", append(attrs, slog.String("reason", d.Err.Error()))...)
+		return handler.Failed, settled
 	}
-	a, outcome, err := j.Handler.Handle(ctx, msg.Data())
-	if a.ID != "" {
-		attrs = append(attrs, slog.String("assignment", a.ID), slog.Int64("task", a.Task.ID))
+	d := j.Decider.Handle(ctx, handler.Delivery{Body: msg.Data(), Count: Count(msg)})
+	if d.Assignment.ID != "" {
+		attrs = append(attrs, slog.String("assignment", d.Assignment.ID), slog.Int64("task", d.Assignment.Task.ID))
 	}
-	switch outcome {
-	case Accepted:
+	switch d.Outcome {
+	case handler.Accepted:
 		// A confirmed ack: once the server has answered, the message is gone
 		// from the stream, so "accepted" in the log is a fact. It is sent
 		// even when ctx has ended (the executor exists: handing the message
@@ -312,17 +297,17 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 			cancel()
 			if err != nil {
 				log.Warn("assignment accepted, acknowledgement not confirmed", append(attrs, slog.Any("error", err))...)
-				confirmed <- Failed
+				confirmed <- handler.Failed
 				return
 			}
 			log.Info("assignment accepted", attrs...)
-			confirmed <- Accepted
+			confirmed <- handler.Accepted
 		}()
-		return Accepted, confirmingAck
-	case NotYet:
-		delay := cmp.Or(j.NakDelay, DefaultNakDelay)
+		return handler.Accepted, confirmingAck
+	case handler.NotYet:
+		delay := d.RetryAfter
 		starts := h.deadline.IsZero()
-		if j.hold(ctx, h, holdDelay(h.offers, delay)) {
+		if j.hold(ctx, h, delay, holdDelay(h.offers, delay)) {
 			h.offers++
 			if starts {
 				log.Info("assignment held while it waits for its identity target", append(attrs, slog.Duration("retry_in", delay), slog.Time("until", h.deadline))...)
@@ -332,48 +317,45 @@ func (j Job) settle(ctx context.Context, h *held, confirmed chan<- Outcome) (Out
 				// AckWait, whose Accept finds this very executor.
 				log.Warn("assignment held, in-progress signal not sent", append(attrs, slog.Any("error", err))...)
 			}
-			return NotYet, kept
+			return handler.NotYet, kept
 		}
 		if ctx.Err() != nil {
 			delay = 0
 		}
-		j.nak(log, msg, delay, a.ID, attrs)
+		j.nak(log, msg, delay, d.Assignment.ID, attrs)
 		log.Info("assignment waits for its identity target", append(attrs, slog.Duration("retry_in", delay))...)
-	case Failed:
-		delay := ErrorBackoff(cmp.Or(j.ErrorDelay, DefaultErrorDelay), delivery.Count(msg))
+	case handler.Failed:
+		delay := d.RetryAfter
 		if ctx.Err() != nil {
 			delay = 0
 		}
-		j.nak(log, msg, delay, a.ID, attrs)
-		log.Warn("assignment not accepted", append(attrs, slog.Duration("retry_in", delay), slog.Any("error", err))...)
-	case Poison:
-		reason := "malformed assignment"
-		if errors.Is(err, assignmentsig.ErrUnauthenticated) {
-			reason = "unauthenticated assignment"
+		j.nak(log, msg, delay, d.Assignment.ID, attrs)
+		log.Warn("assignment not accepted", append(attrs, slog.Duration("retry_in", delay), slog.Any("error", d.Err))...)
+	case handler.Poison:
+		if terr := msg.TermWithReason(d.Reason); terr != nil {
+			log.Error("terminate "+d.Reason, append(attrs, slog.Any("error", terr))...)
 		}
-		if terr := msg.TermWithReason(reason); terr != nil {
-			log.Error("terminate "+reason, append(attrs, slog.Any("error", terr))...)
-		}
-		log.Error(reason+" terminated", append(attrs, slog.Any("error", err))...)
-	case Rejected:
+		log.Error(d.Reason+" terminated", append(attrs, slog.Any("error", d.Err))...)
+	case handler.Rejected:
 		// The reason goes into the server's termination advisory, which the
 		// rejection stream keeps until recover has failed the task with it.
 		// A term lost on its way costs a redelivery after AckWait, which is
 		// rejected again.
-		if terr := msg.TermWithReason(taskassignment.RejectedReason(a.ID, err.Error())); terr != nil {
+		if terr := msg.TermWithReason(d.Reason); terr != nil {
 			log.Error("terminate a rejected assignment", append(attrs, slog.Any("error", terr))...)
 		}
-		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", err))...)
+		log.Error("assignment rejected: it can never be accepted; terminated, for recover to fail the task", append(attrs, slog.Any("error", d.Err))...)
 	}
-	return outcome, settled
+	return d.Outcome, settled
 }
 
 // hold schedules h's next offer delay from now and reports true, or reports
 // false when that offer would come after h's deadline or ctx has ended.
-// The first NotYet of h starts its deadline, HoldFor from now.
-func (j Job) hold(ctx context.Context, h *held, delay time.Duration) bool {
+// The first NotYet of h starts its deadline, HoldFor from now. Holding is
+// off when HoldFor is shorter than retryAfter, the decision's delay.
+func (j Assignments) hold(ctx context.Context, h *held, retryAfter, delay time.Duration) bool {
 	holdFor := cmp.Or(j.HoldFor, DefaultHoldFor)
-	if holdFor < cmp.Or(j.NakDelay, DefaultNakDelay) {
+	if holdFor < retryAfter {
 		return false // holding is off (see HoldFor)
 	}
 	now := time.Now()
@@ -414,8 +396,15 @@ const (
 // reason names the assignment (taskassignment.ExhaustedReason(id)), and
 // recover fails the task with it; without an ID (a message that does not
 // decode) its payload is an orphan that recover re-publishes.
-func (j Job) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
-	terminated, err := delivery.Retry(msg, delay, cmp.Or(j.MaxDeliver, taskassignment.MaxDeliver), taskassignment.ExhaustedReason(assignmentID))
+func (j Assignments) log() *slog.Logger {
+	if j.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return j.Log
+}
+
+func (j Assignments) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
+	terminated, err := Retry(msg, delay, cmp.Or(j.MaxDeliver, taskassignment.MaxDeliver), taskassignment.ExhaustedReason(assignmentID))
 	switch {
 	case terminated:
 		if err != nil {
