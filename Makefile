@@ -94,9 +94,10 @@ e2e-opensandbox-k8s: images
 	./scripts/peers/kube-node.sh build
 	./scripts/peers/opensandbox.sh build
 	./scripts/peers/opensandbox-k8s.sh build
-	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/ ./internal/testenv/opensandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|OpenSandboxContractKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./internal/testenv/opensandboxenv/
+	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/ ./internal/testenv/opensandboxenv/ ./shared/backend/opensandbox/...
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxContractKubernetes$$' ./shared/backend/opensandbox/sandboxapi/sandboxapitest/
+	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./shared/backend/opensandbox/
 
 ## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
 ##        e2e too; needs root)

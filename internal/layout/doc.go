@@ -12,4 +12,7 @@
 //     the map puts in a layer is under its rules.
 //   - The security claims (docs/SECURITY.md, README.md's table) cite tests
 //     that exist.
+//   - The harness packages (internal/testenv and below) hold harnesses and
+//     their own tests: no test there imports a product package other than
+//     the peers' wire contracts (TestHarnessTestsTestTheHarness).
 package layout

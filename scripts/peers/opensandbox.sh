@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/peers/opensandbox.sh: a real OpenSandbox lifecycle server with its Docker runtime, for
-# the end-to-end tests of the opensandbox backend (internal/testenv/opensandboxenv).
+# the end-to-end tests of the opensandbox backend (shared/backend/opensandbox, harness
+# internal/testenv/opensandboxenv).
 #
 # A TEST PEER ONLY. Nothing here is part of the product, its images or its install.
 #

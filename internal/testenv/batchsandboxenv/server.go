@@ -3,11 +3,13 @@ package batchsandboxenv
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
 )
@@ -38,4 +40,22 @@ func StartServer(ctx context.Context, t testing.TB, c *clusterenv.Cluster, ns st
 		Namespace:  ns,
 		ExecdImage: ExecdImage,
 	})
+}
+
+// StartWorld starts what a test of the Kubernetes runtime's lifecycle server
+// needs, in order: a single-node cluster (clusterenv.Start), the images
+// (ImportImages), the manager (Start) and the server with its workloads in
+// namespace ns (StartServer). Both peers are checked before the cluster
+// starts: either missing skips the test, or fails it with CI=true.
+func StartWorld(ctx context.Context, t testing.TB, ns string) (*clusterenv.Cluster, *opensandboxenv.Server) {
+	t.Helper()
+	Assets(t)
+	testenv.RequirePeer(t, opensandboxenv.Peer)
+	t0 := time.Now()
+	c := clusterenv.Start(ctx, t)
+	ImportImages(ctx, t, c)
+	Start(ctx, t, c)
+	s := StartServer(ctx, t, c, ns)
+	t.Logf("cluster, images, manager and lifecycle server ready in %s", time.Since(t0).Round(time.Second))
+	return c, s
 }

@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi"
@@ -38,14 +37,7 @@ type serverWorld struct {
 
 func startServerWorld(ctx context.Context, t *testing.T) *serverWorld {
 	t.Helper()
-	Assets(t) // skip before starting a cluster when a peer is not built
-	testenv.RequirePeer(t, opensandboxenv.Peer)
-	t0 := time.Now()
-	c := clusterenv.Start(ctx, t)
-	ImportImages(ctx, t, c)
-	Start(ctx, t, c)
-	s := StartServer(ctx, t, c, serverNamespace)
-	t.Logf("cluster, images, manager and lifecycle server ready in %s", time.Since(t0).Round(time.Second))
+	c, s := StartWorld(ctx, t, serverNamespace)
 	dyn, err := dynamic.NewForConfig(c.Plane.RESTConfig())
 	if err != nil {
 		t.Fatal(err)

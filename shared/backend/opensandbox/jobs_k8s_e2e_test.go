@@ -1,6 +1,6 @@
 //go:build e2e && opensandboxk8s
 
-package opensandboxenv_test
+package opensandbox_test
 
 import (
 	"context"

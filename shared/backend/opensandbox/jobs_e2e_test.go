@@ -1,6 +1,6 @@
 //go:build e2e
 
-package opensandboxenv_test
+package opensandbox_test
 
 import (
 	"bytes"

@@ -1,12 +1,13 @@
 //go:build e2e && opensandboxk8s
 
-package batchsandboxenv
+package sandboxapitest_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/batchsandboxenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
 )
@@ -25,13 +26,13 @@ func TestE2EOpenSandboxContractKubernetes(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	w := startServerWorld(ctx, t)
+	_, s := batchsandboxenv.StartWorld(ctx, t, "opensandbox")
 	start := time.Now()
 	sandboxapitest.RunContract(t, sandboxapitest.Target{
 		Runtime: sandboxapitest.Kubernetes,
-		URL:     w.s.URL,
-		APIKey:  w.s.APIKey,
-		Image:   SandboxImage,
+		URL:     s.URL,
+		APIKey:  s.APIKey,
+		Image:   batchsandboxenv.SandboxImage,
 		Wait:    time.Minute,
 	})
 	t.Logf("the contract's cases took %s against the real server", time.Since(start).Round(time.Second))
