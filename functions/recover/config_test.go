@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
@@ -76,6 +78,33 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// A pool whose backend the build does not link (build tags, package
+// backend/linked) is a configuration error naming the pools file and the pool.
+func TestPoolBackendNotLinkedIsAConfigurationError(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE="
+	for k, v := range map[string]string{
+		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
+		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
+		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
+		"GDR_CLUSTER_NAME": "ci", "GDR_SPIRE_SERVER": "spire-server:8081",
+	} {
+		t.Setenv(k, v)
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "GDR_POOLS_FILE: pool linux: backend pod: this binary was built without that backend; it has [process]"
+	if err := cfg.check(backend.Registry{process.Registration()}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("check = %v, want %q", err, want)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -80,7 +81,10 @@ type Config struct {
 }
 
 // Check checks what envconfig cannot, and loads the pools file.
-func (c *Config) Check() error {
+func (c *Config) Check() error { return c.check(linked.Backends()) }
+
+// check is Check for a recover that links the backends backends.
+func (c *Config) check(backends backend.Registry) error {
 	var mode error
 	switch {
 	case c.Mode != "once" && c.Mode != "http" && c.Mode != modeFinish:
@@ -101,12 +105,16 @@ func (c *Config) Check() error {
 		c.PublishSettings.Check(os.Getenv("K_SINK")), mode, err}
 	// Every backend the pools name must be linked (build tags, as
 	// handle's: package backend/linked) and its settings complete.
-	backends, checked := linked.Backends(), map[taskassignment.BackendKind]bool{}
+	checked := map[taskassignment.BackendKind]bool{}
 	for _, p := range pools {
-		if !checked[p.Backend] {
-			checked[p.Backend] = true
+		switch {
+		case checked[p.Backend]:
+		case !slices.Contains(backends.Kinds(), p.Backend):
+			errs = append(errs, fmt.Errorf("GDR_POOLS_FILE: pool %s: backend %s: this binary was built without that backend; it has %v", p.Name, p.Backend, backends.Kinds()))
+		default:
 			errs = append(errs, backends.Check(p.Backend, c.BuildSettings))
 		}
+		checked[p.Backend] = true
 	}
 	return errors.Join(errs...)
 }
