@@ -14,7 +14,7 @@ MODULE := github.com/gitea-dynamic-runner/gitea-dynamic-runner
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo +modified)
 LDFLAGS := $(if $(COMMIT),-X $(MODULE)/shared/function.stamp=$(COMMIT))
 
-.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos chaos-gitea docs seccomp
+.PHONY: build test unit fuzz vet bench clean peers e2e e2e-cluster run try-gitea chaos chaos-gitea docs seccomp generate
 
 ## build: compile every function into $(BIN)/
 build:
@@ -24,10 +24,13 @@ build:
 ## test: vet, the race-enabled unit tests, and every fuzz target for FUZZTIME
 test: vet unit fuzz
 
+# BACKEND_TAGS: one build tag per backend, gdr_<kind>, from the generated shared/backend/linked
+BACKEND_TAGS := $(patsubst shared/backend/linked/%_off.go,gdr_%,$(wildcard shared/backend/linked/*_off.go))
+
 vet:
 	$(GO) vet ./...
-	@# handle's builds for one backend (functions/handle/backends.go) compile too
-	for t in gdr_process gdr_pod gdr_opensandbox; do $(GO) vet -tags $$t ./functions/handle/ || exit 1; done
+	@# the builds of handle and recover for one backend (shared/backend/linked) compile too
+	for t in $(BACKEND_TAGS); do $(GO) vet -tags $$t ./shared/backend/linked/ ./functions/handle/ ./functions/recover/ || exit 1; done
 
 unit:
 	$(GO) test -race -count=1 ./...
@@ -166,9 +169,15 @@ push:
 ##       with -update rewrites its own section (one package at a time: they write one file);
 ##       `make test` fails while a table is stale; and the chart schema's pool profile rules
 CONFIG_DOC_PACKAGES := ./functions/dispatch ./functions/handle ./functions/recover ./functions/gateway ./shared/runner ./functions/local
-docs:
+docs: generate
 	@for p in $(CONFIG_DOC_PACKAGES); do $(GO) test -count=1 -run '^TestConfigurationDoc$$' $$p -update || exit 1; done
 	$(GO) test -count=1 -run '^TestHelmSchemaChecksProfiles$$' ./deploy -update-schema
+
+## generate: regenerate shared/backend/linked, the backends a build links by tag, from the backend
+##           packages below shared/backend (internal/backendgen; docs/ADDING-A-BACKEND.md), and
+##           the gdr_ build constraints of other files; `make test` fails while it is stale
+generate:
+	$(GO) run ./internal/backendgen
 
 ## bench: every benchmark, with memory figures (see docs/BENCHMARKS.md)
 bench:

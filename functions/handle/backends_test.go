@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -17,7 +19,7 @@ import (
 // whose package initialisation and code dominated its cold start.
 func TestBuildTagsSelectBackends(t *testing.T) {
 	for _, kind := range []taskassignment.BackendKind{taskassignment.BackendProcess, taskassignment.BackendOpenSandbox, taskassignment.BackendPod} {
-		if err := linkedBackends().Linked(kind); err != nil {
+		if err := linked.Backends().Linked(kind); err != nil {
 			t.Errorf("the test build: %v", err) // go test builds with no gdr_ tag
 		}
 	}
@@ -55,7 +57,7 @@ func TestBuildTagsSelectBackends(t *testing.T) {
 // GDR_BACKEND naming a backend the build does not link is a configuration
 // error naming the variable, except in setup mode, which builds none.
 func TestBackendNotLinkedIsAConfigurationError(t *testing.T) {
-	processOnly := backend.Builders{taskassignment.BackendProcess: linkedBackends()[taskassignment.BackendProcess]}
+	processOnly := backend.Registry{process.Registration()}
 	pools := filepath.Join(t.TempDir(), "pools.yaml")
 	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3}\n"), 0o600); err != nil {
 		t.Fatal(err)

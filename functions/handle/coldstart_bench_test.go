@@ -28,7 +28,7 @@ import (
 //
 // Four binaries run side by side, in the same loop, each with a message of
 // its own waiting: handle for the process backend (-tags gdr_process, see
-// linkedBackends: median-ms, peak-RSS-MiB), handle with every backend linked
+// shared/backend/linked: median-ms, peak-RSS-MiB), handle with every backend linked
 // (the image's build: all-median-ms, all-peak-RSS-MiB), the reference
 // testdata/fetchack (connect, bind the consumer, fetch one message, ack,
 // flush, exit: the floor of a one-shot JetStream handler; ref-median-ms,

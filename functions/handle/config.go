@@ -8,6 +8,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -57,10 +58,10 @@ const (
 
 // Check checks what envconfig cannot, and loads the pools file. Its errors
 // name the variable at fault and never echo a secret.
-func (c *Config) Check() error { return c.check(linkedBackends()) }
+func (c *Config) Check() error { return c.check(linked.Backends()) }
 
-// check is Check for a handle that links the backends linked.
-func (c *Config) check(linked backend.Builders) error {
+// check is Check for a handle that links the backends backends.
+func (c *Config) check(backends backend.Registry) error {
 	var errs []error
 	if c.Mode != modeJob && c.Mode != modeHTTP && c.Mode != modeSetup {
 		errs = append(errs, fmt.Errorf("GDR_MODE %q: want job, http or setup", c.Mode))
@@ -96,9 +97,9 @@ func (c *Config) check(linked backend.Builders) error {
 		td, _, _ := c.Parse()
 		pools, err := c.PoolSettings.Load()
 		c.pools = pools
-		errs = append(errs, keysErr, c.Settings.Check(td), err, c.BuildSettings.Check(taskassignment.BackendKind(c.Backend)))
+		errs = append(errs, keysErr, c.Settings.Check(td), err)
 		if backendErr == nil { // setup mode builds no backend: any may be set up
-			errs = append(errs, linked.Linked(taskassignment.BackendKind(c.Backend)))
+			errs = append(errs, backends.Check(taskassignment.BackendKind(c.Backend), c.BuildSettings))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,4 +1,4 @@
-//go:build gdr_pod || !(gdr_process || gdr_pod || gdr_opensandbox)
+//go:build gdr_pod || !(gdr_opensandbox || gdr_pod || gdr_process)
 
 package main
 

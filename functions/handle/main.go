@@ -18,6 +18,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/handler"
@@ -132,7 +133,7 @@ func newHandler(cfg Config, endings executor.Endings, log *slog.Logger) (handler
 	if err != nil {
 		return handler.Handler{}, nil, err
 	}
-	backend, closeBackend, err := linkedBackends().New(taskassignment.BackendKind(cfg.Backend), cfg.BuildSettings,
+	backend, closeBackend, err := linked.Backends().New(taskassignment.BackendKind(cfg.Backend), cfg.BuildSettings,
 		backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 	if err != nil {
 		return handler.Handler{}, nil, err

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/envdoc"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function/functiontest"
 )
@@ -35,12 +37,8 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE="
-	base := map[string]string{
-		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
-		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
-		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
-		"GDR_CA_DIR": filepath.Join(dir, "ca"),
-	}
+	base := baseEnv(dir, pools, key)
+	base["GDR_CA_DIR"] = filepath.Join(dir, "ca")
 	for _, tc := range []struct {
 		name    string
 		set     map[string]string
@@ -76,6 +74,40 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatalf("loadConfig() error = %v, want it to mention %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// A pool whose backend the build does not link (build tags, package
+// backend/linked) is a configuration error naming the pools file and the pool.
+func TestPoolBackendNotLinkedIsAConfigurationError(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 3}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := baseEnv(dir, pools, "cGF5bG9hZC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=")
+	env["GDR_CLUSTER_NAME"], env["GDR_SPIRE_SERVER"] = "ci", "spire-server:8081"
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "GDR_POOLS_FILE: pool linux: backend pod: this binary was built without that backend; it has [process]"
+	if err := cfg.check(backend.Registry{process.Registration()}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("check = %v, want %q", err, want)
+	}
+}
+
+// baseEnv is recover's environment with the pools file pools, the state
+// directory dir and key as the payload and bootstrap keys, without any
+// backend's settings.
+func baseEnv(dir, pools, key string) map[string]string {
+	return map[string]string{
+		"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
+		"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": key, "GDR_BOOTSTRAP_KEY": key,
+		"GDR_GATEWAY_URL": "https://gw.example.org", "GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
 	}
 }
 

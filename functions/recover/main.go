@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,9 +35,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentsig"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/pod"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/process"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
@@ -83,7 +82,10 @@ type Config struct {
 }
 
 // Check checks what envconfig cannot, and loads the pools file.
-func (c *Config) Check() error {
+func (c *Config) Check() error { return c.check(linked.Backends()) }
+
+// check is Check for a recover that links the backends backends.
+func (c *Config) check(backends backend.Registry) error {
 	var mode error
 	switch {
 	case c.Mode != "once" && c.Mode != "http" && c.Mode != modeFinish:
@@ -102,12 +104,18 @@ func (c *Config) Check() error {
 	c.pools = pools
 	errs := []error{c.NamingSettings.Check(), c.Settings.Check(td), c.PayloadSettings.Check(), c.SigningSettings.Check(),
 		c.PublishSettings.Check(os.Getenv("K_SINK")), mode, err}
+	// Every backend the pools name must be linked (build tags, as
+	// handle's: package backend/linked) and its settings complete.
 	checked := map[taskassignment.BackendKind]bool{}
 	for _, p := range pools {
-		if !checked[p.Backend] {
-			checked[p.Backend] = true
-			errs = append(errs, c.BuildSettings.Check(p.Backend))
+		switch {
+		case checked[p.Backend]:
+		case !slices.Contains(backends.Kinds(), p.Backend):
+			errs = append(errs, fmt.Errorf("GDR_POOLS_FILE: pool %s: backend %s: this binary was built without that backend; it has %v", p.Name, p.Backend, backends.Kinds()))
+		default:
+			errs = append(errs, backends.Check(p.Backend, c.BuildSettings))
 		}
+		checked[p.Backend] = true
 	}
 	return errors.Join(errs...)
 }
@@ -181,16 +189,6 @@ func pass(ctx context.Context, r *recoverer.Recoverer, obs passObserver, log *sl
 	return nil
 }
 
-// linkedBackends are the backends recover builds: all of them, since its
-// pools file may name any.
-func linkedBackends() backend.Builders {
-	return backend.Builders{
-		taskassignment.BackendProcess:     process.Build,
-		taskassignment.BackendOpenSandbox: opensandbox.Build,
-		taskassignment.BackendPod:         pod.Build,
-	}
-}
-
 func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Recoverer, _ jetstream.JetStream, _ func(), err error) {
 	td, keys, err := cfg.Parse()
 	if err != nil {
@@ -228,7 +226,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Reco
 		if _, ok := bs[p.Backend]; ok {
 			continue
 		}
-		b, closeBackend, err := linkedBackends().New(p.Backend, cfg.BuildSettings, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
+		b, closeBackend, err := linked.Backends().New(p.Backend, cfg.BuildSettings, backend.Deps{Keys: keys, TrustDomain: td, Pools: cfg.pools, Log: log})
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("pool %s: %w", p.Name, err)
 		}

@@ -12,12 +12,18 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
+// Registration is the opensandbox backend's (GDR_BACKEND=opensandbox), as package
+// backend/linked links it.
+func Registration() backend.Registration {
+	return backend.Registration{Kind: taskassignment.BackendOpenSandbox, Check: backend.CheckOpenSandbox, Build: Build}
+}
+
 // Build is the opensandbox backend's backend.Builder. The SPIRE Server, when
 // set, is dialled lazily (connected on the first mint, so recover, which
 // never mints, never connects); the returned function closes that
 // connection.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
-	if err := c.Check(taskassignment.BackendOpenSandbox); err != nil {
+	if err := backend.CheckOpenSandbox(c); err != nil {
 		return nil, nil, err
 	}
 	client, err := sandboxapi.New(sandboxapi.Options{BaseURL: c.OpenSandboxURL, APIKey: c.OpenSandboxKey})

@@ -47,9 +47,9 @@ func TestE2EOpenSandboxSVIDFromSPIRE(t *testing.T) {
 	defer cancel()
 	sandboxes := sandboxapitest.New(t, sandboxapitest.WithAPIKey("k"))
 	d := deps(t)
-	b, release, err := opensandbox.Build(backend.BuildSettings{
+	b, release, err := opensandbox.Build(backend.BuildSettings{OpenSandboxSettings: backend.OpenSandboxSettings{
 		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
-	}, d)
+	}}, d)
 	if err != nil {
 		t.Fatal(err)
 	}

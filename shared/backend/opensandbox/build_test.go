@@ -44,9 +44,9 @@ func TestOpenSandboxSVIDsFromSPIRE(t *testing.T) {
 	spire := spiremintest.New(t, td)
 	sandboxes := sandboxapitest.New(t, sandboxapitest.WithAPIKey("k"))
 	d := deps(t)
-	b, release, err := opensandbox.Build(backend.BuildSettings{
+	b, release, err := opensandbox.Build(backend.BuildSettings{OpenSandboxSettings: backend.OpenSandboxSettings{
 		OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: "unix:" + spire.Socket,
-	}, d)
+	}}, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +106,8 @@ func TestOpenSandboxSVIDsFromSPIRE(t *testing.T) {
 func TestOpenSandboxSPIREIsLazy(t *testing.T) {
 	sandboxes := sandboxapitest.New(t, sandboxapitest.WithAPIKey("k"))
 	for _, addr := range []string{"spire-server.spire.svc:8081", "unix:/nonexistent/api.sock"} {
-		b, release, err := opensandbox.Build(backend.BuildSettings{
-			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: addr}, deps(t))
+		b, release, err := opensandbox.Build(backend.BuildSettings{OpenSandboxSettings: backend.OpenSandboxSettings{
+			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: addr}}, deps(t))
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
@@ -127,8 +127,8 @@ func TestOpenSandboxSPIRESettings(t *testing.T) {
 		{"spire-server", "", "neither host:port nor unix:<path>"},
 		{"unix:", "", "no socket path"},
 	} {
-		_, _, err := opensandbox.Build(backend.BuildSettings{
-			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: tt.spire, CADir: tt.caDir}, deps(t))
+		_, _, err := opensandbox.Build(backend.BuildSettings{CADir: tt.caDir, OpenSandboxSettings: backend.OpenSandboxSettings{
+			OpenSandboxURL: sandboxes.URL, OpenSandboxKey: "k", OpenSandboxSPIRE: tt.spire}}, deps(t))
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "GDR_") {
 			t.Errorf("%q, %q: err = %v, want one naming the variable and %q", tt.spire, tt.caDir, err, tt.want)
 		}

@@ -258,7 +258,7 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 	t.Cleanup(func() { _ = srv.Close() })
 
 	// handle's and recover's backends, each built as its command builds it.
-	settings := backend.BuildSettings{OpenSandboxURL: s.URL, OpenSandboxKey: s.APIKey, OpenSandboxSPIRE: "unix:" + spire.Socket}
+	settings := backend.BuildSettings{OpenSandboxSettings: backend.OpenSandboxSettings{OpenSandboxURL: s.URL, OpenSandboxKey: s.APIKey, OpenSandboxSPIRE: "unix:" + spire.Socket}}
 	deps := backend.Deps{Keys: w.keys, TrustDomain: td, Pools: runnerpool.Pools{pool}, Log: log}
 	handleBackend, closeHandle, err := opensandbox.Build(settings, deps)
 	if err != nil {

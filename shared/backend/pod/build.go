@@ -28,6 +28,12 @@ func KubernetesClient() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
+// Registration is the pod backend's (GDR_BACKEND=pod), as package
+// backend/linked links it.
+func Registration() backend.Registration {
+	return backend.Registration{Kind: taskassignment.BackendPod, Check: backend.CheckPod, Build: Build}
+}
+
 // Build is the pod backend's backend.Builder: the API server comes from
 // KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
 // c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn), for
@@ -35,7 +41,7 @@ func KubernetesClient() (kubernetes.Interface, error) {
 // GDR_POD_IDENTITY=ca, SVIDs come from the CA in c.CADir and there is no
 // SPIRE connection. The returned function closes the SPIRE connection.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
-	if err := c.Check(taskassignment.BackendPod); err != nil {
+	if err := backend.CheckPod(c); err != nil {
 		return nil, nil, err
 	}
 	client, err := KubernetesClient()

@@ -24,7 +24,7 @@ func TestBuildSPIREServer(t *testing.T) {
 		{"/run/spire/server-sockets/api.sock", `GDR_SPIRE_SERVER: spiremint: SPIRE Server address "/run/spire/server-sockets/api.sock" is neither host:port nor unix:<path>`},
 		{"", "GDR_SPIRE_SERVER is required"},
 	} {
-		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: tc.addr, ClusterName: "c", KubeNamespace: "ci", PodIdentity: backend.PodIdentityMinted}, deps)
+		b, closeFn, err := Build(backend.BuildSettings{PodSettings: backend.PodSettings{SPIREServer: tc.addr, ClusterName: "c", KubeNamespace: "ci", PodIdentity: backend.PodIdentityMinted}}, deps)
 		if tc.err == "" {
 			if err != nil || b == nil {
 				t.Errorf("%q: Build = %v", tc.addr, err)
@@ -54,7 +54,7 @@ func TestBuildPodIdentity(t *testing.T) {
 		{backend.PodIdentityWorkloadAPI, false, ""},
 		{"", false, `GDR_POD_IDENTITY ""`},
 	} {
-		b, closeFn, err := Build(backend.BuildSettings{SPIREServer: "spire:8081", ClusterName: "c", KubeNamespace: "ci", PodIdentity: tc.identity}, deps)
+		b, closeFn, err := Build(backend.BuildSettings{PodSettings: backend.PodSettings{SPIREServer: "spire:8081", ClusterName: "c", KubeNamespace: "ci", PodIdentity: tc.identity}}, deps)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%q: Build = %v, want an error with %q", tc.identity, err, tc.err)
@@ -71,7 +71,7 @@ func TestBuildPodIdentity(t *testing.T) {
 	}
 	// ca: the installation's CA mints (read at the first mint, not by Build: the folder may
 	// not be there for recover), with no SPIRE Server and no cluster name.
-	b, closeFn, err := Build(backend.BuildSettings{KubeNamespace: "ci", PodIdentity: backend.PodIdentityCA, CADir: filepath.Join(t.TempDir(), "absent")}, deps)
+	b, closeFn, err := Build(backend.BuildSettings{CADir: filepath.Join(t.TempDir(), "absent"), PodSettings: backend.PodSettings{KubeNamespace: "ci", PodIdentity: backend.PodIdentityCA}}, deps)
 	if err != nil {
 		t.Fatalf("ca: %v", err)
 	}

@@ -9,11 +9,17 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
+// Registration is the process backend's (GDR_BACKEND=process), as package
+// backend/linked links it.
+func Registration() backend.Registration {
+	return backend.Registration{Kind: taskassignment.BackendProcess, Check: backend.CheckProcess, Build: Build}
+}
+
 // Build is the process backend's backend.Builder: its CA is loaded from
 // c.CADir (created if absent), and its executors inherit the environment
 // InheritedEnv keeps of this process's. It holds nothing open.
 func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
-	if err := c.Check(taskassignment.BackendProcess); err != nil {
+	if err := backend.CheckProcess(c); err != nil {
 		return nil, nil, err
 	}
 	ca, err := svidca.LoadOrCreate(c.CADir, d.TrustDomain)

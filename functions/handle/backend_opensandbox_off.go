@@ -1,9 +1,0 @@
-//go:build !gdr_opensandbox && (gdr_process || gdr_pod || gdr_opensandbox)
-
-package main
-
-import "github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
-
-// opensandboxBackend is nil: the build tags select other backends only (see
-// linkedBackends).
-func opensandboxBackend() backend.Builder { return nil }
