@@ -123,7 +123,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 func components() (*prometheus.Registry, func()) {
 	reg := metrics.NewRegistry()
 	d := dispatchmetrics.NewDispatch(reg)
-	a := metrics.NewAssignments(reg)
+	a := metrics.NewOutcomes(reg)
 	requests := metrics.NewRequests(reg, "gateway", "UpdateTask").Wrap(http.NotFoundHandler())
 	started := metrics.NewStarted(reg)
 	r := recovermetrics.NewRecover(reg)

@@ -542,7 +542,7 @@ func TestNATSAuthorization(t *testing.T) {
 			t.Fatal(err)
 		}
 		q := signedQueue(recoverC.js)
-		// Worker.Handle marks an assignment ended before it deletes its executor; Delete
+		// Worker.Finish marks an assignment ended before it deletes its executor; Delete
 		// then removes the payload and leaves the mark, which IDs does not list.
 		e, err := assignmentqueue.OpenEndings(ctx, recoverC.js, endedBucket)
 		if err != nil {

@@ -481,7 +481,7 @@ func testRBAC(t *testing.T, mode string) {
 	var ids []string
 	for _, a := range found {
 		ids = append(ids, a.ID)
-		if _, err := recoverW.Handle(ctx, a); err != nil {
+		if _, err := recoverW.Finish(ctx, a); err != nil {
 			t.Fatalf("recover: Handle(%s): %v", a.ID, err)
 		}
 	}
@@ -507,14 +507,14 @@ func testRBAC(t *testing.T, mode string) {
 	// a queue message; the payload is then an orphan the recover pass re-publishes); a
 	// cancelled task's executor is deleted.
 	missing := assignment(5)
-	if done, err := recoverW.Handle(ctx, missing); err != nil || done {
+	if done, err := recoverW.Finish(ctx, missing); err != nil || done {
 		t.Fatalf("recover: Handle of a missing executor = %v, %v", done, err)
 	}
 	if _, err := pods.Get(ctx, handleBackend.PodName(missing.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("recover created the missing executor: %v", err)
 	}
 	gitea.cancel(stale.Task.ID)
-	if done, err := recoverW.Handle(ctx, stale); err != nil || !done {
+	if done, err := recoverW.Finish(ctx, stale); err != nil || !done {
 		t.Fatalf("recover: Handle of a cancelled task = %v, %v", done, err)
 	}
 	if _, err := pods.Get(ctx, handleBackend.PodName(stale.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {

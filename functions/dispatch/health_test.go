@@ -106,7 +106,7 @@ func TestHealthzLooksAtGitea(t *testing.T) {
 				t.Fatal(err)
 			}
 			ts := newTestService(t, &countingRunner{}, &countingRunner{})
-			pool := dispatcher.Pool{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}}, Runner: client}
+			pool := dispatcher.Pool{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}}, Registration: client}
 			ts.svc.probes = health.Probes{Checks: []health.Check{giteaCheck(pool)}}
 			srv := httptest.NewServer(ts.svc.handler())
 			t.Cleanup(srv.Close)

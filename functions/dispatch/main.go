@@ -312,7 +312,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	var dps []dispatcher.Pool
 	for _, p := range pools {
 		client := clients[p.Name]
-		dps = append(dps, dispatcher.Pool{Pool: p, Runner: client, Tasks: gitea.TaskState{Client: client}})
+		dps = append(dps, dispatcher.Pool{Pool: p, Registration: client, Tasks: gitea.TaskState{Client: client}})
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
@@ -385,7 +385,7 @@ const giteaReadyTTL = 10 * time.Second
 // speaks to the same Gitea.
 func giteaCheck(p dispatcher.Pool) health.Check {
 	return health.Check{Name: "gitea", Ready: health.Cached(giteaReadyTTL, func(ctx context.Context) error {
-		return p.Runner.Declare(ctx, p.Labels)
+		return p.Registration.Declare(ctx, p.Labels)
 	})}
 }
 

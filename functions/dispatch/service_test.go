@@ -68,8 +68,8 @@ func newPacedTestService(t *testing.T, linux, gpu *countingRunner, cadence *disp
 	env := jetstreamenv.NewQueue(t)
 	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: env.Queue, Payloads: env.Payloads, KeepAlive: time.Minute}
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{
-		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Runner: linux, Tasks: linux},
-		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Runner: gpu, Tasks: gpu},
+		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Registration: linux, Tasks: linux},
+		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Registration: gpu, Tasks: gpu},
 	}, []byte("s3cret"), function.TickSettings{TickToken: "t1ck"}, cadence, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)

@@ -58,7 +58,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		defer func() { _ = closeBackend() }()
 		reg := metrics.NewRegistry()
-		h.Observer = metrics.NewAssignments(reg)
+		h.Observer = metrics.NewOutcomes(reg)
 		return serveHTTP(ctx, cfg.HTTPAddr, push.Assignments{Decider: h, Log: log}, reg, log)
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "handle-"+cfg.Backend)

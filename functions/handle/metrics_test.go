@@ -28,7 +28,7 @@ func (acceptAll) Accept(context.Context, taskassignment.Assignment) (bool, error
 func TestHTTPModeProbesAndMetrics(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
 	reg := metrics.NewRegistry()
-	h := handler.Handler{Worker: acceptAll{}, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: metrics.NewAssignments(reg)}
+	h := handler.Handler{Worker: acceptAll{}, TrustDomain: td, Keys: jetstreamenv.Signer(), Observer: metrics.NewOutcomes(reg)}
 	handler, err := httpHandler(t.Context(), push.Assignments{Decider: h}, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

@@ -145,7 +145,7 @@ func finishFixture(t *testing.T, runnerBody string) (*local, taskassignment.Assi
 	env := jetstreamenv.NewQueue(t)
 	pool := runnerpool.Pool{Name: poolName, Backend: taskassignment.BackendProcess, Capacity: 1}
 	l.recover = &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: l.backend},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendProcess: l.backend},
 		Pools:    map[string]recoverer.Pool{poolName: {Pool: pool, Tasks: g}},
 		Queue:    env.Queue, Sender: env.Queue, Payloads: env.Payloads}
 	id, err := taskidentity.New(td, "alice/repo", "build", 7)

@@ -281,7 +281,7 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 	reg.MustRegister(metrics.NewExecutors(map[taskassignment.BackendKind]metrics.ExecutorLister{taskassignment.BackendProcess: backend}, log))
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(q.js), q.Stream(), []string{string(taskassignment.BackendProcess)}, log))
 	tasks := gitea.TaskState{Client: client}
-	l.pool = dispatcher.Pool{Pool: p, Runner: client, Tasks: tasks}
+	l.pool = dispatcher.Pool{Pool: p, Registration: client, Tasks: tasks}
 	l.statusSource = poolstatus.Source{Payloads: q.payloads, Tasks: q.payloads,
 		Executors: map[taskassignment.BackendKind]poolstatus.Executors{taskassignment.BackendProcess: backend},
 		Consumers: metrics.JetStreamConsumerInfo(q.js).Backlogs(), Stream: q.Stream()}
@@ -296,13 +296,13 @@ func (l *local) wireCores(ctx context.Context, td spiffeid.TrustDomain, p runner
 			}
 		}}
 	l.job = pull.Assignments{
-		Decider:  handler.Handler{Worker: worker, TrustDomain: td, Keys: q.signer, Observer: metrics.NewAssignments(reg)},
+		Decider:  handler.Handler{Worker: worker, TrustDomain: td, Keys: q.signer, Observer: metrics.NewOutcomes(reg)},
 		Log:      log,
 		Consumer: q.consumer, Batch: l.cfg.Capacity,
 	}
 	l.recover = &recoverer.Recoverer{
 		TrustDomain: td, Keys: metaKeys, Bootstrap: boot,
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: backend},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendProcess: backend},
 		Pools:    map[string]recoverer.Pool{poolName: {Pool: p, Tasks: tasks}},
 		Queue:    q, Sender: q, Rejections: q, Payloads: q.payloads, Endings: q.endings, Log: log,
 	}

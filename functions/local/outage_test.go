@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 )
 

@@ -125,7 +125,7 @@ func BenchmarkE2EFinish(b *testing.B) {
 	}
 	gitea := &giteaTasks{reported: map[int64]executor.Phase{}}
 	r := &recoverer.Recoverer{TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendPod: backend},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendPod: backend},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: pool, Tasks: gitea}},
 		Queue:    q.Queue, Sender: q.Queue, Payloads: q.Payloads}
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/recoverer"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
@@ -22,7 +23,7 @@ func TestFinishModeBindsHandleSetupsConsumer(t *testing.T) {
 	defer cancel()
 	env := jetstreamenv.NewQueue(t)
 	r := &recoverer.Recoverer{
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}

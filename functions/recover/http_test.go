@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/jetstreamenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor/executortest"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
@@ -25,7 +26,7 @@ import (
 func TestHTTPModeMetricsAndHealth(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
 	r := &recoverer.Recoverer{
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendProcess: executortest.NewMemory("")},
 		Pools:    map[string]recoverer.Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 1}}},
 		Payloads: env.Payloads, Queue: env.Queue, Sender: env.Queue,
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/health"
@@ -220,7 +221,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Reco
 		}
 	}()
 	rp := map[string]recoverer.Pool{}
-	bs := map[taskassignment.BackendKind]recoverer.Backend{}
+	bs := map[taskassignment.BackendKind]executor.Backend{}
 	for _, p := range cfg.pools {
 		rp[p.Name] = recoverer.Pool{Pool: p, Tasks: gitea.TaskState{Client: clients[p.Name]}}
 		if _, ok := bs[p.Backend]; ok {

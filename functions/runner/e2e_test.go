@@ -106,8 +106,8 @@ func newWorld(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	w.pool = dispatcher.Pool{
-		Pool:   runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: 10},
-		Runner: client, Tasks: gitea.TaskState{Client: client},
+		Pool:         runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: 10},
+		Registration: client, Tasks: gitea.TaskState{Client: client},
 	}
 	env := jetstreamenv.NewQueue(t)
 	payloads := env.Payloads

@@ -24,12 +24,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// Backend is what handle and recover use of a backend.
-type Backend interface {
-	executor.Backend
-	executor.Recoverer
-}
-
 // BuildSettings is embedded in the configuration of handle and recover: how
 // to reach each backend. Each backend's own settings are a struct of their
 // own in a file of this package (settings_<kind>.go, with the backend's
@@ -56,7 +50,7 @@ type Deps struct {
 // Registration's Check. The returned function releases what the backend
 // holds open (a SPIRE Server API connection); call it once the backend is
 // no longer used.
-type Builder func(c BuildSettings, d Deps) (Backend, func() error, error)
+type Builder func(c BuildSettings, d Deps) (executor.Backend, func() error, error)
 
 // Corrupt returns the OnCorrupt hook of a backend's configuration: an
 // executor with corrupt metadata is logged on d.Log and skipped.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -20,7 +21,7 @@ func TestRegistryBuildsOnlyWhatIsLinked(t *testing.T) {
 		return backend.Registration{
 			Kind:  kind,
 			Check: func(backend.BuildSettings) error { return errors.New("checked " + string(kind)) },
-			Build: func(backend.BuildSettings, backend.Deps) (backend.Backend, func() error, error) {
+			Build: func(backend.BuildSettings, backend.Deps) (executor.Backend, func() error, error) {
 				built = append(built, kind)
 				return nil, func() error { return nil }, errors.New("built " + string(kind))
 			},

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -88,7 +89,7 @@ func (r Registry) Check(kind taskassignment.BackendKind, c BuildSettings) error 
 
 // New builds backend kind with its builder. The returned function releases
 // what the backend holds open; call it once the backend is no longer used.
-func (r Registry) New(kind taskassignment.BackendKind, c BuildSettings, d Deps) (Backend, func() error, error) {
+func (r Registry) New(kind taskassignment.BackendKind, c BuildSettings, d Deps) (executor.Backend, func() error, error) {
 	if err := r.Linked(kind); err != nil {
 		return nil, nil, err
 	}

@@ -32,8 +32,9 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
 
-// Runner is what dispatch needs of a pool's Gitea registration (gitea.Client).
-type Runner interface {
+// Registration is what dispatch needs of a pool's Gitea runner registration
+// (gitea.Client).
+type Registration interface {
 	Declare(ctx context.Context, labels []string) error
 	FetchTask(ctx context.Context) (*runnerv1.Task, error)
 }
@@ -65,8 +66,8 @@ type Payloads interface {
 // Pool is a configured pool with its registration.
 type Pool struct {
 	runnerpool.Pool
-	Runner Runner
-	Tasks  Tasks
+	Registration Registration
+	Tasks        Tasks
 }
 
 // DefaultKeepAlive is the least time between two heartbeats of a waiting
@@ -321,7 +322,7 @@ func (d *Dispatcher) declare(ctx context.Context, p Pool) error {
 	if ok && slices.Equal(last, p.Labels) {
 		return nil
 	}
-	if err := p.Runner.Declare(ctx, p.Labels); err != nil {
+	if err := p.Registration.Declare(ctx, p.Labels); err != nil {
 		d.undeclare(p.Name)
 		return err
 	}
@@ -354,7 +355,7 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 func (d *Dispatcher) fetch(ctx context.Context, p Pool) (*runnerv1.Task, error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	return p.Runner.FetchTask(ctx)
+	return p.Registration.FetchTask(ctx)
 }
 
 // queue stores and publishes one claimed task, or fails it in Gitea with the

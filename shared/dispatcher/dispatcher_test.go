@@ -161,8 +161,8 @@ func newFixture(t *testing.T) fixture {
 
 func pool(g *fakeGitea, capacity int) Pool {
 	return Pool{
-		Pool:   runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: capacity},
-		Runner: g, Tasks: g,
+		Pool:         runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: taskassignment.BackendProcess, Capacity: capacity},
+		Registration: g, Tasks: g,
 	}
 }
 

@@ -59,8 +59,8 @@ func TestAcceptAfterTheTaskEnded(t *testing.T) {
 				t.Fatalf("first Accept = %v, %v", ok, err)
 			}
 			tc.ending(rec)
-			if done, err := w.Handle(ctx, a); !done || err != nil {
-				t.Fatalf("Handle = %v, %v", done, err)
+			if done, err := w.Finish(ctx, a); !done || err != nil {
+				t.Fatalf("Finish = %v, %v", done, err)
 			}
 			// The redelivery: accepted either way (acknowledged), with or without a new executor.
 			if ok, err := w.Accept(ctx, a); !ok || err != nil {
@@ -77,10 +77,10 @@ func TestAcceptAfterTheTaskEnded(t *testing.T) {
 	}
 }
 
-// Handle marks the task ended before it deletes the executor: a redelivery
+// Finish marks the task ended before it deletes the executor: a redelivery
 // whose Find no longer sees the executor then always sees the mark. A mark
-// that cannot be written keeps the executor (Handle is called again).
-func TestHandleMarksEndedBeforeDeleting(t *testing.T) {
+// that cannot be written keeps the executor (Finish is called again).
+func TestFinishMarksEndedBeforeDeleting(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		terminal  bool
@@ -106,12 +106,12 @@ func TestHandleMarksEndedBeforeDeleting(t *testing.T) {
 			if tc.failMark {
 				rec.fail["mark-ended"] = errBoom
 			}
-			done, err := w.Handle(context.Background(), a)
+			done, err := w.Finish(context.Background(), a)
 			if done != tc.wantDone || (err != nil) != tc.failMark {
-				t.Fatalf("Handle = %v, %v", done, err)
+				t.Fatalf("Finish = %v, %v", done, err)
 			}
 			if tc.failMark && !errors.Is(err, errBoom) {
-				t.Errorf("Handle error %v does not wrap the mark's", err)
+				t.Errorf("Finish error %v does not wrap the mark's", err)
 			}
 			if !slices.Equal(rec.calls, tc.wantCalls) {
 				t.Errorf("calls\n got %v\nwant %v", rec.calls, tc.wantCalls)

@@ -1,8 +1,9 @@
 // Package executor is the executor contract and its reconciler: what a
-// backend does with executors (Backend, Recoverer: create, find, bind an
-// identity, delete, list), what it reports of one (Executor, Phase), its
-// refusals (Permanent), and the Worker that reconciles an assigned Gitea task
-// against its executor (Accept from handle, Handle from recover).
+// backend does with executors (Backend: find, create, bind an identity,
+// delete, list), what it reports of one (Executor, Phase), its refusals
+// (Permanent), and the Worker that reconciles an assigned Gitea task against
+// its executor (Accept from handle, Finish from recover). The words
+// executor, runner and worker mean what docs/ARCHITECTURE.md's "Words" says.
 //
 // The Worker holds no state that correctness depends on: every fact it acts on
 // is read again from the backend (the executor and its metadata) and from
@@ -65,10 +66,13 @@ type Bootstrap interface {
 	Environment(taskassignment.Assignment) (map[string]string, error)
 }
 
-// Backend is implemented by each executor backend. Every method must be
-// idempotent: Create for an assignment that already has an executor returns
-// that executor, BindIdentity for a bound identity succeeds, and Delete of a
-// deleted executor succeeds.
+// Backend is the one interface every executor backend implements: handle's
+// Worker.Accept and recover's Worker.Finish use the executor of one
+// assignment (Find, Create, BindIdentity, Delete), recover's pass lists them
+// all (RecoverAssignments). Every method must be idempotent: Create for an
+// assignment that already has an executor returns that executor,
+// BindIdentity for a bound identity succeeds, and Delete of a deleted
+// executor succeeds.
 type Backend interface {
 	// Find returns the executor of the assignment ID, or nil without error
 	// when there is none.
@@ -76,6 +80,12 @@ type Backend interface {
 	Create(ctx context.Context, a taskassignment.Assignment, spec LaunchSpec) (*Executor, error)
 	BindIdentity(ctx context.Context, e *Executor, id taskidentity.Identity) error
 	Delete(ctx context.Context, e *Executor) error
+	// RecoverAssignments returns one assignment per executor of this
+	// installation (the keys' runner marker), rebuilt from the executor's
+	// metadata alone. An executor whose metadata does not rebuild
+	// (corrupt, another trust domain) is skipped and reported by the
+	// backend; it never fails the whole list.
+	RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error)
 }
 
 // TaskState asks Gitea, the authority, about a task. Both methods must be
@@ -95,7 +105,7 @@ type Worker struct {
 	Bootstrap Bootstrap
 	// Keys are the metadata keys the executors are created with.
 	Keys taskassignment.Keys
-	// Endings remembers the assignments whose task is over. Handle marks an
+	// Endings remembers the assignments whose task is over. Finish marks an
 	// assignment ended before it deletes its executor, and Accept consults
 	// the mark before it creates one: a queue message delivered again after
 	// its task ended (a handle killed before its ack, an ack lost in a NATS
@@ -110,7 +120,7 @@ type Worker struct {
 // Discarder is implemented by a backend whose Create can leave part of an
 // executor that Find does not return (the pod backend: a Pod whose Secret was
 // never created, a handle killed between the two). Once the task is over,
-// Handle discards it when Find found nothing: no later Create will complete
+// Finish discards it when Find found nothing: no later Create will complete
 // it, since Accept creates nothing for an ended assignment. Discard of
 // nothing succeeds.
 type Discarder interface {
@@ -132,8 +142,8 @@ type Endings interface {
 //
 // An assignment that has no executor and is marked ended (see Endings) is
 // over: Accept creates nothing and answers true, so its message is
-// acknowledged. The mark is read after Find: Handle writes it before it
-// deletes an executor, so a Find that no longer sees an executor Handle
+// acknowledged. The mark is read after Find: Finish writes it before it
+// deletes an executor, so a Find that no longer sees an executor Finish
 // deleted is always followed by a read that sees its mark.
 func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, error) {
 	if w.Backend == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
@@ -168,24 +178,26 @@ func (w Worker) Accept(ctx context.Context, a taskassignment.Assignment) (bool, 
 	return w.bind(ctx, a, executor)
 }
 
-// Handle performs one reconciliation of an assignment that has an executor.
+// Finish finishes an assignment's executor once its job is over, in one
+// reconciliation (recover's pass and finish mode call it; Accept is
+// handle's).
 // If Gitea says the task is over, the executor is deleted (this is how
 // cancellations clean up). Otherwise its identity is bound, and an executor
 // that Succeeded or Failed is reported to Gitea BEFORE it is deleted, so a
 // crash between the two can never let the task run a second time. Done means
 // nothing is left to do for the assignment; false means call again later.
 //
-// Handle never creates an executor: an absent one emits EventExecutorAbsent
+// Finish never creates an executor: an absent one emits EventExecutorAbsent
 // and returns not done, without error. Only Accept creates executors, from a
 // queue message. The absent case is reached by a race: a caller listed the
-// executor, a concurrent Handle reported and deleted it, and Gitea does not
+// executor, a concurrent Finish reported and deleted it, and Gitea does not
 // show the task as over yet. Creating it again would start the executor of a
 // finished job, whose runner could fetch the still-stored payload and run the
 // job a second time. Left absent, the payload is an orphan for recover's
 // orphan pass (Gitea over: deleted; not over: re-published for Accept). So
-// concurrent Handle calls on one assignment converge: each only reports and
+// concurrent Finish calls on one assignment converge: each only reports and
 // deletes what it finds.
-func (w Worker) Handle(ctx context.Context, a taskassignment.Assignment) (done bool, err error) {
+func (w Worker) Finish(ctx context.Context, a taskassignment.Assignment) (done bool, err error) {
 	if w.Backend == nil || w.Tasks == nil || w.Bootstrap == nil || w.Keys.Runner == "" {
 		return false, errors.New("executor: backend, task state, bootstrap and metadata keys are required")
 	}
@@ -308,12 +320,3 @@ func (w Worker) delete(ctx context.Context, a taskassignment.Assignment, executo
 	return nil
 }
 
-// Recoverer is implemented by backends that can list what they hold, for
-// recover: every executor of this installation (the keys' runner marker),
-// rebuilt into its assignment from the executor's metadata alone.
-type Recoverer interface {
-	// RecoverAssignments returns one assignment per executor. An executor
-	// whose metadata does not rebuild (corrupt, another trust domain) is
-	// skipped and reported by the backend; it never fails the whole list.
-	RecoverAssignments(ctx context.Context) ([]taskassignment.Assignment, error)
-}

@@ -62,6 +62,11 @@ func (r *recorder) BindIdentity(_ context.Context, e *Executor, id taskidentity.
 	return r.fail["bind"]
 }
 
+func (r *recorder) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	r.calls = append(r.calls, "list")
+	return nil, nil
+}
+
 func (r *recorder) Delete(_ context.Context, e *Executor) error {
 	r.calls = append(r.calls, "delete:"+e.Name)
 	if err := r.fail["delete"]; err != nil {
@@ -122,7 +127,7 @@ func (r *recorder) has(a taskassignment.Assignment, target string, phase Phase) 
 
 var errBoom = errors.New("boom")
 
-func TestHandle(t *testing.T) {
+func TestFinish(t *testing.T) {
 	bind := "bind:node-1:" + spiffeID
 	tests := []struct {
 		name      string
@@ -206,12 +211,12 @@ func TestHandle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			w, rec, a, _ := fixture(t)
 			tt.setup(rec, a)
-			done, err := w.Handle(context.Background(), a)
+			done, err := w.Finish(context.Background(), a)
 			if done != tt.wantDone || (err != nil) != tt.wantErr {
-				t.Fatalf("Handle() = %v, %v; want done=%v, error=%v", done, err, tt.wantDone, tt.wantErr)
+				t.Fatalf("Finish() = %v, %v; want done=%v, error=%v", done, err, tt.wantDone, tt.wantErr)
 			}
 			if tt.wantErr && !errors.Is(err, errBoom) {
-				t.Fatalf("Handle() error %v does not wrap the backend's error", err)
+				t.Fatalf("Finish() error %v does not wrap the backend's error", err)
 			}
 			if !slices.Equal(rec.calls, tt.wantCalls) {
 				t.Fatalf("calls = %q\nwant    %q", rec.calls, tt.wantCalls)
@@ -249,7 +254,7 @@ func TestAccept(t *testing.T) {
 			func(r *recorder, a taskassignment.Assignment) { r.has(a, "", PhasePending) },
 			false, false, []string{"find"},
 			[]EventName{EventExecutorFound, EventIdentityTargetPending}},
-		{"found finished executor is still only bound: reporting is Handle's job",
+		{"found finished executor is still only bound: reporting is Finish's job",
 			func(r *recorder, a taskassignment.Assignment) { r.has(a, "node-1", PhaseSucceeded) },
 			true, false, []string{"find", bind},
 			[]EventName{EventExecutorFound, EventIdentityBound}},
@@ -318,22 +323,22 @@ func TestRepeatedCallsCreateOnce(t *testing.T) {
 	}
 }
 
-// Handle of an absent executor whose task is not over creates nothing and
+// Finish of an absent executor whose task is not over creates nothing and
 // says so with EventExecutorAbsent; it is not done (the payload is recover's
 // orphan), and not an error.
-func TestHandleNeverCreates(t *testing.T) {
+func TestFinishNeverCreates(t *testing.T) {
 	for _, target := range []string{"", "node-1"} {
 		t.Run("target="+target, func(t *testing.T) {
 			w, rec, a, events := fixture(t)
 			rec.createdTarget = target
 			for range 3 {
-				done, err := w.Handle(context.Background(), a)
+				done, err := w.Finish(context.Background(), a)
 				if done || err != nil {
-					t.Fatalf("Handle() = %v, %v; want not done, no error", done, err)
+					t.Fatalf("Finish() = %v, %v; want not done, no error", done, err)
 				}
 			}
 			if slices.Contains(rec.calls, "create") || len(rec.executors) != 0 {
-				t.Fatalf("Handle created an executor: calls %q", rec.calls)
+				t.Fatalf("Finish created an executor: calls %q", rec.calls)
 			}
 			for _, e := range *events {
 				if e.Name != EventExecutorAbsent {
@@ -379,11 +384,11 @@ func TestEventsCarryNoEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.executors[a.ID].Phase = PhaseSucceeded
-	if _, err := w.Handle(context.Background(), a); err != nil {
+	if _, err := w.Finish(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
 	rec.terminal = true
-	if _, err := w.Handle(context.Background(), a); err != nil {
+	if _, err := w.Finish(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
 	if len(*events) < 6 {
@@ -407,14 +412,14 @@ func TestWorkerRequiresItsParts(t *testing.T) {
 		if _, err := broken.Accept(context.Background(), a); err == nil {
 			t.Errorf("%s: Accept succeeded", name)
 		}
-		if _, err := broken.Handle(context.Background(), a); err == nil {
-			t.Errorf("%s: Handle succeeded", name)
+		if _, err := broken.Finish(context.Background(), a); err == nil {
+			t.Errorf("%s: Finish succeeded", name)
 		}
 	}
 	noTasks := w
 	noTasks.Tasks = nil
-	if _, err := noTasks.Handle(context.Background(), a); err == nil {
-		t.Error("Handle without task state succeeded")
+	if _, err := noTasks.Finish(context.Background(), a); err == nil {
+		t.Error("Finish without task state succeeded")
 	}
 	if _, err := w.Accept(context.Background(), taskassignment.Assignment{}); err == nil {
 		t.Error("Accept of an empty assignment succeeded")

@@ -11,8 +11,8 @@ import (
 )
 
 // ExecutorLister is what Executors reads of a backend on every scrape:
-// its executors' assignments, then each one's executor (executor.Backend
-// and executor.Recoverer). A scrape costs one list and one find per
+// its executors' assignments, then each one's executor (two methods of
+// executor.Backend). A scrape costs one list and one find per
 // executor: cheap for the process backend, an API call each for the
 // others.
 type ExecutorLister interface {

@@ -72,9 +72,9 @@ func TestRequests(t *testing.T) {
 	}
 }
 
-func TestAssignments(t *testing.T) {
+func TestOutcomes(t *testing.T) {
 	reg := NewRegistry()
-	a := NewAssignments(reg)
+	a := NewOutcomes(reg)
 	var obs handler.Observer = a
 	obs.Handled("pod", handler.Accepted)
 	obs.Handled("pod", handler.NotYet)

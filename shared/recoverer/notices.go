@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
@@ -79,14 +80,14 @@ func (n NoticeHandler) Handle(ctx context.Context, body []byte) taskassignment.N
 // every executor of b (RecoverAssignments) and picks the one asked for; that
 // costs one list per notice (for the pod backend, one label-selected list of
 // the namespace's executor Pods).
-func Listed(b Backend) FinishBackend {
+func Listed(b executor.Backend) FinishBackend {
 	if f, ok := b.(FinishBackend); ok {
 		return f
 	}
 	return listed{b}
 }
 
-type listed struct{ Backend }
+type listed struct{ executor.Backend }
 
 func (l listed) RecoverAssignment(ctx context.Context, assignmentID string) (taskassignment.Assignment, bool, error) {
 	all, err := l.RecoverAssignments(ctx)

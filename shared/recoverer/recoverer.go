@@ -5,7 +5,7 @@
 //     handle rejected (a permanent error) or that ran out of deliveries is
 //     reported failed with the reason, its executor and payload deleted;
 //  1. every executor a backend holds, rebuilt from its metadata, goes through
-//     executor.Worker.Handle with its pool's Gitea registration: Gitea
+//     executor.Worker.Finish with its pool's Gitea registration: Gitea
 //     says the task is over -> the executor is deleted (this is how
 //     cancellations clean up); the executor Succeeded or Failed -> reported,
 //     then deleted. When Handle is done, the task's payload is deleted;
@@ -34,7 +34,7 @@
 // may run side by side on one assignment, in one process or in several (the
 // CronJob pass and recover's finish mode). The invariant that makes this safe:
 // only handle creates executors (Worker.Accept, from a queue message); recover
-// only reports and deletes (Worker.Handle never creates). A pass that listed
+// only reports and deletes (Worker.Finish never creates). A pass that listed
 // an executor and asked Gitea just before the job ended, and then finds the
 // executor deleted by another, leaves it absent: the payload, if the other
 // has not deleted it yet, is an orphan for the orphan step, which deletes it
@@ -58,12 +58,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskworkflow"
 )
-
-// Backend is a backend recover can scan.
-type Backend interface {
-	executor.Backend
-	executor.Recoverer
-}
 
 // FinishBackend is a backend Finish can handle one executor of.
 type FinishBackend interface {
@@ -117,7 +111,7 @@ type Recoverer struct {
 	TrustDomain spiffeid.TrustDomain
 	Keys        taskassignment.Keys
 	Bootstrap   executor.Bootstrap
-	Backends    map[taskassignment.BackendKind]Backend
+	Backends    map[taskassignment.BackendKind]executor.Backend
 	Pools       map[string]Pool
 	// Queue, when set, says which assignments still have a message: a
 	// payload whose assignment is queued is no orphan. Nil is the Knative
@@ -251,7 +245,7 @@ func (r *Recoverer) Finish(ctx context.Context, backend FinishBackend, assignmen
 
 // handle is the step Run and Finish take for each executor: an executor of a
 // pool not configured here is left alone; any other goes through
-// Worker.Handle, and its payload is deleted once Handle is done.
+// Worker.Finish, and its payload is deleted once Finish is done.
 func (r *Recoverer) handle(ctx context.Context, backend executor.Backend, a taskassignment.Assignment, count func(func(*Summary))) {
 	count(func(s *Summary) { s.Executors++ })
 	pool, ok := r.Pools[a.Task.Pool]
@@ -264,7 +258,7 @@ func (r *Recoverer) handle(ctx context.Context, backend executor.Backend, a task
 		OnEvent: func(e executor.Event) {
 			log.Debug(string(e.Name), slog.String("executor", e.Executor), slog.String("phase", string(e.Phase)))
 		}}
-	done, err := w.Handle(ctx, a)
+	done, err := w.Finish(ctx, a)
 	switch {
 	case err != nil:
 		log.Warn("recover could not handle the assignment", slog.Any("error", err))

@@ -73,7 +73,7 @@ func setup(t *testing.T) fixture {
 	g := &giteaView{over: map[int64]bool{}, reported: map[int64]executor.Phase{}}
 	r := &Recoverer{
 		TrustDomain: td, Keys: keys, Bootstrap: boot,
-		Backends: map[taskassignment.BackendKind]Backend{taskassignment.BackendProcess: mem},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendProcess: mem},
 		Pools:    map[string]Pool{"linux": {Pool: runnerpool.Pool{Name: "linux", Backend: taskassignment.BackendProcess, Capacity: 5}, Tasks: g}},
 		Queue:    q, Sender: q, Payloads: payloads, Endings: env.Endings,
 	}

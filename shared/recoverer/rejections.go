@@ -149,7 +149,7 @@ func (r *Recoverer) drainOne(ctx context.Context, e taskassignment.Rejection, su
 	if exhausted {
 		// An assignment whose executor exists is in the backend's hands
 		// (accepted, its ack lost on the last delivery; a handle killed after
-		// Create): the pass's Worker.Handle owns its end. Failing the task
+		// Create): the pass's Worker.Finish owns its end. Failing the task
 		// would end a job that runs.
 		held, err := r.heldByBackend(ctx, id)
 		if err != nil {

@@ -47,7 +47,7 @@ func (g *reportingGitea) Report(ctx context.Context, id int64, e executor.Execut
 // refusing is the memory backend whose Create, or BindIdentity, fails with
 // err (marked permanent or not by the test).
 type refusing struct {
-	Backend
+	executor.Backend
 	create, bind error
 }
 

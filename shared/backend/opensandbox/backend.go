@@ -1,5 +1,5 @@
 // Package opensandbox runs assignments in OpenSandbox sandboxes: it
-// implements executor.Backend and executor.Recoverer over the
+// implements executor.Backend over the
 // OpenSandbox lifecycle API (shared/backend/opensandbox/sandboxapi).
 //
 // Everything recovery needs lives in the sandbox's metadata: the labels of

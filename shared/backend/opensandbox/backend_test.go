@@ -716,7 +716,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 			id := sandboxes[0].ID
 
 			h.fake.SetState(id, "Running")
-			if done, err := w.Handle(ctx, a); err != nil || done {
+			if done, err := w.Finish(ctx, a); err != nil || done {
 				t.Fatalf("Handle while running = %v, %v", done, err)
 			}
 			if len(tasks.reports) != 0 {
@@ -724,7 +724,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 			}
 
 			tt.end(h, tasks, id, a.Task.ID)
-			if done, err := w.Handle(ctx, a); err != nil || !done {
+			if done, err := w.Finish(ctx, a); err != nil || !done {
 				t.Fatalf("Handle at the end = %v, %v", done, err)
 			}
 			if strings.Join(tasks.reports, ",") != strings.Join(tt.wantReport, ",") {
@@ -734,7 +734,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 				t.Fatalf("Get after the end: %v, want 404", err)
 			}
 			// Once over, over: nothing is created again.
-			if done, err := w.Handle(ctx, a); err != nil || !done || h.fake.Creates() != 1 {
+			if done, err := w.Finish(ctx, a); err != nil || !done || h.fake.Creates() != 1 {
 				t.Fatalf("Handle after the end = %v, %v, %d creates", done, err, h.fake.Creates())
 			}
 			if got, err := h.backend.RecoverAssignments(ctx); err != nil || len(got) != 0 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -22,7 +23,7 @@ func Registration() backend.Registration {
 // set, is dialled lazily (connected on the first mint, so recover, which
 // never mints, never connects); the returned function closes that
 // connection.
-func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (executor.Backend, func() error, error) {
 	if err := backend.CheckOpenSandbox(c); err != nil {
 		return nil, nil, err
 	}

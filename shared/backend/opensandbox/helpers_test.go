@@ -22,7 +22,6 @@ import (
 
 var (
 	_ executor.Backend      = (*opensandbox.Backend)(nil)
-	_ executor.Recoverer    = (*opensandbox.Backend)(nil)
 	_ opensandbox.Sandboxes = (*sandboxapi.Client)(nil)
 )
 

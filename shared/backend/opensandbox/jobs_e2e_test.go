@@ -272,7 +272,7 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 	t.Cleanup(func() { _ = closeRecover() })
 
 	d := &dispatcher.Dispatcher{TrustDomain: td, Queue: w.queue.Queue, Payloads: w.queue.Payloads, KeepAlive: time.Minute, Log: log}
-	dpool := dispatcher.Pool{Pool: pool, Runner: client, Tasks: tasks}
+	dpool := dispatcher.Pool{Pool: pool, Registration: client, Tasks: tasks}
 	job := pull.Assignments{
 		Decider: handler.Handler{
 			Worker: executor.Worker{Backend: handleBackend, Bootstrap: boot, Keys: w.keys, Endings: w.queue.Endings,
@@ -285,7 +285,7 @@ func newJobsWorld(ctx context.Context, t *testing.T, rt jobsRuntime) *jobsWorld 
 	}
 	rec := &recoverer.Recoverer{
 		TrustDomain: td, Keys: w.keys, Bootstrap: boot,
-		Backends: map[taskassignment.BackendKind]recoverer.Backend{taskassignment.BackendOpenSandbox: recoverBackend},
+		Backends: map[taskassignment.BackendKind]executor.Backend{taskassignment.BackendOpenSandbox: recoverBackend},
 		Pools:    map[string]recoverer.Pool{jobsPool: {Pool: pool, Tasks: tasks}},
 		Queue:    w.queue.Queue, Sender: w.queue.Queue, Rejections: w.queue.Queue,
 		Payloads: w.queue.Payloads, Endings: w.queue.Endings, Log: log,

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -40,7 +41,7 @@ func Registration() backend.Registration {
 // entries and, with GDR_POD_IDENTITY=minted, SVIDs (Config.Minter); with
 // GDR_POD_IDENTITY=ca, SVIDs come from the CA in c.CADir and there is no
 // SPIRE connection. The returned function closes the SPIRE connection.
-func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (executor.Backend, func() error, error) {
 	if err := backend.CheckPod(c); err != nil {
 		return nil, nil, err
 	}

@@ -145,13 +145,13 @@ func TestE2EWorker(t *testing.T) {
 		evs.names()
 
 		env.setPhase(t, name, corev1.PodRunning)
-		if done, err := w.Handle(ctx, a); err != nil || done {
+		if done, err := w.Finish(ctx, a); err != nil || done {
 			t.Fatalf("Handle of a running executor = %v, %v", done, err)
 		}
 		expect("handle running", executor.EventIdentityBound)
 
 		env.setPhase(t, name, corev1.PodSucceeded)
-		if done, err := w.Handle(ctx, a); err != nil || !done {
+		if done, err := w.Finish(ctx, a); err != nil || !done {
 			t.Fatalf("Handle of a succeeded executor = %v, %v", done, err)
 		}
 		expect("handle succeeded", executor.EventIdentityBound, executor.EventTaskReported, executor.EventExecutorDeleted)
@@ -169,7 +169,7 @@ func TestE2EWorker(t *testing.T) {
 			t.Fatalf("%d entries after Handle, want 0", n)
 		}
 		// Recover runs again: Gitea says terminal, nothing is left.
-		if done, err := w.Handle(ctx, a); err != nil || !done {
+		if done, err := w.Finish(ctx, a); err != nil || !done {
 			t.Fatalf("Handle after the end = %v, %v", done, err)
 		}
 		expect("handle after the end", executor.EventTaskTerminal)
@@ -187,7 +187,7 @@ func TestE2EWorker(t *testing.T) {
 		env.setPhase(t, b.PodName(a.ID), corev1.PodRunning)
 		gitea.cancel(a.Task.ID)
 		evs.names()
-		if done, err := w.Handle(ctx, a); err != nil || !done {
+		if done, err := w.Finish(ctx, a); err != nil || !done {
 			t.Fatalf("Handle of a cancelled task = %v, %v", done, err)
 		}
 		expect("cancel", executor.EventTaskTerminal, executor.EventExecutorDeleted)
@@ -199,7 +199,7 @@ func TestE2EWorker(t *testing.T) {
 		if err != nil || e == nil || e.Phase != executor.PhaseUnknown {
 			t.Fatalf("Find after the cancel = %+v, %v", e, err)
 		}
-		if done, err := w.Handle(ctx, a); err != nil || !done {
+		if done, err := w.Finish(ctx, a); err != nil || !done {
 			t.Fatalf("Handle again = %v, %v", done, err)
 		}
 		if gitea.reports[a.Task.ID] != nil {
@@ -249,7 +249,7 @@ func TestE2EWorker(t *testing.T) {
 		var ids []int64
 		for _, a := range found {
 			ids = append(ids, a.Task.ID)
-			if _, err := w.Handle(ctx, a); err != nil {
+			if _, err := w.Finish(ctx, a); err != nil {
 				t.Fatalf("Handle %s: %v", a.ID, err)
 			}
 		}

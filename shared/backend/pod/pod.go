@@ -1,6 +1,6 @@
 // Package pod runs each assignment in its own Kubernetes Pod and binds
 // the Pod's SPIFFE identity through a SPIRE registration entry. It implements
-// executor.Backend and executor.Recoverer.
+// executor.Backend.
 //
 // Everything the backend knows it reads back from Kubernetes and SPIRE; it
 // stores nothing itself. For an assignment with ID <id>:
@@ -177,10 +177,7 @@ type poolTemplate struct {
 	pool runnerpool.Pool
 }
 
-var (
-	_ executor.Backend   = (*Backend)(nil)
-	_ executor.Recoverer = (*Backend)(nil)
-)
+var _ executor.Backend = (*Backend)(nil)
 
 // New validates cfg and parses the pod template of every pod pool. Errors
 // name the setting, or the pool and the profile field, at fault.

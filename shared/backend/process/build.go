@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/executor"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidca"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -18,7 +19,7 @@ func Registration() backend.Registration {
 // Build is the process backend's backend.Builder: its CA is loaded from
 // c.CADir (created if absent), and its executors inherit the environment
 // InheritedEnv keeps of this process's. It holds nothing open.
-func Build(c backend.BuildSettings, d backend.Deps) (backend.Backend, func() error, error) {
+func Build(c backend.BuildSettings, d backend.Deps) (executor.Backend, func() error, error) {
 	if err := backend.CheckProcess(c); err != nil {
 		return nil, nil, err
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
-// Memory is a Backend and Recoverer in memory, safe for concurrent use.
+// Memory is an executor.Backend in memory, safe for concurrent use.
 type Memory struct {
 	// Target is the identity target a created executor gets ("" = pending).
 	Target string
@@ -204,6 +204,16 @@ func (f Files) Create(ctx context.Context, a taskassignment.Assignment, _ execut
 
 func (f Files) BindIdentity(context.Context, *executor.Executor, taskidentity.Identity) error {
 	return nil
+}
+
+// errFilesList is what Files answers a listing: it keeps no assignment
+// metadata to rebuild assignments from (the crash tests that use it list
+// nothing; use Memory for recover).
+var errFilesList = errors.New("executortest.Files keeps no assignment metadata to list")
+
+// RecoverAssignments fails: see errFilesList.
+func (f Files) RecoverAssignments(context.Context) ([]taskassignment.Assignment, error) {
+	return nil, errFilesList
 }
 
 func (f Files) Delete(_ context.Context, e *executor.Executor) error {

@@ -7,15 +7,15 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
-// Assignments is handler.Observer: assignments handed to a backend, by
-// outcome.
-type Assignments struct {
+// Outcomes is handler.Observer: the outcomes of the assignment messages
+// handle decided, by backend and outcome.
+type Outcomes struct {
 	total *prometheus.CounterVec
 }
 
-// NewAssignments registers the assignment counter with reg.
-func NewAssignments(reg prometheus.Registerer) *Assignments {
-	m := &Assignments{total: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "assignments_total",
+// NewOutcomes registers the assignment counter with reg.
+func NewOutcomes(reg prometheus.Registerer) *Outcomes {
+	m := &Outcomes{total: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "assignments_total",
 		Help: "Assignment messages handled, by backend and outcome (accepted, not_yet, failed, poison, rejected); an assignment offered again counts again."},
 		[]string{"backend", "outcome"})}
 	reg.MustRegister(m.total)
@@ -24,7 +24,7 @@ func NewAssignments(reg prometheus.Registerer) *Assignments {
 
 // Handled counts one message. A backend that is not a known one (a message
 // that did not decode) counts as "unknown".
-func (m *Assignments) Handled(backend taskassignment.BackendKind, o handler.Outcome) {
+func (m *Outcomes) Handled(backend taskassignment.BackendKind, o handler.Outcome) {
 	label := "unknown"
 	if b, err := taskassignment.ParseBackendKind(string(backend)); err == nil {
 		label = string(b)
