@@ -44,8 +44,8 @@ type NoticeHandler struct {
 // Handle decides one notice. A malformed one, or one of no pool of this
 // backend, is dropped; once ctx has ended no Finish starts and the notice is
 // retried at once (for another run). Otherwise Finish runs: no executor is
-// taskassignment.NoticeAbsent, an executor finished taskassignment.NoticeFinished, one not ended yet (or a
-// Finish that failed) taskassignment.NoticeRetry after Retry.
+// NoticeAbsent, an executor finished NoticeFinished, one not ended yet (or a
+// Finish that failed) NoticeRetry after Retry (taskassignment's outcomes).
 //
 // Crash window: a run killed between Finish and its acknowledgement settles
 // nothing; the notice comes back after the consumer's AckWait to a Finish

@@ -47,7 +47,8 @@ const FailTimeout = 30 * time.Second
 //     (Knative's extensions knativeerrorcode and knativeerrordata say what
 //     handle answered last): the task fails as having run out of deliveries;
 //   - a taskassignment.RejectionType event, handle's reply to an assignment
-//     it can never accept, with its reason in taskassignment.ReasonExtension: the task fails with it.
+//     it can never accept, with its reason in taskassignment.ReasonExtension:
+//     the task fails with it.
 //
 // Either way the data must be an authentic assignment: nothing else can make
 // recover fail a task, and Failer leaves any assignment an executor holds.
