@@ -319,4 +319,3 @@ func (w Worker) delete(ctx context.Context, a taskassignment.Assignment, executo
 	w.emit(EventExecutorDeleted, a, executor)
 	return nil
 }
-
