@@ -129,7 +129,7 @@ func TestNode(t *testing.T) {
 	}
 }
 
-// TestRunnerHostListInStep: README.md's "The runner-host image" table lists
+// TestRunnerHostListInStep: docs/OPERATIONS.md's "The runner-host image" table lists
 // exactly what scripts/debs.sh fetches for it, every Debian package of
 // PACKAGES and every npm tarball of NODE_TARBALLS (name@version), so the
 // list users read is the image's.
@@ -138,7 +138,7 @@ func TestRunnerHostListInStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,9 +161,9 @@ func TestRunnerHostListInStep(t *testing.T) {
 	fetched := append(slices.Clone(arrays["PACKAGES"]), arrays["NODE_TARBALLS"]...)
 	slices.Sort(fetched)
 
-	_, section, ok := strings.Cut(string(readme), "\n## The runner-host image\n")
+	_, section, ok := strings.Cut(string(doc), "\n## The runner-host image\n")
 	if !ok {
-		t.Fatal(`README.md has no "## The runner-host image" section`)
+		t.Fatal(`docs/OPERATIONS.md has no "## The runner-host image" section`)
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	var listed []string
@@ -186,6 +186,6 @@ func TestRunnerHostListInStep(t *testing.T) {
 	}
 	slices.Sort(listed)
 	if !slices.Equal(listed, fetched) {
-		t.Errorf("README.md's runner-host table lists\n  %q\nscripts/debs.sh fetches\n  %q", listed, fetched)
+		t.Errorf("docs/OPERATIONS.md's runner-host table lists\n  %q\nscripts/debs.sh fetches\n  %q", listed, fetched)
 	}
 }
