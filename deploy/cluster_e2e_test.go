@@ -86,9 +86,6 @@ type installation struct {
 	monitor string
 	// secrets are the data of the Secrets created, by name.
 	secrets map[string]map[string][]byte
-	// localize rewrites a manifest of deploy/ for this cluster, as the
-	// build was (for the manual Jobs, created later).
-	localize func(obj *unstructured.Unstructured)
 	// registry is the private registry, at registryHost from the node.
 	registry *registryenv.Registry
 	// spire is the SPIRE server (handleKilled pauses it).
@@ -586,7 +583,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire, gitea: giteaAddr,
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, spire: spire, gitea: giteaAddr,
 		registry: registry, registryHost: registryHost, webhook: hook, releases: rel, helm: helm}
 }
 

@@ -122,6 +122,13 @@ func readmeVariables(t testing.TB) []string {
 var (
 	assignment  = regexp.MustCompile(`^([A-Z_][A-Z0-9_]*)=`)
 	placeholder = regexp.MustCompile(`<[A-Za-z][A-Za-z0-9 _-]*>`)
+	// exampleValue is a value the docs mark for replacing: PLACEHOLDER, or a host of the
+	// example domains.
+	exampleValue = regexp.MustCompile(`PLACEHOLDER|[A-Za-z0-9.-]*\bexample\.(?:com|org|net)\b|ghcr\.io/example\b`)
+	// shippedPlaceholders are the two ways a block may name the shipped manifests'
+	// placeholders without being one: the placeholder images' names, which the overlay
+	// replaces (a sed pattern, kustomize's images), and a grep for what is left.
+	shippedPlaceholders = regexp.MustCompile(`ghcr\.io/example/(?:\\\(|\$f\b|gitea-dynamic-runner-)|grep -n 'PLACEHOLDER'`)
 	// fileRef matches a path of this repository a block names.
 	fileRef = regexp.MustCompile(`(?:^|[\s=\[,'"(])(?:\.\./|\./)?((?:deploy|functions|shared|internal)/[A-Za-z0-9_./-]*[A-Za-z0-9_])`)
 )
@@ -139,7 +146,8 @@ var readmeNames = map[string][]string{
 // TestReadmeBlocks checks README.md's install, upgrade and uninstall as the commands
 // TestE2EClusterReadme runs: every sh block of those sections and of the prerequisites is
 // marked (run in a phase, or skipped saying why); the run blocks are exactly the named ones
-// the test knows, in order; each parses (bash -n); none holds a <placeholder>; every variable
+// the test knows, in order; each parses (bash -n); none holds a <placeholder>, PLACEHOLDER or an
+// example host (a value the reader must replace, where the test would run it as written); every variable
 // a block uses is documented in the variables block or set by the block itself, and every
 // documented one is used; and every file of this repository a block names exists.
 func TestReadmeBlocks(t *testing.T) {
@@ -177,6 +185,9 @@ func TestReadmeBlocks(t *testing.T) {
 		}
 		if p := placeholder.FindString(b.text); p != "" {
 			t.Errorf("%s %s: placeholder %s", where, b.name, p)
+		}
+		if p := exampleValue.FindString(shippedPlaceholders.ReplaceAllString(b.text, "")); p != "" {
+			t.Errorf("%s %s: %s, a value to replace, in a block run as written (values belong in the variables block)", where, b.name, p)
 		}
 		f, err := syntax.NewParser(syntax.Variant(syntax.LangBash)).Parse(strings.NewReader(b.text), b.name)
 		if err != nil {
@@ -389,5 +400,26 @@ func TestReadmeGiteaQueue(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("deploy/README.md does not give Gitea\n%s", want)
+	}
+}
+
+// The rule of TestReadmeBlocks on example values, on lines a block could hold.
+func TestExampleValues(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		bad  bool
+	}{
+		{`helm install gdr oci://registry.example.com/ci/gitea-dynamic-runner`, true},
+		{`GDR_GITEA_URL=https://gitea.example.org/`, true},
+		{`image: ghcr.io/example/other:v1`, true},
+		{`runnerImage: PLACEHOLDER`, true},
+		{`sed "s#ghcr.io/example/\(gitea-dynamic-runner-runner[a-z-]*\):latest#$REG/\1:$TAG#"`, false},
+		{`echo "  - {name: ghcr.io/example/gitea-dynamic-runner-$f, newName: $REG/gitea-dynamic-runner-$f}"`, false},
+		{`kubectl kustomize my-deploy | grep -n 'PLACEHOLDER' || true`, false},
+		{`helm install gdr "oci://$REG/gitea-dynamic-runner"`, false},
+	} {
+		if got := exampleValue.MatchString(shippedPlaceholders.ReplaceAllString(tc.line, "")); got != tc.bad {
+			t.Errorf("%q: flagged %v, want %v", tc.line, got, tc.bad)
+		}
 	}
 }

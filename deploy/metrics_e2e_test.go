@@ -16,8 +16,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
@@ -104,26 +102,31 @@ func (in *installation) recoverStatus(ctx context.Context, t *testing.T) {
 	}
 }
 
-// runManualJob creates deploy/keda/manual/<file> as an operator would
-// (kubectl create) and waits for its Job to complete; it returns the Job's
-// name.
+// manualJobPlaceholder is the image deploy/keda/manual's Jobs name, which
+// deploy/README.md's command replaces with the installed recover CronJob's.
+const manualJobPlaceholder = "ghcr.io/example/gitea-dynamic-runner-recover:latest"
+
+// runManualJob creates deploy/keda/manual/<file> as deploy/README.md tells
+// an operator to (its placeholder image replaced by the image of the
+// installed recover CronJob, then kubectl create) and waits for its Job to
+// complete; it returns the Job's name.
 func (in *installation) runManualJob(ctx context.Context, t *testing.T, file string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("keda", "manual", file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var job batchv1.Job
-	if err := yaml.UnmarshalStrict(data, &job); err != nil {
-		t.Fatal(err)
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&job)
+	cron, err := in.cs.BatchV1().CronJobs(installNamespace).Get(ctx, "recover", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &unstructured.Unstructured{Object: obj}
-	in.localize(u)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &job); err != nil {
+	image := cron.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Image
+	if !strings.Contains(string(data), manualJobPlaceholder) {
+		t.Fatalf("keda/manual/%s does not name %s, which deploy/README.md's command replaces", file, manualJobPlaceholder)
+	}
+	data = []byte(strings.ReplaceAll(string(data), manualJobPlaceholder, image))
+	var job batchv1.Job
+	if err := yaml.UnmarshalStrict(data, &job); err != nil {
 		t.Fatal(err)
 	}
 	created, err := in.cs.BatchV1().Jobs(installNamespace).Create(ctx, &job, metav1.CreateOptions{})

@@ -25,26 +25,34 @@ func yamlBlocks(text string) []string {
 	return regexp.MustCompile("(?ms)^```yaml\n(.*?)^```").FindAllString(text, -1)
 }
 
-// TestPoolsDocExamples: every YAML block of docs/POOLS.md is a pools file the functions accept
-// (runnerpool.Parse), and each pool's profile one its backend accepts (its ParseProfile).
+// TestPoolsDocExamples: every YAML block of docs/POOLS.md and README.md is a pools file the
+// functions accept (runnerpool.Parse), and each pool's profile one its backend accepts (its
+// ParseProfile).
 func TestPoolsDocExamples(t *testing.T) {
-	data, err := os.ReadFile(poolsDoc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks := yamlBlocks(string(data))
-	if len(blocks) < 5 {
-		t.Fatalf("docs/POOLS.md has %d yaml blocks: the parse is wrong", len(blocks))
-	}
 	keys, err := taskassignment.NewKeys("gitea-dynamic-runner.io")
 	if err != nil {
 		t.Fatal(err)
 	}
+	for doc, least := range map[string]int{poolsDoc: 5, "../README.md": 1} {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := yamlBlocks(string(data))
+		if len(blocks) < least {
+			t.Fatalf("%s has %d yaml blocks: the parse is wrong", doc, len(blocks))
+		}
+		checkPoolsBlocks(t, doc, blocks, keys)
+	}
+}
+
+func checkPoolsBlocks(t *testing.T, doc string, blocks []string, keys taskassignment.Keys) {
+	t.Helper()
 	for i, b := range blocks {
 		b = strings.TrimPrefix(strings.TrimSuffix(b, "```"), "```yaml\n")
 		pools, err := runnerpool.Parse([]byte(b), t.TempDir())
 		if err != nil {
-			t.Errorf("docs/POOLS.md's yaml block %d: %v\n%s", i+1, err, b)
+			t.Errorf("%s's yaml block %d: %v\n%s", doc, i+1, err, b)
 			continue
 		}
 		for _, p := range pools {
@@ -59,7 +67,7 @@ func TestPoolsDocExamples(t *testing.T) {
 				}
 			}
 			if err != nil {
-				t.Errorf("docs/POOLS.md's yaml block %d, pool %s: %v", i+1, p.Name, err)
+				t.Errorf("%s's yaml block %d, pool %s: %v", doc, i+1, p.Name, err)
 			}
 		}
 	}

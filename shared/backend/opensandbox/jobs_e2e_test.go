@@ -514,7 +514,7 @@ jobs:
 	t.Logf("sandbox %s deleted %v after the job's end was seen", sb.ID, took.Round(100*time.Millisecond))
 }
 
-// toolboxWorkflow's steps use what README.md's "The runner-host image"
+// toolboxWorkflow's steps use what docs/OPERATIONS.md's "The runner-host image"
 // says the image holds, as ubuntu-latest's common workflows and setup-*
 // steps do: checkout (a JavaScript action, run by the image's node), node
 // of the promised major or newer with npm running a package script, make
