@@ -27,6 +27,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -936,6 +937,20 @@ jobs:
 		t.Fatal(err)
 	}
 	assignment := p.Labels["gitea-dynamic-runner.io/assignment-id"]
+	// A voluntary eviction (kubectl drain, a scale-down) is refused while the job runs: the
+	// executors' PodDisruptionBudget; the cluster autoscaler is told so too.
+	if p.Annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] != "false" {
+		t.Errorf("executor Pod %s annotations %v: the cluster autoscaler may evict it", pod, p.Annotations)
+	}
+	err = in.cs.PolicyV1().Evictions(jobsNamespace).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobsNamespace}})
+	if !apierrors.IsTooManyRequests(err) {
+		t.Fatalf("evicting running executor Pod %s: %v, want 429 (its disruption budget)", pod, err)
+	}
+	if again, err := in.cs.CoreV1().Pods(jobsNamespace).Get(ctx, pod, metav1.GetOptions{}); err != nil || again.DeletionTimestamp != nil {
+		t.Fatalf("executor Pod %s after a refused eviction: %v, deleting %v", pod, err, again.DeletionTimestamp)
+	}
+	t.Logf("eviction of running executor Pod %s refused: %v", pod, err)
+	// A forced drain deletes it (kubectl drain --disable-eviction, kubectl delete pod).
 	if err := in.cs.CoreV1().Pods(jobsNamespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -155,13 +155,13 @@ func containerImages(obj map[string]any) []string {
 
 // inExecutorsNamespace tells whether an object of the install belongs in the executors'
 // namespace: every Role and RoleBinding (handle's and recover's, on the executors' Pods,
-// Secrets and Events; the control plane's namespace grants nothing) and the executors' network
-// policies.
+// Secrets and Events; the control plane's namespace grants nothing), the executors' network
+// policies and their disruption budget.
 func inExecutorsNamespace(d doc) bool {
 	switch d.kind() {
 	case "Role", "RoleBinding":
 		return true
-	case "NetworkPolicy":
+	case "NetworkPolicy", "PodDisruptionBudget":
 		return strings.HasPrefix(d.name(), "gdr-executors")
 	}
 	return false

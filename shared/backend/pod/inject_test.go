@@ -306,3 +306,32 @@ func TestParseProfileInjectsOnce(t *testing.T) {
 			len(pod.Spec.InitContainers), len(pod.Spec.Volumes), pod.Spec.Containers[0].VolumeMounts, pod.Spec.Containers[0].Env)
 	}
 }
+
+// TestExecutorPodsAreNotTheAutoscalersToEvict: every executor Pod tells the
+// cluster autoscaler it is not safe to evict, also where its pool's template
+// says otherwise (a running job cannot move).
+func TestExecutorPodsAreNotTheAutoscalersToEvict(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	cfg.Client = client
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tp := range b.pools {
+		tp.template.Annotations = map[string]string{SafeToEvict: "true", "team": "ci"}
+		b.pools[name] = tp
+	}
+	a := testAssignment(t, 1, "")
+	if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := client.CoreV1().Pods("ci").Get(ctx, "gdr-linux-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pod.Annotations[SafeToEvict]; got != "false" || pod.Annotations["team"] != "ci" {
+		t.Fatalf("executor Pod annotations %v: want %s \"false\" beside the template's own", pod.Annotations, SafeToEvict)
+	}
+}

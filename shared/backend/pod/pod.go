@@ -442,6 +442,10 @@ func (b *Backend) newPod(a taskassignment.Assignment, spec executor.LaunchSpec, 
 	pod.Name, pod.Namespace = b.PodName(a.ID), b.ns
 	pod.Labels = merged(t.Labels, spec.Metadata.Labels)
 	pod.Annotations = merged(t.Annotations, spec.Metadata.Annotations)
+	// A running job is not the cluster autoscaler's to move: it cannot
+	// resume elsewhere. (Voluntary evictions, kubectl drain's, are held off
+	// by the executors' PodDisruptionBudget, deploy/base.)
+	pod.Annotations[SafeToEvict] = "false"
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	deadline := int64(math.Ceil(pt.timeout.Seconds()))
 	pod.Spec.ActiveDeadlineSeconds = &deadline
@@ -479,6 +483,10 @@ func (b *Backend) newPod(a taskassignment.Assignment, spec executor.LaunchSpec, 
 	}})
 	return pod, nil
 }
+
+// SafeToEvict is the cluster autoscaler's annotation; every executor Pod
+// carries it as "false", whatever its pool's template says.
+const SafeToEvict = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 func merged(base, over map[string]string) map[string]string {
 	out := make(map[string]string, len(base)+len(over))
