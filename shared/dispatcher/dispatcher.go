@@ -185,6 +185,9 @@ type Result struct {
 	// Rejected counts claimed tasks that cannot run here and were failed in
 	// Gitea with a log line saying why.
 	Rejected int
+	// Paused: the pool is paused (runnerpool.Pool.Paused); the round
+	// claimed nothing and kept its waiting tasks alive.
+	Paused bool
 }
 
 func (d *Dispatcher) log() *slog.Logger {
@@ -228,18 +231,28 @@ func (d *Dispatcher) lock(pool string) func() {
 // queued and in the Result. Nothing is claimed when Gitea or the payload
 // store is unreachable. Once ctx ends no further task is claimed, and the
 // claim in flight still runs to its end (ClaimTimeout).
+//
+// A paused pool (runnerpool.Pool.Paused) claims nothing, not even a
+// Declare: Gitea keeps its queued jobs; its waiting tasks are kept alive,
+// and its running ones end as they would.
 func (d *Dispatcher) Dispatch(ctx context.Context, p Pool) (res Result, err error) {
 	defer d.lock(p.Name)()
 	if d.Observer != nil {
 		defer func() { d.Observer.Round(res, err) }()
 	}
-	res = Result{Pool: p.Name}
+	res = Result{Pool: p.Name, Paused: p.Paused}
 	ids, err := d.Payloads.IDs(ctx)
 	if err != nil {
 		return res, fmt.Errorf("pool %s: tasks in flight: %w", p.Name, err)
 	}
 	inFlight := poolIDs(ids, p.Name)
-	full, claimErr := d.claim(ctx, p, &res, p.Capacity-len(inFlight))
+	var (
+		full     bool
+		claimErr error
+	)
+	if !p.Paused {
+		full, claimErr = d.claim(ctx, p, &res, p.Capacity-len(inFlight))
+	}
 	for _, id := range inFlight {
 		kept, ended, err := d.keepAlive(ctx, p, id)
 		if err != nil {

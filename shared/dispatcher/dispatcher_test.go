@@ -645,3 +645,33 @@ func TestClaimedTaskSurvivesBriefRefusals(t *testing.T) {
 		})
 	}
 }
+
+// A paused pool claims nothing and declares nothing (Gitea keeps its jobs queued), keeps its
+// waiting tasks alive, and claims again once resumed.
+func TestPausedPoolClaimsNothing(t *testing.T) {
+	f := newFixture(t)
+	g := newFakeGitea(task(t, 1, "a/r", ""), task(t, 2, "a/r", ""), task(t, 3, "a/r", ""))
+	p := pool(g, 2)
+	ctx := context.Background()
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 2 {
+		t.Fatalf("first round = %+v, %v", res, err)
+	}
+	p.Paused = true
+	f.d.KeepAlive = time.Nanosecond // every waiting task is due
+	g.results[1] = runnerv1.Result_RESULT_SUCCESS // its job ended: a slot is free
+	declared, fetches := len(g.declared), g.fetches
+	res, err := f.d.Dispatch(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Paused || len(res.Claimed) != 0 || res.KeptAlive != 2 || res.Ended != 1 || res.Free != 1 {
+		t.Fatalf("paused round = %+v: want nothing claimed into the free slot, both waiting tasks kept alive", res)
+	}
+	if len(g.declared) != declared || g.fetches != fetches || len(g.waiting) != 1 {
+		t.Fatalf("paused round asked Gitea: %d declares, %d fetches (before %d, %d); %d queued left", len(g.declared), g.fetches, declared, fetches, len(g.waiting))
+	}
+	p.Paused = false
+	if res, err := f.d.Dispatch(ctx, p); err != nil || len(res.Claimed) != 1 || res.Paused {
+		t.Fatalf("round once resumed = %+v, %v", res, err)
+	}
+}

@@ -97,6 +97,8 @@ type Pool struct {
 	Name     string `json:"name"`
 	Backend  string `json:"backend"`
 	Capacity int    `json:"capacity"`
+	// Paused: dispatch claims no task for the pool (runnerpool.Pool.Paused).
+	Paused bool `json:"paused"`
 	// InFlight counts the pool's stored payloads: tasks claimed and not
 	// finished; Started those an executor has fetched, Waiting the others.
 	InFlight int `json:"in_flight"`
@@ -160,7 +162,7 @@ func Read(ctx context.Context, src Source, pools runnerpool.Pools, now time.Time
 	r := Report{Time: now, Pools: []Pool{}}
 	queued := map[string]*Backlog{}
 	for _, p := range pools {
-		pool := Pool{Name: p.Name, Backend: string(p.Backend), Capacity: p.Capacity, Queued: -1, AckPending: -1, Tasks: []Task{}}
+		pool := Pool{Name: p.Name, Backend: string(p.Backend), Capacity: p.Capacity, Paused: p.Paused, Queued: -1, AckPending: -1, Tasks: []Task{}}
 		if src.Consumers != nil {
 			info, ok := queued[pool.Backend]
 			if !ok {
@@ -256,10 +258,14 @@ func RunURL(task *runnerv1.Task) string {
 // its executor last (with the reason it waits or failed, the longest cell).
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tBACKEND\tCAPACITY\tIN FLIGHT\tSTARTED\tWAITING\tOLDEST WAITING\tQUEUED\tDELIVERED")
+	fmt.Fprintln(tw, "POOL\tBACKEND\tCAPACITY\tIN FLIGHT\tSTARTED\tWAITING\tOLDEST WAITING\tQUEUED\tDELIVERED\tCLAIMS")
 	for _, p := range r.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", p.Name, p.Backend, p.Capacity, p.InFlight, p.Started, p.Waiting,
-			age(p.OldestWaiting, p.Waiting > 0), count(p.Queued), count(p.AckPending))
+		claims := "on"
+		if p.Paused {
+			claims = "paused"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Name, p.Backend, p.Capacity, p.InFlight, p.Started, p.Waiting,
+			age(p.OldestWaiting, p.Waiting > 0), count(p.Queued), count(p.AckPending), claims)
 	}
 	var tasks []Task
 	for _, p := range r.Pools {

@@ -97,6 +97,29 @@ func TestRead(t *testing.T) {
 }
 
 // Nothing in flight is a report too: every pool at zero.
+// A paused pool says so, in the table (CLAIMS) and the JSON.
+func TestReadPaused(t *testing.T) {
+	env := jetstreamenv.NewQueue(t)
+	r, err := Read(t.Context(), Source{Payloads: env.Payloads}, runnerpool.Pools{{Name: "linux", Backend: "pod", Capacity: 2, Paused: true}, {Name: "gpu", Backend: "pod", Capacity: 1}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table, js bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(table.String(), "\n")
+	if !strings.HasSuffix(strings.TrimSpace(lines[0]), "CLAIMS") || !strings.HasSuffix(strings.TrimSpace(lines[1]), "paused") || !strings.HasSuffix(strings.TrimSpace(lines[2]), "on") {
+		t.Fatalf("table:\n%s", table.String())
+	}
+	if !strings.Contains(js.String(), `"paused": true`) || !strings.Contains(js.String(), `"paused": false`) {
+		t.Fatalf("JSON: %s", js.String())
+	}
+}
+
 func TestReadEmpty(t *testing.T) {
 	env := jetstreamenv.NewQueue(t)
 	r, err := Read(t.Context(), Source{Payloads: env.Payloads}, runnerpool.Pools{{Name: "linux", Backend: "pod", Capacity: 2}}, time.Now())

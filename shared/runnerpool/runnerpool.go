@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -47,6 +48,10 @@ type Pool struct {
 	// Profile is the backend's own settings for the pool's executors (a Pod
 	// template, a sandbox pool, ...), read by that backend.
 	Profile json.RawMessage `json:"profile,omitempty"`
+	// Paused stops dispatch claiming tasks for the pool: its running jobs
+	// finish, its waiting tasks are kept alive, its queued jobs wait in
+	// Gitea. Set in the file, or by PoolSettings.Paused.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // CheckImages checks the images task t chose (its `container:` image and
@@ -209,9 +214,45 @@ func (p Pool) validate() error {
 // PoolSettings is embedded in the configuration of every function that reads the
 // pools: where the file is, and where credentials live by default.
 type PoolSettings struct {
-	PoolsFile string `envconfig:"GDR_POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile)"`
+	PoolsFile string `envconfig:"GDR_POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile, paused)"`
+	// Paused pauses pools without editing the file (see Pool.Paused).
+	Paused string `envconfig:"GDR_PAUSED_POOLS" desc:"pools dispatch claims no task for, besides those the pools file pauses: a comma-separated list of pool names, or * for every pool; their running jobs finish and their queued jobs wait in Gitea (docs/OPERATIONS.md, \"Pausing\")"`
 	StateDir  string `envconfig:"GDR_STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 }
 
-// Load reads the pools of s.
-func (s PoolSettings) Load() (Pools, error) { return Load(s.PoolsFile, s.StateDir) }
+// Load reads the pools of s and pauses those s.Paused names. A name in
+// s.Paused that is no pool is an error naming it.
+func (s PoolSettings) Load() (Pools, error) {
+	ps, err := Load(s.PoolsFile, s.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := ps.Pause(s.Paused); err != nil {
+		return nil, fmt.Errorf("GDR_PAUSED_POOLS: %w", err)
+	}
+	return ps, nil
+}
+
+// Pause marks paused the pools a GDR_PAUSED_POOLS value names: pool names
+// separated by commas (spaces around them ignored), or * for every pool.
+// An empty value pauses nothing; a name that is no pool is an error.
+func (ps Pools) Pause(names string) error {
+	if strings.TrimSpace(names) == "*" {
+		for i := range ps {
+			ps[i].Paused = true
+		}
+		return nil
+	}
+	for _, name := range strings.Split(names, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(ps, func(p Pool) bool { return p.Name == name })
+		if i < 0 {
+			return fmt.Errorf("pool %q is not in the pools file", name)
+		}
+		ps[i].Paused = true
+	}
+	return nil
+}

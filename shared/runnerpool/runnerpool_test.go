@@ -143,3 +143,42 @@ pools:
 		})
 	}
 }
+
+// TestPause: a pool is paused by the file (paused: true) or by GDR_PAUSED_POOLS, which names
+// pools (or * for all) and refuses a name the file lacks.
+func TestPause(t *testing.T) {
+	file := sample + "    paused: true\n" // the last pool, local
+	for _, tc := range []struct {
+		name, paused string
+		want         map[string]bool
+		wantErr      string
+	}{
+		{"the file only", "", map[string]bool{"linux": false, "local": true}, ""},
+		{"one more", " linux ", map[string]bool{"linux": true, "local": true}, ""},
+		{"every pool", "*", map[string]bool{"linux": true, "local": true}, ""},
+		{"a list with an empty item", "linux,,local", map[string]bool{"linux": true, "local": true}, ""},
+		{"no such pool", "linux,gpu", nil, `GDR_PAUSED_POOLS: pool "gpu" is not in the pools file`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "pools.yaml")
+			if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ps, err := PoolSettings{PoolsFile: path, StateDir: "/state", Paused: tc.paused}.Load()
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("Load() error = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ps {
+				if p.Paused != tc.want[p.Name] {
+					t.Errorf("pool %s paused = %v, want %v", p.Name, p.Paused, tc.want[p.Name])
+				}
+			}
+		})
+	}
+}
