@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // link is one relative link of a Markdown file: its target path (empty
@@ -159,5 +161,59 @@ func TestParseMarkdown(t *testing.T) {
 	}
 	if anchors["not-a-heading"] {
 		t.Error("a heading in a code block counted")
+	}
+}
+
+// runbookBase is where the alerts' runbook_url points: docs/OPERATIONS.md on the project's main
+// branch, by the module's path.
+const runbookBase = "https://github.com/gitea-dynamic-runner/gitea-dynamic-runner/blob/main/docs/OPERATIONS.md#"
+
+// TestAlertRunbooksResolve: every alert of the shipped rules has a runbook_url, and it names the
+// heading of docs/OPERATIONS.md that is the alert's own (its name, lowercased).
+func TestAlertRunbooksResolve(t *testing.T) {
+	root := filepath.Join("..", "..")
+	data, err := os.ReadFile(filepath.Join(root, "deploy", "helm", "gitea-dynamic-runner", "files", "gitea-dynamic-runner-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule struct {
+		Spec struct {
+			Groups []struct {
+				Rules []struct {
+					Alert       string            `json:"alert"`
+					Annotations map[string]string `json:"annotations"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(data, &rule); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := os.ReadFile(filepath.Join(root, "docs", "OPERATIONS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, anchors := parseMarkdown(string(ops))
+	alerts := 0
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts++
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, runbookBase)
+			switch {
+			case !ok:
+				t.Errorf("alert %s: runbook_url %q is not %s<its heading>", r.Alert, url, runbookBase)
+			case anchor != strings.ToLower(r.Alert):
+				t.Errorf("alert %s: runbook_url names #%s, not its own heading #%s", r.Alert, anchor, strings.ToLower(r.Alert))
+			case !anchors[anchor]:
+				t.Errorf("alert %s: docs/OPERATIONS.md has no heading #%s", r.Alert, anchor)
+			}
+		}
+	}
+	if alerts < 5 {
+		t.Fatalf("found %d alerts: the parse is wrong", alerts)
 	}
 }
