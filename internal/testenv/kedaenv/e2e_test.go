@@ -42,13 +42,22 @@ func TestE2EOperatorListensOnLoopback(t *testing.T) {
 	if log, err := os.ReadFile(op.logPath); err != nil || !strings.Contains(string(log), "KEDA Version: "+strings.TrimPrefix(Version, "v")) {
 		t.Errorf("the operator's log does not report KEDA %s (%v)", Version, err)
 	}
-	listening, err := listeners(op.PID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The operator opens its listeners as its parts start (the metrics service's after its
+	// informers sync): wait until every one it must open is up, then judge the set.
 	want := []string{op.MetricsAddr, op.ProbeAddr, op.MetricsServiceAddr}
-	slices.Sort(listening)
 	slices.Sort(want)
+	var listening []string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(250 * time.Millisecond) {
+		l, err := listeners(op.PID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		listening = l
+		if !slices.ContainsFunc(want, func(a string) bool { return !slices.Contains(l, a) }) || time.Now().After(deadline) {
+			break
+		}
+	}
+	slices.Sort(listening)
 	if !slices.Equal(listening, want) {
 		t.Errorf("keda-operator listens on %v, want exactly %v", listening, want)
 	}
