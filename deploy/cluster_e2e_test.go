@@ -87,6 +87,10 @@ type installation struct {
 	monitor string
 	// secrets are the data of the Secrets created, by name.
 	secrets map[string]map[string][]byte
+	// localize rewrites a manifest of deploy/ for this cluster, as the
+	// build was (for the manual Jobs, created later): no SPIFFE CSI driver
+	// here, the images loaded on the node.
+	localize func(obj *unstructured.Unstructured)
 	// registry is the private registry, at registryHost from the node.
 	registry *registryenv.Registry
 	// spire is the SPIRE server (handleKilled pauses it).
@@ -584,7 +588,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
-	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, spire: spire, gitea: giteaAddr,
+	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire, gitea: giteaAddr,
 		registry: registry, registryHost: registryHost, webhook: hook, releases: rel, helm: helm}
 }
 
@@ -941,6 +945,23 @@ jobs:
 	// executors' PodDisruptionBudget; the cluster autoscaler is told so too.
 	if p.Annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] != "false" {
 		t.Errorf("executor Pod %s annotations %v: the cluster autoscaler may evict it", pod, p.Annotations)
+	}
+	// The budget as the disruption controller computed it (an unobserved one answers 429 too,
+	// which would prove only that it exists): no disruption allowed.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		pdb, err := in.cs.PolicyV1().PodDisruptionBudgets(jobsNamespace).Get(ctx, "gdr-executors", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pdb.Status.ObservedGeneration == pdb.Generation && pdb.Status.CurrentHealthy > 0 {
+			if pdb.Status.DisruptionsAllowed != 0 {
+				t.Fatalf("executors' budget allows %d disruptions: %+v", pdb.Status.DisruptionsAllowed, pdb.Status)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("executors' budget not computed by the disruption controller: %+v", pdb.Status)
+		}
 	}
 	err = in.cs.PolicyV1().Evictions(jobsNamespace).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: jobsNamespace}})
 	if !apierrors.IsTooManyRequests(err) {

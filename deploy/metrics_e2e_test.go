@@ -16,6 +16,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
@@ -108,8 +110,9 @@ const manualJobPlaceholder = "ghcr.io/example/gitea-dynamic-runner-recover:lates
 
 // runManualJob creates deploy/keda/manual/<file> as deploy/README.md tells
 // an operator to (its placeholder image replaced by the image of the
-// installed recover CronJob, then kubectl create) and waits for its Job to
-// complete; it returns the Job's name.
+// installed recover CronJob, then kubectl create), with what this cluster
+// needs besides (localize: no SPIFFE CSI driver, images loaded on the node),
+// and waits for its Job to complete; it returns the Job's name.
 func (in *installation) runManualJob(ctx context.Context, t *testing.T, file string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("keda", "manual", file))
@@ -128,6 +131,18 @@ func (in *installation) runManualJob(ctx context.Context, t *testing.T, file str
 	var job batchv1.Job
 	if err := yaml.UnmarshalStrict(data, &job); err != nil {
 		t.Fatal(err)
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	in.localize(u)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &job); err != nil {
+		t.Fatal(err)
+	}
+	if got := job.Spec.Template.Spec.Containers[0].Image; got != image {
+		t.Fatalf("keda/manual/%s runs %s after localizing, want the CronJob's %s", file, got, image)
 	}
 	created, err := in.cs.BatchV1().Jobs(installNamespace).Create(ctx, &job, metav1.CreateOptions{})
 	if err != nil {

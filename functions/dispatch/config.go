@@ -104,5 +104,9 @@ func (c *Config) Check() error {
 	}
 	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.ReplicaSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err)
+	var paused error
+	if err == nil {
+		paused = c.PoolSettings.CheckPaused(pools)
+	}
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.ReplicaSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err, paused)
 }

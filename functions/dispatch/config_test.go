@@ -50,6 +50,7 @@ func TestLoadConfig(t *testing.T) {
 	}{
 		{"valid", nil, ""},
 		{"missing pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none.yaml")}, "runner pools"},
+		{"a paused name that is no pool", map[string]string{"GDR_PAUSED_POOLS": "nope"}, `GDR_PAUSED_POOLS: pool "nope" is not in the pools file`},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY: key has 5 bytes"},
 		{"zero keep-alive", map[string]string{"GDR_KEEPALIVE": "0s"}, "GDR_KEEPALIVE"},
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},

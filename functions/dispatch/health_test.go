@@ -130,3 +130,15 @@ func TestHealthzLooksAtGitea(t *testing.T) {
 		})
 	}
 }
+
+// Readiness declares a pool that is not paused: a paused pool's labels are declared by nobody.
+func TestReadinessPoolSkipsPaused(t *testing.T) {
+	linux := dispatcher.Pool{Pool: runnerpool.Pool{Name: "linux", Paused: true}}
+	gpu := dispatcher.Pool{Pool: runnerpool.Pool{Name: "gpu"}}
+	if got := readinessPool([]dispatcher.Pool{linux, gpu}).Name; got != "gpu" {
+		t.Fatalf("readinessPool = %s, want gpu", got)
+	}
+	if got := readinessPool([]dispatcher.Pool{linux}).Name; got != "linux" {
+		t.Fatalf("readinessPool of paused pools only = %s, want the first", got)
+	}
+}

@@ -369,7 +369,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 		cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
 	}
 	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, cadence, log)
-	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(dps[0])}, Log: log}
+	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(readinessPool(dps))}, Log: log}
 	svc.metrics = reg
 	svc.receiver.Observer = dispatchmetrics.NewJobs(reg, pools)
 	return svc, closeNATS, nil
@@ -378,6 +378,17 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 // giteaReadyTTL is how long readiness trusts its last look at Gitea: a
 // storm of probes costs Gitea one Declare per giteaReadyTTL.
 const giteaReadyTTL = 10 * time.Second
+
+// readinessPool is the pool readiness declares: the first not paused (a
+// paused pool's labels are declared by nobody), else the first.
+func readinessPool(dps []dispatcher.Pool) dispatcher.Pool {
+	for _, p := range dps {
+		if !p.Paused {
+			return p
+		}
+	}
+	return dps[0]
+}
 
 // giteaCheck is readiness's look at Gitea: p's registration declares its
 // labels, as every dispatch round does (Gitea reachable, the registration

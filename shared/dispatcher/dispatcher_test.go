@@ -657,7 +657,7 @@ func TestPausedPoolClaimsNothing(t *testing.T) {
 		t.Fatalf("first round = %+v, %v", res, err)
 	}
 	p.Paused = true
-	f.d.KeepAlive = time.Nanosecond // every waiting task is due
+	f.d.KeepAlive = time.Nanosecond               // every waiting task is due
 	g.results[1] = runnerv1.Result_RESULT_SUCCESS // its job ended: a slot is free
 	declared, fetches := len(g.declared), g.fetches
 	res, err := f.d.Dispatch(ctx, p)

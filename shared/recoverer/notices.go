@@ -51,6 +51,10 @@ type NoticeHandler struct {
 // nothing; the notice comes back after the consumer's AckWait to a Finish
 // that finds no executor: taskassignment.NoticeAbsent.
 func (n NoticeHandler) Handle(ctx context.Context, body []byte) taskassignment.NoticeDecision {
+	if n.Recoverer == nil || n.Executors == nil {
+		return taskassignment.NoticeDecision{Outcome: taskassignment.NoticeRetry, RetryAfter: cmp.Or(n.Retry, DefaultNoticeRetry),
+			Err: errors.New("recoverer: notices need a recovery and a backend")}
+	}
 	id, err := taskassignment.FinishedNotice(body)
 	if err != nil {
 		return taskassignment.NoticeDecision{Outcome: taskassignment.NoticeDropped, Reason: "malformed finish notice", Err: err}

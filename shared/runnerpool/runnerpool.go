@@ -216,26 +216,37 @@ func (p Pool) validate() error {
 type PoolSettings struct {
 	PoolsFile string `envconfig:"GDR_POOLS_FILE" required:"true" desc:"YAML file of runner pools (name, labels, backend, capacity, credentials, jobTimeout, images, profile, paused)"`
 	// Paused pauses pools without editing the file (see Pool.Paused).
-	Paused string `envconfig:"GDR_PAUSED_POOLS" desc:"pools dispatch claims no task for, besides those the pools file pauses: a comma-separated list of pool names, or * for every pool; their running jobs finish and their queued jobs wait in Gitea (docs/OPERATIONS.md, \"Pausing\")"`
-	StateDir  string `envconfig:"GDR_STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
+	Paused   string `envconfig:"GDR_PAUSED_POOLS" desc:"pools dispatch claims no task for, besides those the pools file pauses: a comma-separated list of pool names, or * for every pool; their running jobs finish and their queued jobs wait in Gitea (docs/OPERATIONS.md, \"Pausing\")"`
+	StateDir string `envconfig:"GDR_STATE_DIR" default:"/var/lib/gitea-dynamic-runner" desc:"where a pool's runner credentials are kept when its credentials path is empty"`
 }
 
-// Load reads the pools of s and pauses those s.Paused names. A name in
-// s.Paused that is no pool is an error naming it.
+// Load reads the pools of s and pauses those s.Paused names, leaving a name
+// that is no pool alone: every function reads the setting, and a typo in it
+// must not stop handle, recover or the gateway, whose running jobs it would
+// break. dispatch, the one that acts on it, refuses such a name
+// (CheckPaused).
 func (s PoolSettings) Load() (Pools, error) {
 	ps, err := Load(s.PoolsFile, s.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	if err := ps.Pause(s.Paused); err != nil {
-		return nil, fmt.Errorf("GDR_PAUSED_POOLS: %w", err)
-	}
+	_ = ps.Pause(s.Paused)
 	return ps, nil
 }
 
+// CheckPaused reports what in s.Paused does not name pools of ps, naming
+// the variable and the name at fault.
+func (s PoolSettings) CheckPaused(ps Pools) error {
+	if err := slices.Clone(ps).Pause(s.Paused); err != nil {
+		return fmt.Errorf("GDR_PAUSED_POOLS: %w", err)
+	}
+	return nil
+}
+
 // Pause marks paused the pools a GDR_PAUSED_POOLS value names: pool names
-// separated by commas (spaces around them ignored), or * for every pool.
-// An empty value pauses nothing; a name that is no pool is an error.
+// separated by commas (spaces around them ignored), or * alone for every
+// pool. An empty value pauses nothing. A name that is no pool, or * beside
+// names, is an error; the pools it names are paused nonetheless.
 func (ps Pools) Pause(names string) error {
 	if strings.TrimSpace(names) == "*" {
 		for i := range ps {
@@ -243,16 +254,22 @@ func (ps Pools) Pause(names string) error {
 		}
 		return nil
 	}
+	var errs []error
 	for _, name := range strings.Split(names, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" {
 			continue
 		}
+		if name == "*" {
+			errs = append(errs, errors.New("* pauses every pool: write it alone, not beside pool names"))
+			continue
+		}
 		i := slices.IndexFunc(ps, func(p Pool) bool { return p.Name == name })
 		if i < 0 {
-			return fmt.Errorf("pool %q is not in the pools file", name)
+			errs = append(errs, fmt.Errorf("pool %q is not in the pools file", name))
+			continue
 		}
 		ps[i].Paused = true
 	}
-	return nil
+	return errors.Join(errs...)
 }

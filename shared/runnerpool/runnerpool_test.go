@@ -145,7 +145,8 @@ pools:
 }
 
 // TestPause: a pool is paused by the file (paused: true) or by GDR_PAUSED_POOLS, which names
-// pools (or * for all) and refuses a name the file lacks.
+// pools (or * alone for all). Every function loads what it names and leaves an unknown name
+// alone (a typo must not stop handle or the gateway); dispatch's CheckPaused refuses it.
 func TestPause(t *testing.T) {
 	file := sample + "    paused: true\n" // the last pool, local
 	for _, tc := range []struct {
@@ -157,27 +158,30 @@ func TestPause(t *testing.T) {
 		{"one more", " linux ", map[string]bool{"linux": true, "local": true}, ""},
 		{"every pool", "*", map[string]bool{"linux": true, "local": true}, ""},
 		{"a list with an empty item", "linux,,local", map[string]bool{"linux": true, "local": true}, ""},
-		{"no such pool", "linux,gpu", nil, `GDR_PAUSED_POOLS: pool "gpu" is not in the pools file`},
+		{"no such pool", "linux,gpu", map[string]bool{"linux": true, "local": true}, `GDR_PAUSED_POOLS: pool "gpu" is not in the pools file`},
+		{"* beside a name", "*,linux", map[string]bool{"linux": true, "local": true}, `GDR_PAUSED_POOLS: * pauses every pool: write it alone, not beside pool names`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "pools.yaml")
 			if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			ps, err := PoolSettings{PoolsFile: path, StateDir: "/state", Paused: tc.paused}.Load()
-			if tc.wantErr != "" {
-				if err == nil || err.Error() != tc.wantErr {
-					t.Fatalf("Load() error = %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
+			s := PoolSettings{PoolsFile: path, StateDir: "/state", Paused: tc.paused}
+			ps, err := s.Load()
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("Load() error = %v: an unknown name must not stop a function", err)
 			}
 			for _, p := range ps {
 				if p.Paused != tc.want[p.Name] {
 					t.Errorf("pool %s paused = %v, want %v", p.Name, p.Paused, tc.want[p.Name])
 				}
+			}
+			err = s.CheckPaused(ps)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("CheckPaused() = %v", err)
+			case tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr):
+				t.Fatalf("CheckPaused() = %v, want %q", err, tc.wantErr)
 			}
 		})
 	}

@@ -273,7 +273,7 @@ func (j Assignments) settle(ctx context.Context, h *held, confirmed chan<- handl
 		// terminated with a reason naming the assignment.
 		d := j.Decider.ShuttingDown(msg.Data())
 		j.nak(log, msg, 0, d.Assignment.ID, attrs)
-		log.Info("assignment handed back", append(attrs, slog.String("reason", d.Err.Error()))...)
+		log.Info("assignment handed back", append(attrs, slog.Any("reason", d.Err))...)
 		return handler.Failed, settled
 	}
 	d := j.Decider.Handle(ctx, handler.Delivery{Body: msg.Data(), Count: Count(msg)})
@@ -305,7 +305,9 @@ func (j Assignments) settle(ctx context.Context, h *held, confirmed chan<- handl
 		}()
 		return handler.Accepted, confirmingAck
 	case handler.NotYet:
-		delay := d.RetryAfter
+		// A decider that names no delay gets the core's default: a hold
+		// re-offering at once would ask the backend in a loop.
+		delay := cmp.Or(max(d.RetryAfter, 0), handler.DefaultNotYetDelay)
 		starts := h.deadline.IsZero()
 		if j.hold(ctx, h, delay, holdDelay(h.offers, delay)) {
 			h.offers++
@@ -374,7 +376,7 @@ func (j Assignments) hold(ctx context.Context, h *held, retryAfter, delay time.D
 // again: every holdStep for the first holdSteps answers (a Pod is usually
 // scheduled within a second or two, and the executor's start waits for the
 // offer that binds its identity), then doubling from 2 holdStep up to max
-// (NakDelay). An offer costs the backend one lookup.
+// (the decision's RetryAfter). An offer costs the backend one lookup.
 func holdDelay(offers int, max time.Duration) time.Duration {
 	d := holdStep
 	for i := holdSteps; i <= offers && d < max; i++ {
@@ -389,13 +391,6 @@ const (
 	holdSteps = 8
 )
 
-// nak hands msg back, to come again after delay. On its last delivery
-// (MaxDeliver) it is terminated instead, whatever the reason it goes back
-// (failed, still waiting, shutdown): a message naked then would stay in the
-// stream undelivered and counted as queued for ever. The termination's
-// reason names the assignment (taskassignment.ExhaustedReason(id)), and
-// recover fails the task with it; without an ID (a message that does not
-// decode) its payload is an orphan that recover re-publishes.
 func (j Assignments) log() *slog.Logger {
 	if j.Log == nil {
 		return slog.New(slog.DiscardHandler)
@@ -403,6 +398,13 @@ func (j Assignments) log() *slog.Logger {
 	return j.Log
 }
 
+// nak hands msg back, to come again after delay. On its last delivery
+// (MaxDeliver) it is terminated instead, whatever the reason it goes back
+// (failed, still waiting, shutdown): a message naked then would stay in the
+// stream undelivered and counted as queued for ever. The termination's
+// reason names the assignment (taskassignment.ExhaustedReason(id)), and
+// recover fails the task with it; without an ID (a message that does not
+// decode) its payload is an orphan that recover re-publishes.
 func (j Assignments) nak(log *slog.Logger, msg jetstream.Msg, delay time.Duration, assignmentID string, attrs []any) {
 	terminated, err := Retry(msg, delay, cmp.Or(j.MaxDeliver, taskassignment.MaxDeliver), taskassignment.ExhaustedReason(assignmentID))
 	switch {

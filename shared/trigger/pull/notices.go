@@ -19,7 +19,7 @@ import (
 const DefaultNoticeWait = 2 * time.Second
 
 // NoticeDecider is what Notices needs of recover's core
-// (taskassignment.NoticeHandler).
+// (recoverer.NoticeHandler).
 type NoticeDecider interface {
 	Handle(ctx context.Context, body []byte) taskassignment.NoticeDecision
 }
@@ -71,7 +71,7 @@ type NoticeSummary struct {
 //
 // Crash window: a run killed between a decision and its ack settles nothing;
 // the notice comes back after the consumer's AckWait (see
-// taskassignment.NoticeHandler.Handle). Acknowledgements are published on the
+// recoverer.NoticeHandler.Handle). Acknowledgements are published on the
 // consumer's connection: flush it before the process exits.
 func (n Notices) Run(ctx context.Context) (NoticeSummary, error) {
 	var sum NoticeSummary
