@@ -46,14 +46,13 @@ func TestExecutorsDisruptionBudget(t *testing.T) {
 				t.Fatalf("executor Pod annotations %v: the cluster autoscaler may evict it", pod.Annotations)
 			}
 			templates := 0
-			for _, d := range docs {
-				tmpl := podTemplateLabels(t, d)
-				if tmpl == nil {
-					continue
+			for _, p := range podTemplates(t, docs) {
+				if p.pool != "" {
+					continue // a pool's template: the executors themselves
 				}
 				templates++
-				if sel.Matches(labels.Set(tmpl)) {
-					t.Errorf("budget covers the control plane's %s %s", d.kind(), d.name())
+				if sel.Matches(labels.Set(p.labels)) {
+					t.Errorf("budget covers the control plane's %s", p)
 				}
 			}
 			if templates < 4 {
@@ -63,39 +62,3 @@ func TestExecutorsDisruptionBudget(t *testing.T) {
 	}
 }
 
-// podTemplateLabels returns the labels of the Pod template a control-plane object holds (a
-// Deployment's, a Job's, a CronJob's, a ScaledJob's, a Knative Service's), or nil for an object
-// that makes no Pods.
-func podTemplateLabels(t *testing.T, d doc) map[string]string {
-	t.Helper()
-	var found map[string]string
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if tmpl, ok := v["template"].(map[string]any); ok {
-				if spec, ok := tmpl["spec"].(map[string]any); ok && spec["containers"] != nil {
-					found = map[string]string{}
-					if md, ok := tmpl["metadata"].(map[string]any); ok {
-						if ls, ok := md["labels"].(map[string]any); ok {
-							for k, l := range ls {
-								s, _ := l.(string)
-								found[k] = s
-							}
-						}
-					}
-					return
-				}
-			}
-			for _, c := range v {
-				walk(c)
-			}
-		case []any:
-			for _, c := range v {
-				walk(c)
-			}
-		}
-	}
-	walk(d.obj)
-	return found
-}

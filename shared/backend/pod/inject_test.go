@@ -283,13 +283,7 @@ func TestInjectionTemplateRules(t *testing.T) {
 // injected once; Pods of the pool do not accumulate injected parts.
 func TestParseProfileInjectsOnce(t *testing.T) {
 	ctx := context.Background()
-	cfg := testConfig(t)
-	client := fake.NewClientset()
-	cfg.Client = client
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, client, b := fakeBackend(t)
 	for id := int64(1); id <= 3; id++ {
 		a := testAssignment(t, id, "img:"+fmt.Sprint(id))
 		if _, err := b.Create(ctx, a, launch(cfg.Keys, a)); err != nil {
@@ -312,13 +306,7 @@ func TestParseProfileInjectsOnce(t *testing.T) {
 // says otherwise (a running job cannot move).
 func TestExecutorPodsAreNotTheAutoscalersToEvict(t *testing.T) {
 	ctx := context.Background()
-	cfg := testConfig(t)
-	client := fake.NewClientset()
-	cfg.Client = client
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, client, b := fakeBackend(t)
 	for name, tp := range b.pools {
 		tp.template.Annotations = map[string]string{SafeToEvict: "true", "team": "ci"}
 		b.pools[name] = tp
@@ -334,4 +322,17 @@ func TestExecutorPodsAreNotTheAutoscalersToEvict(t *testing.T) {
 	if got := pod.Annotations[SafeToEvict]; got != "false" || pod.Annotations["team"] != "ci" {
 		t.Fatalf("executor Pod annotations %v: want %s \"false\" beside the template's own", pod.Annotations, SafeToEvict)
 	}
+}
+
+// fakeBackend is a Backend of testConfig over a fake clientset, with both.
+func fakeBackend(t *testing.T) (Config, *fake.Clientset, *Backend) {
+	t.Helper()
+	cfg := testConfig(t)
+	client := fake.NewClientset()
+	cfg.Client = client
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, client, b
 }

@@ -21,6 +21,36 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
 
+// receiver serves Assignments over accept (the core deciding with the test keys) for the test's
+// life, and returns its URL and a CloudEvents client to post to it.
+func receiver(t *testing.T, accept handler.Acceptor) (string, cloudevents.Client) {
+	t.Helper()
+	h, err := Assignments{Decider: handler.Handler{Worker: accept, TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	client, err := cloudevents.NewClientHTTP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.URL, client
+}
+
+// assignmentEvent is an event of type typ carrying data, as the channel delivers dispatch's.
+func assignmentEvent(t *testing.T, id, typ string, data []byte) cloudevents.Event {
+	t.Helper()
+	e := cloudevents.NewEvent()
+	e.SetID(id)
+	e.SetSource("dispatch/linux")
+	e.SetType(typ)
+	if err := e.SetData(cloudevents.ApplicationJSON, data); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 func TestReceiverStatusCodes(t *testing.T) {
 	good := handlertest.Encode(t, handlertest.Assignment(t, 11))
 	for _, tc := range []struct {
@@ -41,24 +71,8 @@ func TestReceiverStatusCodes(t *testing.T) {
 		{"another type", "dev.example.other", good, nil, http.StatusBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := Assignments{Decider: handler.Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := httptest.NewServer(h)
-			defer srv.Close()
-			client, err := cloudevents.NewClientHTTP()
-			if err != nil {
-				t.Fatal(err)
-			}
-			e := cloudevents.NewEvent()
-			e.SetID("linux-11")
-			e.SetSource("dispatch/linux")
-			e.SetType(tc.eventType)
-			if err := e.SetData(cloudevents.ApplicationJSON, tc.data); err != nil {
-				t.Fatal(err)
-			}
-			res := client.Send(cloudevents.ContextWithTarget(context.Background(), srv.URL), e)
+			url, client := receiver(t, tc.accept)
+			res := client.Send(cloudevents.ContextWithTarget(context.Background(), url), assignmentEvent(t, "linux-11", tc.eventType, tc.data))
 			var httpRes *cehttp.Result
 			if !cloudevents.ResultAs(res, &httpRes) {
 				t.Fatalf("no HTTP result: %v", res)
@@ -114,24 +128,8 @@ func TestReceiverRepliesToARejection(t *testing.T) {
 		{"failed", func(context.Context, taskassignment.Assignment) (bool, error) { return false, errors.New("down") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := Assignments{Decider: handler.Handler{Worker: tc.accept, TrustDomain: td, Keys: jetstreamenv.Signer()}}.NewHTTPHandler(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := httptest.NewServer(h)
-			defer srv.Close()
-			client, err := cloudevents.NewClientHTTP()
-			if err != nil {
-				t.Fatal(err)
-			}
-			e := cloudevents.NewEvent()
-			e.SetID("linux-13")
-			e.SetSource("dispatch/linux")
-			e.SetType(taskassignment.EventType)
-			if err := e.SetData(cloudevents.ApplicationJSON, good); err != nil {
-				t.Fatal(err)
-			}
-			resp, res := client.Request(cloudevents.ContextWithTarget(context.Background(), srv.URL), e)
+			url, client := receiver(t, tc.accept)
+			resp, res := client.Request(cloudevents.ContextWithTarget(context.Background(), url), assignmentEvent(t, "linux-13", taskassignment.EventType, good))
 			if !tc.reply {
 				if resp != nil {
 					t.Fatalf("reply %v to an assignment that was not rejected", resp)
