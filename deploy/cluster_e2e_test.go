@@ -104,6 +104,9 @@ type installation struct {
 	helm     *readmeShell
 	// gitea is Gitea's address from the node (GDR_GITEA_URL's host and port).
 	gitea string
+	// objs are the objects installKustomize applied, localized (nil with Helm): what an
+	// operator's overlay (deploy/README.md's my-deploy) builds.
+	objs []*unstructured.Unstructured
 }
 
 // installKEDA installs deploy/keda into a new cluster; see installation.
@@ -525,9 +528,11 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	keda := kedaenv.Start(ctx, t, c.Plane.RESTConfig(), kedaenv.Options{WatchNamespace: installNamespace})
 	var rel *releases
 	var helm *readmeShell
+	var applied []*unstructured.Unstructured
 	switch o.how {
 	case installKustomize:
 		applyAll(ctx, t, c, objs)
+		applied = objs
 	case installHelm:
 		vals := helmE2EValues(t, config, monitor, pools)
 		if o.podIdentity != "" {
@@ -589,7 +594,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	hook := g.AddSystemWebhook(t, fmt.Sprintf("http://%s/webhook", net.JoinHostPort(c.NodeIP(), fmt.Sprint(dispatchNodePort))),
 		string(secrets["gdr-secrets"]["webhook-secret"]))
 	return &installation{c: c, cs: cs, g: g, keda: keda, nats: nats, monitor: monitor, secrets: secrets, localize: localize, spire: spire, gitea: giteaAddr,
-		registry: registry, registryHost: registryHost, webhook: hook, releases: rel, helm: helm}
+		registry: registry, registryHost: registryHost, webhook: hook, releases: rel, helm: helm, objs: applied}
 }
 
 // TestE2EClusterInstall runs real jobs through deploy/keda as installed by

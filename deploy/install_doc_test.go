@@ -36,6 +36,7 @@ var readmeSections = []string{"## Prerequisites", "## Install from an empty clus
 
 // readmeBlock is one fenced sh block of README.md.
 type readmeBlock struct {
+	file    string // the Markdown file it is in, relative to deploy/
 	section string // the "## " heading it is under
 	phase   string // variables, install, upgrade, uninstall, skip; "" without a marker
 	name    string // its name in its phase, or why it is skipped
@@ -46,7 +47,15 @@ type readmeBlock struct {
 // readmeBlocks returns every ```sh block of README.md, in order.
 func readmeBlocks(t testing.TB) []readmeBlock {
 	t.Helper()
-	data, err := os.ReadFile("README.md")
+	return docBlocks(t, "README.md", readmeMarker)
+}
+
+// docBlocks returns every ```sh block of the Markdown file path, in order, each with the marker
+// (a comment line starting with marker, such as readmeMarker) on the line before it parsed into
+// its phase and name.
+func docBlocks(t testing.TB, path, prefix string) []readmeBlock {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,11 +68,11 @@ func readmeBlocks(t testing.TB) []readmeBlock {
 		switch {
 		case strings.HasPrefix(line, "## "):
 			section, marker = line, ""
-		case strings.HasPrefix(trimmed, readmeMarker):
-			marker = strings.TrimSuffix(strings.TrimPrefix(trimmed, readmeMarker), " -->")
+		case strings.HasPrefix(trimmed, prefix):
+			marker = strings.TrimSuffix(strings.TrimPrefix(trimmed, prefix), " -->")
 		case trimmed == "```sh":
 			indent := line[:len(line)-len(strings.TrimLeft(line, " "))]
-			b := readmeBlock{section: section, line: n}
+			b := readmeBlock{file: path, section: section, line: n}
 			phase, name, _ := strings.Cut(marker, " ")
 			b.phase, b.name = phase, name
 			if strings.HasPrefix(marker, "skip:") {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -56,6 +57,10 @@ var testTD = spiffeid.RequireTrustDomainFromString("example.org")
 // authorizedNATS is a nats-server started from an authorization block.
 type authorizedNATS struct {
 	url string
+	// dir holds nats.conf and the JetStream store (js); server is the running server (wipe
+	// replaces it).
+	dir    string
+	server **server.Server
 	// seeds are the seed files per user, written as `nk -gen user -pubout` writes them (the
 	// seed, then the public key): the content of a gdr-nats-<function> Secret.
 	seeds map[string]string
@@ -94,8 +99,24 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 		}
 		srv.seeds[u] = file
 	}
-	srv.url = runAuthorizedNATS(t, dir, conf, extra)
+	s := startNATSServer(t, dir, conf, extra, -1)
+	srv.url, srv.dir, srv.server = s.ClientURL(), dir, &s
 	return srv
+}
+
+// wipe stops the server, deletes its JetStream store (every stream, consumer and key-value
+// bucket) and starts it again on the same port with the same configuration: NATS losing its
+// data. Clients reconnect as to any restarted server.
+func (s authorizedNATS) wipe(t testing.TB) {
+	t.Helper()
+	old := *s.server
+	port := old.Addr().(*net.TCPAddr).Port
+	old.Shutdown()
+	old.WaitForShutdown()
+	if err := os.RemoveAll(filepath.Join(s.dir, "js")); err != nil {
+		t.Fatal(err)
+	}
+	*s.server = startNATSServer(t, s.dir, "", "", port)
 }
 
 // runAuthorizedNATS runs nats-server (embedded, 127.0.0.1, JetStream in dir) with conf as its
@@ -103,18 +124,27 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 // from the environment (NKEY_<USER>), as the shipped file reads them. It returns the client URL.
 func runAuthorizedNATS(t testing.TB, dir, conf, extra string) string {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mainConf := fmt.Sprintf("host: 127.0.0.1\nport: -1\njetstream { store_dir: %q }\n%s\ninclude ./authorization.conf\n", filepath.Join(dir, "js"), extra)
-	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(mainConf), 0o600); err != nil {
-		t.Fatal(err)
+	return startNATSServer(t, dir, conf, extra, -1).ClientURL()
+}
+
+// startNATSServer is runAuthorizedNATS on port (-1: any free one), returning the server; with
+// conf and extra empty it starts from the configuration files already in dir.
+func startNATSServer(t testing.TB, dir, conf, extra string, port int) *server.Server {
+	t.Helper()
+	if conf != "" || extra != "" {
+		if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mainConf := fmt.Sprintf("host: 127.0.0.1\nport: -1\njetstream { store_dir: %q }\n%s\ninclude ./authorization.conf\n", filepath.Join(dir, "js"), extra)
+		if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(mainConf), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
 	if err != nil {
 		t.Fatalf("nats-server refuses %s: %v", authorizationFile, err)
 	}
-	opts.NoLog, opts.NoSigs = true, true
+	opts.NoLog, opts.NoSigs, opts.Port = true, true, port
 	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +160,7 @@ func runAuthorizedNATS(t testing.TB, dir, conf, extra string) string {
 	if !s.JetStreamEnabled() {
 		t.Fatal("nats-server without JetStream")
 	}
-	return s.ClientURL()
+	return s
 }
 
 // natsClient is one function's connection, recording the permissions violations the server

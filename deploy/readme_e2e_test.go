@@ -246,9 +246,9 @@ func (s *readmeShell) run(ctx context.Context, t testing.TB, b readmeBlock, stdi
 	c.Dir, c.Env, c.Stdin = s.dir, s.environ(), strings.NewReader(stdin)
 	out, err := c.CombinedOutput()
 	if err != nil {
-		t.Fatalf("README block %q (README.md:%d) failed: %v\n%s", b.name, b.line, err, out)
+		t.Fatalf("block %q (%s:%d) failed: %v\n%s", b.name, b.file, b.line, err, out)
 	}
-	t.Logf("README block %q: %v", b.name, time.Since(t0).Round(100*time.Millisecond))
+	t.Logf("block %q (%s): %v", b.name, b.file, time.Since(t0).Round(100*time.Millisecond))
 }
 
 // output runs one command in the README's environment and returns its standard output.

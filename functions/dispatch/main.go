@@ -313,6 +313,9 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	for _, p := range pools {
 		client := clients[p.Name]
 		dps = append(dps, dispatcher.Pool{Pool: p, Registration: client, Tasks: gitea.TaskState{Client: client}})
+		if p.Paused { // what an operator checks after pausing (docs/OPERATIONS.md, "Pausing")
+			log.Info("pool paused: claiming nothing for it", slog.String("pool", p.Name))
+		}
 	}
 	nc, js, err := natsconn.Connect(ctx, cfg.ConnSettings, "dispatch")
 	if err != nil {
