@@ -146,8 +146,8 @@ images:
 
 ## release: a release to install without building (internal/release): make images' layouts, each
 ##          index stamped with VERSION (vX.Y.Z), the chart (version and appVersion VERSION) naming
-##          them under REGISTRY by digest, and SHA256SUMS, into RELEASE_DIR (deploy/README.md,
-##          "Helm"); `make release push VERSION=v0.2.0 REGISTRY=registry.example.net/gdr`
+##          them under REGISTRY by digest, and SHA256SUMS, into RELEASE_DIR (deploy/REFERENCE.md,
+##          "The Helm chart and releases"); `make release push VERSION=v0.2.0 REGISTRY=registry.example.net/gdr`
 VERSION ?=
 REGISTRY ?= ghcr.io/gitea-dynamic-runner
 RELEASE_DIR ?= $(BIN)/release/$(VERSION)

@@ -84,7 +84,7 @@ jobs:
 //     (admitted by the namespace's Pod Security baseline and deploy/admission's policy),
 //     has no privileged container, no capability added but the sidecar's SETUID and SETGID, the
 //     sidecar alone under the Localhost profile and allowed privilege escalation, every other
-//     container RuntimeDefault, and no hostUsers (user namespaces are not offered yet: deploy/README
+//     container RuntimeDefault, and no hostUsers (user namespaces are not offered yet: deploy/REFERENCE.md
 //     says why);
 //   - Admission: that Pod changed three ways baseline alone admits (checked first, in a
 //     namespace at baseline without the policy) is refused in the executors' namespace by

@@ -17,7 +17,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
 
-// podSecurityRestricted are the labels of the executors' namespace (deploy/README.md,
+// podSecurityRestricted are the labels of the executors' namespace (deploy/REFERENCE.md,
 // "Namespaces"): Pod Security's restricted level enforced, audited and warned.
 var podSecurityRestricted = map[string]string{
 	"pod-security.kubernetes.io/enforce": "restricted",

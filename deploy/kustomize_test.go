@@ -337,7 +337,7 @@ func TestKustomizations(t *testing.T) {
 	}
 }
 
-// TestOverlayNamespaces builds the overlay deploy/README.md ("Namespaces") shows for other
+// TestOverlayNamespaces builds the overlay deploy/REFERENCE.md ("Namespaces") shows for other
 // namespaces: `namespace:` of its own, GDR_KUBE_NAMESPACE merged into gdr-config and the
 // executors transformer run again. Without the transformer the overlay's namespace would take
 // the executors' objects along, which the check must see.

@@ -105,10 +105,10 @@ func (in *installation) recoverStatus(ctx context.Context, t *testing.T) {
 }
 
 // manualJobPlaceholder is the image deploy/keda/manual's Jobs name, which
-// deploy/README.md's command replaces with the installed recover CronJob's.
+// deploy/REFERENCE.md's command replaces with the installed recover CronJob's.
 const manualJobPlaceholder = "ghcr.io/example/gitea-dynamic-runner-recover:latest"
 
-// runManualJob creates deploy/keda/manual/<file> as deploy/README.md tells
+// runManualJob creates deploy/keda/manual/<file> as deploy/REFERENCE.md tells
 // an operator to (its placeholder image replaced by the image of the
 // installed recover CronJob, then kubectl create), with what this cluster
 // needs besides (localize: no SPIFFE CSI driver, images loaded on the node),
@@ -125,7 +125,7 @@ func (in *installation) runManualJob(ctx context.Context, t *testing.T, file str
 	}
 	image := cron.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Image
 	if !strings.Contains(string(data), manualJobPlaceholder) {
-		t.Fatalf("keda/manual/%s does not name %s, which deploy/README.md's command replaces", file, manualJobPlaceholder)
+		t.Fatalf("keda/manual/%s does not name %s, which deploy/REFERENCE.md's command replaces", file, manualJobPlaceholder)
 	}
 	data = []byte(strings.ReplaceAll(string(data), manualJobPlaceholder, image))
 	var job batchv1.Job

@@ -91,7 +91,7 @@ func TestE2ERBACKeys(t *testing.T) {
 	}
 	t.Logf("install: %v", ensure("the install"))
 	t.Logf("again: %v", ensure("a second run"))
-	// The operator rotates the CA (deploy/README.md, "Helm"): a new one in gdr-identity-ca.
+	// The operator rotates the CA (deploy/REFERENCE.md, "Helm values"): a new one in gdr-identity-ca.
 	ca, err := svidca.New(td)
 	if err != nil {
 		t.Fatal(err)

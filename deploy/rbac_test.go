@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// serviceAccounts are the ServiceAccount of each function (deploy/README.md, "Hardened Pods").
+// serviceAccounts are the ServiceAccount of each function (deploy/REFERENCE.md, "Kubernetes RBAC").
 // Only handle and recover have Roles; the gateway's name is what its SPIRE entry selects.
 var serviceAccounts = map[string]string{
 	"handle":   "gitea-dynamic-runner-handle",

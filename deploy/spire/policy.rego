@@ -20,7 +20,7 @@
 #     needs create too: its Worker.Handle binds running executors' identities.
 # Neither can mint or register any other identity (not the gateway's), touch
 # an entry the operator made, write a bundle or call any other admin API.
-# GetBundle is open to any caller by the default policy. See deploy/README.md.
+# GetBundle is open to any caller by the default policy. See deploy/REFERENCE.md.
 package spire
 
 result = {

@@ -40,7 +40,7 @@ func Push(ctx context.Context, dir string, o PushOptions) (*Manifest, error) {
 		return nil, err
 	}
 	if o.Registry != m.Registry {
-		return nil, fmt.Errorf("release %s: made for registry %q, not %q: its chart names the images there (make release REGISTRY=%s, or mirror it: deploy/README.md, \"Helm\")",
+		return nil, fmt.Errorf("release %s: made for registry %q, not %q: its chart names the images there (make release REGISTRY=%s, or mirror it: deploy/REFERENCE.md, \"The Helm chart and releases\")",
 			m.Version, m.Registry, o.Registry, o.Registry)
 	}
 	if err := checkSums(dir); err != nil {

@@ -1,5 +1,5 @@
 // Package release makes a release of the product from the images `make images` built, and
-// pushes it (`make release`, `make push`; deploy/README.md, "Helm"). A release is a folder:
+// pushes it (`make release`, `make push`; deploy/REFERENCE.md, "The Helm chart and releases"). A release is a folder:
 //
 //	images/<name>/                    one OCI layout per image (linux/amd64 + linux/arm64),
 //	                                  its index stamped with the version

@@ -32,7 +32,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/spiremint"
 )
 
-// TestE2EMintOverTCPAsAnAdminID is the least-privilege path deploy/README
+// TestE2EMintOverTCPAsAnAdminID is the least-privilege path deploy/REFERENCE.md
 // documents: handle reaches the SPIRE Server's TCP API with its own SVID
 // (from the Workload API) whose ID is in the server's admin_ids, with no
 // admin socket mounted. A caller whose ID is not an admin is refused, and
