@@ -1470,7 +1470,11 @@ func applyAll(ctx context.Context, t testing.TB, c *clusterenv.Cluster, objs []*
 		if m.Scope.Name() == "namespace" {
 			res = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
 		}
-		if _, err := res.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "gdr-e2e", Force: true}); err != nil {
+		// kubectl apply --server-side's own field manager: an operator's later apply of the same
+		// objects (an upgrade, OPERATIONS' nats-lost converge) co-owns every field as after a
+		// first kubectl apply; under another manager, a field the API server stores differently
+		// from the applied value (an empty list stored as none) would conflict.
+		if _, err := res.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "kubectl", Force: true}); err != nil {
 			t.Fatalf("apply %s %s: %v", gvk.Kind, obj.GetName(), err)
 		}
 	}
