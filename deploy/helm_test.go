@@ -316,6 +316,8 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"executors in the release's namespace", map[string]any{"executors": map[string]any{"namespace": installNamespace}}, "executors.namespace"},
 		{"executors' namespace not a name", map[string]any{"executors": map[string]any{"namespace": "CI_Jobs"}}, "namespace"},
 		{"executors' namespace empty", map[string]any{"executors": map[string]any{"namespace": ""}}, "namespace"},
+		{"push URL with credentials", map[string]any{"metrics": map[string]any{"pushURL": "http://ci:pw@pushgateway:9091"}}, "pushURL"},
+		{"push URL without a scheme", map[string]any{"metrics": map[string]any{"pushURL": "pushgateway:9091"}}, "pushURL"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -944,9 +946,33 @@ func TestHelmIdentityCA(t *testing.T) {
 	}
 }
 
+// TestHelmMetricsPushURL: metrics.pushURL is GDR_METRICS_PUSH_URL in gdr-config, which handle's
+// Jobs and recover's CronJob read (envFrom); unset by default, as kustomize's base leaves it.
+func TestHelmMetricsPushURL(t *testing.T) {
+	config := func(vals map[string]any) map[string]any {
+		t.Helper()
+		for _, d := range mustRenderChart(t, installNamespace, vals) {
+			if d.kind() == "ConfigMap" && path(d.obj, "metadata", "name") == "gdr-config" {
+				return path(d.obj, "data").(map[string]any)
+			}
+		}
+		t.Fatal("no ConfigMap gdr-config")
+		return nil
+	}
+	if v, ok := config(nil)["GDR_METRICS_PUSH_URL"]; ok {
+		t.Errorf("the default values set GDR_METRICS_PUSH_URL %v", v)
+	}
+	const url = "http://prometheus-pushgateway.monitoring.svc:9091"
+	if v := config(map[string]any{"metrics": map[string]any{"pushURL": url}})["GDR_METRICS_PUSH_URL"]; v != url {
+		t.Errorf("GDR_METRICS_PUSH_URL = %v, want %s", v, url)
+	}
+}
+
 // TestHelmPodMonitor: off by default; enabled, it selects the release's dispatch and gateway
-// Pods, and each endpoint's port is a named port of one of them (both are scraped), in the
-// release's namespace unless told otherwise, with the labels the operator selects on.
+// Pods, and each endpoint's port is a named port of one of them (both are scraped) whose
+// targets are labelled component with the Pod's app.kubernetes.io/name (the absent alerts
+// select up by it), in the release's namespace unless told otherwise, with the labels the
+// operator selects on.
 func TestHelmPodMonitor(t *testing.T) {
 	for _, d := range mustRenderChart(t, installNamespace, nil) {
 		if d.kind() == "PodMonitor" {
@@ -982,6 +1008,15 @@ func TestHelmPodMonitor(t *testing.T) {
 			t.Errorf("endpoint port %q is no port of dispatch or the gateway (%v)", name, ports)
 		}
 		scraped[fn] = true
+		// GDRDispatchAbsent and GDRGatewayAbsent select up{component="dispatch"} and
+		// up{component="gateway"}.
+		relabel, _ := e.(map[string]any)["relabelings"].([]any)
+		if !slices.ContainsFunc(relabel, func(r any) bool {
+			r1 := r.(map[string]any)
+			return r1["targetLabel"] == "component" && reflect.DeepEqual(r1["sourceLabels"], []any{"__meta_kubernetes_pod_label_app_kubernetes_io_name"})
+		}) {
+			t.Errorf("endpoint port %q does not label its targets' component with the Pod's app.kubernetes.io/name: %v", name, relabel)
+		}
 	}
 	if !scraped["dispatch"] || !scraped["gateway"] {
 		t.Errorf("scraped %v, want dispatch and the gateway", scraped)

@@ -11,6 +11,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/linked"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/bootstrap"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
@@ -34,6 +35,8 @@ type Config struct {
 	assignmentqueue.PayloadBucketSettings
 	// Setup mode creates the streams with these replicas.
 	assignmentqueue.ReplicaSettings
+	// Job mode pushes its outcomes there as it exits.
+	metrics.PushSettings
 
 	Mode        string        `envconfig:"GDR_MODE" default:"job" desc:"job: settle up to GDR_BATCH messages (and, with GDR_LINGER, those that follow) and exit (KEDA ScaledJob); http: serve CloudEvents (Knative); setup: create the stream and consumer, then exit"`
 	Backend     string        `envconfig:"GDR_BACKEND" required:"true" desc:"backend this handler serves: pod, opensandbox or process"`
@@ -70,7 +73,7 @@ func (c *Config) check(backends backend.Registry) error {
 	if backendErr != nil {
 		errs = append(errs, fmt.Errorf("GDR_BACKEND: %w", backendErr))
 	}
-	errs = append(errs, c.NamingSettings.Check(), c.ReplicaSettings.Check())
+	errs = append(errs, c.NamingSettings.Check(), c.ReplicaSettings.Check(), c.PushSettings.Check())
 	if c.MaxInFlight < 1 {
 		errs = append(errs, fmt.Errorf("GDR_MAX_IN_FLIGHT %d: want at least 1", c.MaxInFlight))
 	}

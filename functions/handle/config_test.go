@@ -81,6 +81,8 @@ func TestLoadConfig(t *testing.T) {
 		{"process backend without a CA", map[string]string{"GDR_BACKEND": "process"}, "GDR_CA_DIR"},
 		{"setup builds no backend", map[string]string{"GDR_MODE": "setup", "GDR_CLUSTER_NAME": ""}, ""},
 		{"bad pools file", map[string]string{"GDR_POOLS_FILE": "/nonexistent/pools.yaml"}, "runner pools"},
+		{"push URL", map[string]string{"GDR_METRICS_PUSH_URL": "http://pushgateway.monitoring.svc:9091"}, ""},
+		{"push URL with credentials", map[string]string{"GDR_METRICS_PUSH_URL": "http://ci:secret-key-material@pushgateway:9091"}, "GDR_METRICS_PUSH_URL: no credentials"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range base {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
@@ -105,6 +106,21 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer func() { _ = closeBackend() }()
+	return runJob(ctx, cfg, h, consumer, log)
+}
+
+// pushJob is the Pushgateway job label of handle's job-mode runs.
+const pushJob = "gdr-handle"
+
+// runJob is one job-mode run: it settles consumer's messages with h
+// (pull.Assignments), logs its one summary line and, with
+// GDR_METRICS_PUSH_URL, pushes the outcomes it counted
+// (gdr_assignments_total) to the Pushgateway as it ends: no Prometheus
+// scrapes a Job that lives seconds.
+func runJob(ctx context.Context, cfg Config, h handler.Handler, consumer jetstream.Consumer, log *slog.Logger) error {
+	reg := prometheus.NewRegistry() // the run's own figures: no runtime collectors to push
+	h.Observer = metrics.NewOutcomes(reg)
+	defer cfg.PushAtExit(ctx, pushJob, reg, log)
 	job := pull.Assignments{
 		Decider: h, Log: log,
 		Consumer: consumer, Batch: cfg.Batch, Wait: cfg.FetchWait, HoldFor: cfg.HoldFor,

@@ -55,6 +55,8 @@ func TestLoadConfig(t *testing.T) {
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY"},
 		{"process pool without a CA", map[string]string{"GDR_CA_DIR": ""}, "GDR_CA_DIR: the process backend needs a CA"},
 		{"no pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none")}, "runner pools"},
+		{"push URL", map[string]string{"GDR_METRICS_PUSH_URL": "http://pushgateway.monitoring.svc:9091"}, ""},
+		{"push URL with a query", map[string]string{"GDR_METRICS_PUSH_URL": "http://pushgateway:9091/?k=" + key}, "GDR_METRICS_PUSH_URL: no query"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range base {

@@ -67,6 +67,8 @@ type Config struct {
 	bootstrap.Settings
 	backend.BuildSettings
 	assignmentevents.PublishSettings
+	// Once mode pushes its pass's figures there as it exits.
+	metrics.PushSettings
 
 	Stream      string `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
 	Mode        string `envconfig:"GDR_RECOVER_MODE" default:"once" desc:"recover: once (one pass, then exit: CronJob, manual Job), http (a pass per POST: Knative PingSource) or finish (one batch of finish notices, then exit: KEDA ScaledJob)"`
@@ -104,7 +106,7 @@ func (c *Config) check(backends backend.Registry) error {
 	pools, err := c.PoolSettings.Load()
 	c.pools = pools
 	errs := []error{c.NamingSettings.Check(), c.Settings.Check(td), c.PayloadSettings.Check(), c.SigningSettings.Check(),
-		c.PublishSettings.Check(os.Getenv("K_SINK")), mode, err}
+		c.PublishSettings.Check(os.Getenv("K_SINK")), c.PushSettings.Check(), mode, err}
 	// Every backend the pools name must be linked (build tags, as
 	// handle's: package backend/linked) and its settings complete.
 	checked := map[taskassignment.BackendKind]bool{}
@@ -168,7 +170,20 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	case modeFinish:
 		return finish(ctx, cfg, r, js, log)
 	}
-	return pass(ctx, r, nil, log)
+	return passOnce(ctx, cfg, r, log)
+}
+
+// pushJob is the Pushgateway job label of recover's once-mode passes.
+const pushJob = "gdr-recover"
+
+// passOnce is once mode's one pass (the CronJob recover, a manual Job): it
+// runs and logs the pass and, with GDR_METRICS_PUSH_URL, pushes what it
+// counted (recovermetrics.Recover) to the Pushgateway as it ends.
+func passOnce(ctx context.Context, cfg Config, r *recoverer.Recoverer, log *slog.Logger) error {
+	reg := prometheus.NewRegistry() // the pass's own figures: no runtime collectors to push
+	obs := recovermetrics.NewRecover(reg)
+	defer cfg.PushAtExit(ctx, pushJob, reg, log)
+	return pass(ctx, r, obs, log)
 }
 
 // passObserver hears of every pass (recovermetrics.Recover).

@@ -4,7 +4,9 @@
 // and hands it to the collectors it uses; there is no global registry and
 // nothing registers itself at init. The observers of dispatch's rounds and
 // recover's passes are in dispatchmetrics and recovermetrics, so that this
-// package links neither the dispatcher nor the recoverer package.
+// package links neither the dispatcher nor the recoverer package. The runs
+// that exit (handle's job mode, recover's once mode) push their own
+// registry to a Pushgateway as they end (PushSettings).
 //
 // Invariants: every label value comes from a small, fixed set (a pool or
 // backend name from configuration, an outcome, an RPC method, an HTTP
