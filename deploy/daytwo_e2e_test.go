@@ -3,9 +3,13 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,13 +23,16 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
 // TestE2EClusterDayTwo runs docs/OPERATIONS.md's day-two blocks (marked ops-test) as written,
 // with kubectl, on an installation of deploy/keda (installKEDA, dispatch and the gateway scaled
 // from zero as shipped), with jobs running across them: Pause, then NATSLoss.
 func TestE2EClusterDayTwo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
 	defer cancel()
 	kubectl := testenv.RequirePeer(t, testenv.Peer{Name: "kubectl", Version: kubectlVersion, Executables: []string{"kubectl"}})
 	in := installKEDA(ctx, t, 0)
@@ -34,9 +41,15 @@ func TestE2EClusterDayTwo(t *testing.T) {
 		"KUBECONFIG=" + in.c.AdminKubeconfig(),
 		"HOME=" + os.Getenv("HOME"),
 	}}
+	// The rotations run in a checkout (they go run the project's commands), with Gitea's
+	// address from this machine.
+	rot := &readmeShell{dir: cloneCheckout(t), env: sh.env, vars: map[string]string{"GITEA": in.g.URL}}
 	in.runSteps(ctx, t, []step{
 		{"Pause", func(t *testing.T) { in.pauseResume(ctx, t, sh) }},
 		{"NATSLoss", func(t *testing.T) { in.natsLoss(ctx, t, sh) }},
+		{"RotateKeys", func(t *testing.T) { in.rotateKeys(ctx, t, rot) }},
+		{"RotateRunners", func(t *testing.T) { in.rotateRunners(ctx, t, rot) }},
+		{"RotateNATS", func(t *testing.T) { in.rotateNATS(ctx, t, rot) }},
 	})
 }
 
@@ -276,4 +289,214 @@ jobs:
 	in.runManualRecover(ctx, t)
 	in.waitPodGone(ctx, t, executor, 2*time.Minute)
 	sh.run(ctx, t, opsBlock(t, "nats-lost", "release"), "")
+}
+
+// pushJob pushes a workflow of one job named name, whose step runs script, to a new repository
+// of that name and returns the repository.
+func (in *installation) pushJob(t *testing.T, name, script string) string {
+	t.Helper()
+	repo := in.g.CreateRepo(t, name)
+	in.g.PushWorkflow(t, repo, ".gitea/workflows/ci.yml", "on: push\njobs:\n  "+name+":\n    runs-on: ubuntu-latest\n    steps:\n      - run: "+script+"\n")
+	return repo
+}
+
+// waitStepRunning waits for the step of repo's job to start.
+func (in *installation) waitStepRunning(ctx context.Context, t *testing.T, repo string) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		if slices.ContainsFunc(in.g.Jobs(t, repo), stepRunning) {
+			return
+		}
+		if time.Now().After(deadline) {
+			in.dump(ctx, t)
+			t.Fatalf("the step of %s's job did not start within 3m", repo)
+		}
+	}
+}
+
+// succeeded waits for repo's job name to complete and fails t unless it succeeded with want in
+// its log; it returns the job.
+func (in *installation) succeeded(ctx context.Context, t *testing.T, repo, name, want string) giteaenv.Job {
+	t.Helper()
+	j := in.waitCompleted(ctx, t, repo, name, 5*time.Minute)
+	if log := in.g.JobLogs(t, repo, j.ID); j.Conclusion != "success" || !strings.Contains(log, want) {
+		in.dump(ctx, t)
+		t.Fatalf("job %s of %s: %s, want success with %q in its log:\n%s", name, repo, j.Conclusion, want, log)
+	}
+	return j
+}
+
+// secretData returns the data of the Secret name of the control plane's namespace.
+func (in *installation) secretData(ctx context.Context, t *testing.T, name string) map[string][]byte {
+	t.Helper()
+	s, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Data
+}
+
+// rotatedKeys are the secrets of gdr-secrets OPERATIONS rotates in three phases (add, swap,
+// drop), each with the key of its list of old ones.
+var rotatedKeys = []struct{ key, old string }{
+	{"payload-key", "payload-old-keys"},
+	{"bootstrap-key", "bootstrap-old-keys"},
+	{"webhook-secret", "webhook-old-secrets"},
+}
+
+// rotateKeys rotates the payload key, the bootstrap key and the webhook secret together with
+// OPERATIONS' blocks, a job running across: after the adds, Gitea's webhook gets the new secret
+// (as OPERATIONS tells the administrator to); after the swaps gdr-secrets holds each new key
+// (the one the add wrote) with the old one listed (asserted: the rotation happened), a job
+// pushed then runs under the new keys while the first, sealed and signed under the old ones,
+// ends success; after the drops no old key is listed, dispatch refuses a delivery signed with
+// the old webhook secret (401) and takes one signed with the new, and a third job succeeds.
+func (in *installation) rotateKeys(ctx context.Context, t *testing.T, sh *readmeShell) {
+	before := in.secretData(ctx, t, "gdr-secrets")
+	across := in.pushJob(t, "rotate-across", `sleep 45; echo "ran across the rotation"`)
+	in.waitStepRunning(ctx, t, across)
+	for _, k := range rotatedKeys {
+		sh.run(ctx, t, opsBlock(t, "rotate", k.key+" add"), "")
+	}
+	newSecret, err := os.ReadFile(filepath.Join(sh.dir, "gdr-keys", "rotate", "webhook-secret.new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.g.SetSystemWebhookSecret(t, in.webhook, in.webhookURL(), string(newSecret))
+	for _, k := range rotatedKeys {
+		sh.run(ctx, t, opsBlock(t, "rotate", k.key+" swap"), "")
+	}
+	swapped := in.secretData(ctx, t, "gdr-secrets")
+	for _, k := range rotatedKeys {
+		made, err := os.ReadFile(filepath.Join(sh.dir, "gdr-keys", "rotate", k.key+".new"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(swapped[k.key], made) || bytes.Equal(swapped[k.key], before[k.key]) || !bytes.Equal(swapped[k.old], before[k.key]) {
+			t.Fatalf("after the swap gdr-secrets' %s is the new key: %v, the old one listed in %s: %v", k.key,
+				bytes.Equal(swapped[k.key], made) && !bytes.Equal(swapped[k.key], before[k.key]), k.old, bytes.Equal(swapped[k.old], before[k.key]))
+		}
+	}
+	after := in.pushJob(t, "rotate-after", `echo "ran under the new keys"`)
+	in.succeeded(ctx, t, after, "rotate-after", "ran under the new keys")
+	in.succeeded(ctx, t, across, "rotate-across", "ran across the rotation")
+
+	for _, k := range rotatedKeys {
+		sh.run(ctx, t, opsBlock(t, "rotate", k.key+" drop"), "")
+	}
+	dropped := in.secretData(ctx, t, "gdr-secrets")
+	for _, k := range rotatedKeys {
+		if _, listed := dropped[k.old]; listed || !bytes.Equal(dropped[k.key], swapped[k.key]) {
+			t.Fatalf("after the drop gdr-secrets lists %s (%v) or changed %s", k.old, listed, k.key)
+		}
+	}
+	last := in.pushJob(t, "rotate-last", `echo "ran after the drop"`)
+	in.succeeded(ctx, t, last, "rotate-last", "ran after the drop")
+	// dispatch is up (KEDA's cooldown after the job): the old secret is refused now.
+	for _, c := range []struct {
+		secret []byte
+		want   int
+	}{{before["webhook-secret"], http.StatusUnauthorized}, {newSecret, http.StatusAccepted}} {
+		body := []byte(`{}`)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, in.webhookURL(), bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(webhook.HeaderSignature, webhook.Sign(c.secret, body))
+		req.Header.Set(webhook.HeaderEvent, "ping")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("a delivery to dispatch after the drop: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("a delivery signed with the %s secret: %d, want %d", map[bool]string{true: "old", false: "new"}[c.want == http.StatusUnauthorized], resp.StatusCode, c.want)
+		}
+	}
+}
+
+// webhookURL is where Gitea's system webhook delivers: dispatch's NodePort on the node.
+func (in *installation) webhookURL() string {
+	return fmt.Sprintf("http://%s/webhook", net.JoinHostPort(in.c.NodeIP(), fmt.Sprint(dispatchNodePort)))
+}
+
+// rotateRunners replaces the pools' runner registrations with OPERATIONS' blocks: new runners
+// registered; the pause block lands while a job runs and returns once it is over (asserted
+// completed success by then); a job pushed while paused waits; after the swap and resume
+// gdr-runner-credentials holds another runner (asserted), which claims and runs the waiting job.
+func (in *installation) rotateRunners(ctx context.Context, t *testing.T, sh *readmeShell) {
+	before := in.secretData(ctx, t, "gdr-runner-credentials")
+	if err := os.MkdirAll(filepath.Join(sh.dir, "gdr-keys"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sh.dir, "gdr-keys", "registration-token"), []byte(in.g.RegistrationToken(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sh.run(ctx, t, opsBlock(t, "rotate", "runner-credentials register"), "")
+	across := in.pushJob(t, "runners-across", `sleep 30; echo "ended under its runner"`)
+	in.waitStepRunning(ctx, t, across)
+	sh.run(ctx, t, opsBlock(t, "rotate", "runner-credentials pause"), "")
+	var old giteaenv.Job
+	for _, j := range in.g.Jobs(t, across) {
+		old = j
+	}
+	if old.Status != "completed" || old.Conclusion != "success" {
+		t.Fatalf("the job running at the pause: %s %s when the pause block returned, want completed success", old.Status, old.Conclusion)
+	}
+	waiting := in.pushJob(t, "runners-waiting", `echo "claimed by the new runner"`)
+	sh.run(ctx, t, opsBlock(t, "rotate", "runner-credentials swap"), "")
+	if after := in.secretData(ctx, t, "gdr-runner-credentials"); maps.EqualFunc(after, before, bytes.Equal) {
+		t.Fatal("gdr-runner-credentials unchanged by the swap")
+	}
+	for _, j := range in.g.Jobs(t, waiting) {
+		if j.Status != "queued" {
+			t.Fatalf("job %s %s before the resume, want queued", j.Name, j.Status)
+		}
+	}
+	sh.run(ctx, t, opsBlock(t, "rotate", "runner-credentials resume"), "")
+	j := in.succeeded(ctx, t, waiting, "runners-waiting", "claimed by the new runner")
+	if j.RunnerID == old.RunnerID || j.RunnerID == 0 {
+		t.Fatalf("the job after the rotation ran on runner %d, the one before on %d: want a new runner", j.RunnerID, old.RunnerID)
+	}
+}
+
+// rotateNATS replaces every function's nkey with OPERATIONS' blocks, the test's nats-server
+// restarted with the files the add and the drop write (this machine's stand-in for the reload
+// block, which restarts the NATS chart's StatefulSet): a job runs across the swap and succeeds,
+// a job pushed after the drop succeeds, and the old dispatch seed is refused by then.
+func (in *installation) rotateNATS(ctx context.Context, t *testing.T, sh *readmeShell) {
+	keys := filepath.Join(sh.dir, "gdr-keys")
+	reload := func() {
+		env, err := os.ReadFile(filepath.Join(keys, "nats-users.env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(env)), "\n") {
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || !strings.HasPrefix(k, "NKEY_") {
+				t.Fatalf("nats-users.env: line %q", line)
+			}
+			t.Setenv(k, v)
+		}
+		conf, err := os.ReadFile(filepath.Join(keys, "nats-authorization.conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.nats.restart(t, string(conf), false)
+	}
+	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials add"), "")
+	reload()
+	across := in.pushJob(t, "nats-across", `sleep 30; echo "ran across the new keys"`)
+	in.waitStepRunning(ctx, t, across)
+	oldSeed := in.nats.seeds["DISPATCH"]
+	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials swap"), "")
+	in.succeeded(ctx, t, across, "nats-across", "ran across the new keys")
+	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials drop"), "")
+	reload()
+	if nc, _, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: in.nats.url, NKey: oldSeed}, "dispatch"); err == nil {
+		nc.Close()
+		t.Fatal("nats-server still takes dispatch's old key after the drop")
+	}
+	after := in.pushJob(t, "nats-after", `echo "ran on the new keys alone"`)
+	in.succeeded(ctx, t, after, "nats-after", "ran on the new keys alone")
 }

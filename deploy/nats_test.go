@@ -109,12 +109,28 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 // data. Clients reconnect as to any restarted server.
 func (s authorizedNATS) wipe(t testing.TB) {
 	t.Helper()
+	s.restart(t, "", true)
+}
+
+// restart stops the server and starts it again on the same port, with authorization as its
+// included authorization.conf when not empty, the users' public keys read from the environment
+// again (NKEY_<USER>, and NKEY_<USER>_NEXT during a rotation), and without its JetStream store
+// when wipe.
+func (s authorizedNATS) restart(t testing.TB, authorization string, wipe bool) {
+	t.Helper()
 	old := *s.server
 	port := old.Addr().(*net.TCPAddr).Port
 	old.Shutdown()
 	old.WaitForShutdown()
-	if err := os.RemoveAll(filepath.Join(s.dir, "js")); err != nil {
-		t.Fatal(err)
+	if wipe {
+		if err := os.RemoveAll(filepath.Join(s.dir, "js")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if authorization != "" {
+		if err := os.WriteFile(filepath.Join(s.dir, "authorization.conf"), []byte(authorization), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	*s.server = startNATSServer(t, s.dir, "", "", port)
 }

@@ -344,6 +344,15 @@ func (s *Server) AddSystemWebhook(t testing.TB, url, secret string) int64 {
 	return r.ID
 }
 
+// SetSystemWebhookSecret changes the secret the system webhook id (AddSystemWebhook's, delivering
+// to url) signs with, as an administrator does when rotating it.
+func (s *Server) SetSystemWebhookSecret(t testing.TB, id int64, url, secret string) {
+	t.Helper()
+	s.must(t, http.MethodPatch, fmt.Sprintf("/admin/hooks/%d", id), map[string]any{
+		"config": map[string]string{"url": url, "content_type": "json", "secret": secret, "is_system_webhook": "true"},
+	}, nil, http.StatusOK)
+}
+
 // CreateToken creates an access token of the admin named name with exactly scopes (Gitea's
 // names, e.g. "read:admin") and returns it. Gitea makes tokens only for a password login, so
 // this one call authenticates with the admin's password, not its token.
