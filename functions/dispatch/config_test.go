@@ -52,6 +52,8 @@ func TestLoadConfig(t *testing.T) {
 		{"missing pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none.yaml")}, "runner pools"},
 		{"a paused name that is no pool", map[string]string{"GDR_PAUSED_POOLS": "nope"}, `GDR_PAUSED_POOLS: pool "nope" is not in the pools file`},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY: key has 5 bytes"},
+		{"old payload keys", map[string]string{"GDR_PAYLOAD_OLD_KEYS": testKey + ","}, ""},
+		{"a short old payload key", map[string]string{"GDR_PAYLOAD_OLD_KEYS": testKey + ",c2hvcnQ="}, "GDR_PAYLOAD_OLD_KEYS: key 2 has 5 bytes, need exactly 32"},
 		{"zero keep-alive", map[string]string{"GDR_KEEPALIVE": "0s"}, "GDR_KEEPALIVE"},
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},
 		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY: assignment signing key: 5 bytes"},

@@ -348,7 +348,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	// The bucket is every pool's: its TTL comes from the whole pools file,
 	// also when this process serves one pool.
 	bucket := assignmentqueue.Bucket{Name: cfg.PayloadBucket, TTL: cfg.pools.PayloadTTL(), Replicas: cfg.Replicas}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, cfg.PayloadKey)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, cfg.PayloadKey, cfg.PayloadOldKeys...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -425,7 +425,7 @@ func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format stri
 	}
 	defer func() { _ = natsconn.Close(nc) }()
 	var payloads poolstatus.Payloads
-	switch p, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey); {
+	switch p, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey, cfg.PayloadOldKeys...); {
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		payloads = noPayloads{} // nothing was ever dispatched: nothing runs
 	case err != nil:

@@ -53,6 +53,9 @@ func TestLoadConfig(t *testing.T) {
 		{"finish mode without a retry delay", map[string]string{"GDR_RECOVER_MODE": "finish", "GDR_RECOVER_RETRY": "0s"}, "GDR_RECOVER_RETRY"},
 		{"short signing key", map[string]string{"GDR_ASSIGNMENT_SIGNING_KEY": "c2hvcnQ="}, "GDR_ASSIGNMENT_SIGNING_KEY"},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY"},
+		{"old keys", map[string]string{"GDR_PAYLOAD_OLD_KEYS": key + ",", "GDR_BOOTSTRAP_OLD_KEYS": key}, ""},
+		{"a short old payload key", map[string]string{"GDR_PAYLOAD_OLD_KEYS": key + ",c2hvcnQ="}, "GDR_PAYLOAD_OLD_KEYS: key 2 has 5 bytes"},
+		{"a short old bootstrap key", map[string]string{"GDR_BOOTSTRAP_OLD_KEYS": "c2hvcnQ="}, "GDR_BOOTSTRAP_OLD_KEYS: key 1 has 5 bytes"},
 		{"process pool without a CA", map[string]string{"GDR_CA_DIR": ""}, "GDR_CA_DIR: the process backend needs a CA"},
 		{"no pools file", map[string]string{"GDR_POOLS_FILE": filepath.Join(dir, "none")}, "runner pools"},
 	} {
