@@ -53,6 +53,8 @@ func TestLoadConfig(t *testing.T) {
 		{"a paused name that is no pool", map[string]string{"GDR_PAUSED_POOLS": "nope"}, `GDR_PAUSED_POOLS: pool "nope" is not in the pools file`},
 		{"short payload key", map[string]string{"GDR_PAYLOAD_KEY": "c2hvcnQ="}, "GDR_PAYLOAD_KEY: key has 5 bytes"},
 		{"old payload keys", map[string]string{"GDR_PAYLOAD_OLD_KEYS": testKey + ","}, ""},
+		{"old webhook secrets", map[string]string{"GDR_WEBHOOK_SECRET": "s3cret", "GDR_WEBHOOK_OLD_SECRETS": "0ld-1,0ld-2"}, ""},
+		{"old webhook secrets without the secret", map[string]string{"GDR_WEBHOOK_OLD_SECRETS": "0ld-1"}, "GDR_WEBHOOK_OLD_SECRETS is set but GDR_WEBHOOK_SECRET is empty"},
 		{"a short old payload key", map[string]string{"GDR_PAYLOAD_OLD_KEYS": testKey + ",c2hvcnQ="}, "GDR_PAYLOAD_OLD_KEYS: key 2 has 5 bytes, need exactly 32"},
 		{"zero keep-alive", map[string]string{"GDR_KEEPALIVE": "0s"}, "GDR_KEEPALIVE"},
 		{"bad trust domain", map[string]string{"GDR_TRUST_DOMAIN": "Not A Domain"}, "trust domain"},

@@ -368,7 +368,8 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if cfg.Interval > 0 {
 		cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
 	}
-	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, cadence, log)
+	secret, oldSecrets := cfg.webhookSecrets()
+	svc := newHTTPService(ctx, d, dps, secret, oldSecrets, cfg.TickSettings, cadence, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(readinessPool(dps))}, Log: log}
 	svc.metrics = reg
 	svc.receiver.Observer = dispatchmetrics.NewJobs(reg, pools)

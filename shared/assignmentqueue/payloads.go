@@ -523,7 +523,7 @@ func (p *Payloads) listOnce(ctx context.Context, withDeletes bool, stallAfter ti
 type PayloadSettings struct {
 	PayloadBucketSettings
 	PayloadKey     secretkey.Key  `envconfig:"GDR_PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
-	PayloadOldKeys secretkey.Keys `envconfig:"GDR_PAYLOAD_OLD_KEYS" desc:"comma-separated base64 AES-256 keys (32 bytes each) a payload may also be sealed with, tried after GDR_PAYLOAD_KEY: a rotation's other key, so that payloads sealed before it stay readable (docs/OPERATIONS.md, Rotating secrets); payloads are sealed with GDR_PAYLOAD_KEY alone"`
+	PayloadOldKeys secretkey.Keys `envconfig:"GDR_PAYLOAD_OLD_KEYS" desc:"comma-separated base64 AES-256 keys (32 bytes each) a stored payload is also opened with when GDR_PAYLOAD_KEY does not open it: a rotation's other key (docs/OPERATIONS.md, \"Rotating secrets\"); payloads are sealed with GDR_PAYLOAD_KEY alone; set wherever GDR_PAYLOAD_KEY is"`
 }
 
 // PayloadBucketSettings names the payload bucket; handle embeds it alone, for the end

@@ -278,7 +278,7 @@ func GatewayID(td spiffeid.TrustDomain, configured string) (spiffeid.ID, error) 
 // configuration of the gateway, which verifies capabilities only.
 type KeySettings struct {
 	Key     secretkey.Key  `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	OldKeys secretkey.Keys `envconfig:"GDR_BOOTSTRAP_OLD_KEYS" desc:"comma-separated base64 keys (at least 32 bytes each) a capability may also be signed with, tried after GDR_BOOTSTRAP_KEY: a rotation's other key, so that running executors' capabilities stay valid (docs/OPERATIONS.md, Rotating secrets); capabilities are signed with GDR_BOOTSTRAP_KEY alone, and the gateway is what verifies them"`
+	OldKeys secretkey.Keys `envconfig:"GDR_BOOTSTRAP_OLD_KEYS" desc:"comma-separated base64 keys (at least 32 bytes each) an executor's capability is also verified with when GDR_BOOTSTRAP_KEY does not verify it (the gateway verifies): a rotation's other key (docs/OPERATIONS.md, \"Rotating secrets\"); capabilities are signed with GDR_BOOTSTRAP_KEY alone; set wherever GDR_BOOTSTRAP_KEY is"`
 }
 
 // Check reports a key, current or old, shorter than MinKeyLength, naming the
