@@ -1108,3 +1108,54 @@ func TestNATSSubjectFormats(t *testing.T) {
 		})
 	}
 }
+
+// withNextKeys is the shipped authorization block as a rotation of the NATS users' keys has it
+// (docs/OPERATIONS.md, "Rotating secrets", block "rotate nats-credentials add", whose sed makes
+// the same text): after each user's line, one giving the key in NKEY_<USER>_NEXT the same
+// permissions.
+func withNextKeys(conf string) string {
+	return regexp.MustCompile(`(?m)^( *)\{nkey: \$NKEY_([A-Z_]+), permissions: \$PERMS_([A-Z_]+)\}$`).
+		ReplaceAllString(conf, "$0\n$1{nkey: $$NKEY_${2}_NEXT, permissions: $$PERMS_$3}")
+}
+
+// TestNATSRotationNextKey: while a rotation adds each user's next key beside the current one,
+// nats-server accepts both, and the next key has exactly its user's permissions: allowed what the
+// user may do, refused what it may not.
+func TestNATSRotationNextKey(t *testing.T) {
+	conf := withNextKeys(readAuthorization(t))
+	if got := len(regexp.MustCompile(`(?m)^ *\{nkey: \$NKEY_[A-Z_]+_NEXT, `).FindAllString(conf, -1)); got != len(natsUsers) {
+		t.Fatalf("%d next-key lines, want one per user (%d):\n%s", got, len(natsUsers), conf)
+	}
+	dir := t.TempDir()
+	next := map[string]string{}
+	for _, u := range natsUsers {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		seed, _ := kp.Seed()
+		t.Setenv("NKEY_"+u+"_NEXT", pub)
+		next[u] = filepath.Join(dir, strings.ToLower(u)+".nk")
+		if err := os.WriteFile(next[u], []byte(string(seed)+"\n"+pub+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := startAuthorizedNATS(t, conf)
+	rotated := authorizedNATS{url: srv.url, seeds: next}
+	for _, u := range natsUsers {
+		srv.connect(t, u) // the current key still connects
+		rotated.connect(t, u)
+	}
+	ctx := flowContext(t)
+	dispatch := rotated.connect(t, "DISPATCH")
+	if err := signedQueue(dispatch.js).EnsureStream(ctx); err != nil {
+		t.Fatalf("dispatch's next key: EnsureStream: %v", err)
+	}
+	dispatch.clean(t)
+	gateway := rotated.connect(t, "GATEWAY")
+	gateway.denied(t, "publish an assignment", "ci.assignment.pod", func(ctx context.Context) error {
+		_, err := signedQueue(gateway.js).Publish(ctx, testAssignment(t, 1))
+		return err
+	})
+}

@@ -18,11 +18,25 @@ const (
 	operationsDoc = "../docs/OPERATIONS.md"
 )
 
-// opsNames are the blocks TestE2EClusterDayTwo runs, by phase.
+// opsNames are the blocks TestE2EClusterDayTwo runs, by phase, in the document's order.
 var opsNames = map[string][]string{
 	"pause":     {"all"},
 	"resume":    {"all"},
 	"nats-lost": {"converge", "release"},
+	"rotate": {"payload-key add", "payload-key swap", "payload-key drop",
+		"bootstrap-key add", "bootstrap-key swap", "bootstrap-key drop",
+		"webhook-secret add", "webhook-secret swap", "webhook-secret drop",
+		"runner-credentials register", "runner-credentials pause", "runner-credentials swap", "runner-credentials resume",
+		"nats-credentials add", "nats-credentials swap", "nats-credentials drop"},
+}
+
+// opsNotOnCluster are the marked blocks no cluster test runs, and why; TestOpsRotationBlocks
+// runs them against a fake kubectl only.
+var opsNotOnCluster = map[string]string{
+	"rotate runner-credentials swap-helm": "the chart's keys Job registering the pools: the DayTwo cluster is the kustomize install",
+	"rotate nats-credentials reload":      "restarts the NATS chart's StatefulSet; the test cluster's NATS is a process on the machine, restarted with the same two files",
+	"rotate ca swap":                      "the chart's identity ca: the DayTwo cluster runs SPIRE",
+	"rotate ca drop":                      "the chart's identity ca: the DayTwo cluster runs SPIRE",
 }
 
 // TestOperationsBlocks checks docs/OPERATIONS.md's marked blocks as the commands
@@ -34,7 +48,9 @@ func TestOperationsBlocks(t *testing.T) {
 		if b.phase == "" {
 			continue // an example, not run by a test
 		}
-		got[b.phase] = append(got[b.phase], b.name)
+		if _, ok := opsNotOnCluster[b.phase+" "+b.name]; !ok {
+			got[b.phase] = append(got[b.phase], b.name)
+		}
 		if out, err := exec.Command("bash", "-n", "-c", b.text).CombinedOutput(); err != nil {
 			t.Errorf("%s:%d %s %s: bash -n: %v\n%s", b.file, b.line, b.phase, b.name, err, out)
 		}

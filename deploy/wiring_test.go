@@ -214,3 +214,44 @@ func TestServicesSelectOnlyServingPods(t *testing.T) {
 		}
 	}
 }
+
+// TestOldKeysWiring: wherever a Pod template takes the payload key, the bootstrap key or the
+// webhook secret from gdr-secrets, it takes that secret's rotation list beside it from the same
+// Secret, optional (an install that never rotated has no such key, and its Pods start), and no
+// template takes a list without its secret (docs/OPERATIONS.md, "Rotating secrets", patches the
+// Secret and restarts; it relies on every holder of a key reading its list).
+func TestOldKeysWiring(t *testing.T) {
+	pairs := []struct{ current, currentKey, old, oldKey string }{
+		{"GDR_PAYLOAD_KEY", "payload-key", "GDR_PAYLOAD_OLD_KEYS", "payload-old-keys"},
+		{"GDR_BOOTSTRAP_KEY", "bootstrap-key", "GDR_BOOTSTRAP_OLD_KEYS", "bootstrap-old-keys"},
+		{"GDR_WEBHOOK_SECRET", "webhook-secret", "GDR_WEBHOOK_OLD_SECRETS", "webhook-old-secrets"},
+	}
+	seen := map[string]int{}
+	for _, p := range podTemplates(t, loadManifests(t)) {
+		env := p.env()
+		for _, pr := range pairs {
+			current, old := envFrom(p, pr.current), envFrom(p, pr.old)
+			switch {
+			case current == "" && old != "":
+				t.Errorf("%s: %s set without %s", p, pr.old, pr.current)
+			case current == "":
+			case current != "secret:gdr-secrets/"+pr.currentKey:
+				t.Errorf("%s: %s from %q, want the Secret gdr-secrets key %s", p, pr.current, current, pr.currentKey)
+			case old != "secret:gdr-secrets/"+pr.oldKey:
+				t.Errorf("%s: %s from %q, want the Secret gdr-secrets key %s beside %s", p, pr.old, old, pr.oldKey, pr.current)
+			case env[pr.old].ValueFrom.SecretKeyRef.Optional == nil || !*env[pr.old].ValueFrom.SecretKeyRef.Optional:
+				t.Errorf("%s: %s: want optional: true (an install that never rotated has no %s)", p, pr.old, pr.oldKey)
+			default:
+				seen[pr.old]++
+			}
+		}
+	}
+	// gateway, recover (its CronJob, finish ScaledJob, manual Jobs, Knative Service), dispatch
+	// (KEDA and Knative) read the payload key; handle (setup, pod, Knative), recover and the
+	// gateway the bootstrap key; dispatch (KEDA and Knative) the webhook secret.
+	for old, least := range map[string]int{"GDR_PAYLOAD_OLD_KEYS": 8, "GDR_BOOTSTRAP_OLD_KEYS": 9, "GDR_WEBHOOK_OLD_SECRETS": 2} {
+		if seen[old] < least {
+			t.Errorf("%s wired in %d Pod templates, want at least %d", old, seen[old], least)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
 // Config is the configuration of dispatch, read from GDR_* variables.
@@ -30,13 +31,14 @@ type Config struct {
 	assignmentsig.SigningSettings
 	assignmentevents.PublishSettings
 
-	Stream        string        `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
-	KeepAlive     time.Duration `envconfig:"GDR_KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
-	WebhookSecret string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS (local mode: unless its webhook listens on loopback)"`
-	AllowUnsigned bool          `envconfig:"GDR_ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"serve: accept webhook deliveries without a signature when GDR_WEBHOOK_SECRET is empty"`
-	Interval      time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
-	BusyInterval  time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"serve: dispatch a busy pool this often instead: for GDR_BUSY_WINDOW after a round claimed or dropped a task, a task of the pool ended, or a webhook named one of its jobs (0, or not below GDR_POLL_INTERVAL: never busy)"`
-	BusyWindow    time.Duration `envconfig:"GDR_BUSY_WINDOW" default:"30s" desc:"serve: how long a pool stays busy after its last sign of work"`
+	Stream            string        `envconfig:"GDR_STREAM" default:"CI_RUNNER" desc:"JetStream stream of assignments"`
+	KeepAlive         time.Duration `envconfig:"GDR_KEEPALIVE" default:"1m" desc:"least time between two heartbeats of a claimed task that waits for its executor (Gitea fails it after ZOMBIE_TASK_TIMEOUT without one)"`
+	WebhookSecret     string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"secret of the Gitea workflow_job webhook; empty: dispatch serve refuses to start unless GDR_ALLOW_UNSIGNED_WEBHOOKS (local mode: unless its webhook listens on loopback)"`
+	WebhookOldSecrets string        `envconfig:"GDR_WEBHOOK_OLD_SECRETS" desc:"serve: comma-separated earlier secrets of the webhook, each accepted besides GDR_WEBHOOK_SECRET: a rotation, while Gitea may still sign with one (docs/OPERATIONS.md, \"Rotating secrets\"); needs GDR_WEBHOOK_SECRET; a secret with a comma, or space at either end, cannot be listed"`
+	AllowUnsigned     bool          `envconfig:"GDR_ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"serve: accept webhook deliveries without a signature when GDR_WEBHOOK_SECRET is empty"`
+	Interval          time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"serve: also dispatch every pool this often, besides webhooks and ticks (0: only on webhooks and ticks); an idle round is one FetchTask per pool"`
+	BusyInterval      time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"serve: dispatch a busy pool this often instead: for GDR_BUSY_WINDOW after a round claimed or dropped a task, a task of the pool ended, or a webhook named one of its jobs (0, or not below GDR_POLL_INTERVAL: never busy)"`
+	BusyWindow        time.Duration `envconfig:"GDR_BUSY_WINDOW" default:"30s" desc:"serve: how long a pool stays busy after its last sign of work"`
 	RegisterSettings
 
 	pools runnerpool.Pools
@@ -108,5 +110,12 @@ func (c *Config) Check() error {
 	if err == nil {
 		paused = c.PoolSettings.CheckPaused(pools)
 	}
-	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.ReplicaSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")), keepAlive, pace, err, paused)
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.ReplicaSettings.Check(), c.SigningSettings.Check(), c.PublishSettings.Check(os.Getenv("K_SINK")),
+		webhook.CheckOldSecrets(c.WebhookSecret, c.WebhookOldSecrets), keepAlive, pace, err, paused)
+}
+
+// webhookSecrets are the secret a webhook delivery is checked with (none when
+// empty) and a rotation's old secrets, also accepted.
+func (c *Config) webhookSecrets() (secret []byte, oldSecrets [][]byte) {
+	return []byte(c.WebhookSecret), webhook.ParseSecrets(c.WebhookOldSecrets)
 }

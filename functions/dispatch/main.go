@@ -351,7 +351,7 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	// The bucket is every pool's: its TTL comes from the whole pools file,
 	// also when this process serves one pool.
 	bucket := assignmentqueue.Bucket{Name: cfg.PayloadBucket, TTL: cfg.pools.PayloadTTL(), Replicas: cfg.Replicas}
-	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, cfg.PayloadKey)
+	payloads, err := assignmentqueue.EnsurePayloads(ctx, js, bucket, cfg.PayloadKey, cfg.PayloadOldKeys...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -371,7 +371,8 @@ func newService(ctx context.Context, cfg Config, pools runnerpool.Pools, hc *htt
 	if cfg.Interval > 0 {
 		cadence = &dispatcher.Cadence{Idle: cfg.Interval, Busy: cfg.BusyInterval, Window: cfg.BusyWindow}
 	}
-	svc := newHTTPService(ctx, d, dps, []byte(cfg.WebhookSecret), cfg.TickSettings, cadence, log)
+	secret, oldSecrets := cfg.webhookSecrets()
+	svc := newHTTPService(ctx, d, dps, secret, oldSecrets, cfg.TickSettings, cadence, log)
 	svc.probes = health.Probes{Checks: []health.Check{{Name: "nats", Ready: natsconn.Connected(nc)}, giteaCheck(readinessPool(dps))}, Log: log}
 	svc.metrics = reg
 	svc.receiver.Observer = dispatchmetrics.NewJobs(reg, pools)
@@ -428,7 +429,7 @@ func status(ctx context.Context, cfg Config, pools runnerpool.Pools, format stri
 	}
 	defer func() { _ = natsconn.Close(nc) }()
 	var payloads poolstatus.Payloads
-	switch p, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey); {
+	switch p, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey, cfg.PayloadOldKeys...); {
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		payloads = noPayloads{} // nothing was ever dispatched: nothing runs
 	case err != nil:

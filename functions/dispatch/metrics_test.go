@@ -55,7 +55,7 @@ func TestMetricsCountARound(t *testing.T) {
 	pools := runnerpool.Pools{{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 3}}
 	reg.MustRegister(metrics.NewConsumers(metrics.JetStreamConsumerInfo(env.JetStream), env.Queue.Stream(), consumersOf(pools), nil))
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{{Pool: pools[0], Registration: runner, Tasks: runner}},
-		nil, function.TickSettings{TickToken: "t1ck"}, nil, slog.New(slog.DiscardHandler))
+		nil, nil, function.TickSettings{TickToken: "t1ck"}, nil, slog.New(slog.DiscardHandler))
 	svc.metrics = reg
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)

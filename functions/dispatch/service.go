@@ -42,12 +42,14 @@ type service struct {
 }
 
 // newHTTPService returns the service of pools; its background rounds run on
-// ctx and stop claiming when it ends. cadence paces serve's polling of each
-// pool; nil: serve polls not at all (webhooks and ticks only).
-func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, ticks function.TickSettings,
+// ctx and stop claiming when it ends. Its webhook takes deliveries signed
+// with secret or any of oldSecrets (none checked when secret is empty).
+// cadence paces serve's polling of each pool; nil: serve polls not at all
+// (webhooks and ticks only).
+func newHTTPService(ctx context.Context, d *dispatcher.Dispatcher, pools []dispatcher.Pool, secret []byte, oldSecrets [][]byte, ticks function.TickSettings,
 	cadence *dispatcher.Cadence, log *slog.Logger) *service {
 	s := &service{d: d, pools: pools, log: log, ticks: ticks, cadence: cadence,
-		receiver: webhook.Receiver{Secret: secret, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
+		receiver: webhook.Receiver{Secret: secret, OldSecrets: oldSecrets, Dedup: &webhook.Dedup{Size: 4096}, Log: log}}
 	s.rounds = dispatcher.NewRounds(ctx, s.dispatch, cadence)
 	return s
 }

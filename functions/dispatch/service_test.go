@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -65,12 +67,19 @@ func newTestService(t *testing.T, linux, gpu *countingRunner) testService {
 // newPacedTestService is newTestService whose serve polls at cadence's pace.
 func newPacedTestService(t *testing.T, linux, gpu *countingRunner, cadence *dispatcher.Cadence) testService {
 	t.Helper()
+	return newSignedTestService(t, linux, gpu, cadence, []byte("s3cret"), nil)
+}
+
+// newSignedTestService is newPacedTestService whose webhook takes deliveries signed with secret
+// or any of oldSecrets.
+func newSignedTestService(t *testing.T, linux, gpu *countingRunner, cadence *dispatcher.Cadence, secret []byte, oldSecrets [][]byte) testService {
+	t.Helper()
 	env := jetstreamenv.NewQueue(t)
 	d := &dispatcher.Dispatcher{TrustDomain: spiffeid.RequireTrustDomainFromString("ci.example.org"), Queue: env.Queue, Payloads: env.Payloads, KeepAlive: time.Minute}
 	svc := newHTTPService(t.Context(), d, []dispatcher.Pool{
 		{Pool: runnerpool.Pool{Name: "linux", Labels: []string{"ubuntu-latest"}, Backend: "pod", Capacity: 1}, Registration: linux, Tasks: linux},
 		{Pool: runnerpool.Pool{Name: "gpu", Labels: []string{"ubuntu-latest", "gpu"}, Backend: "pod", Capacity: 1}, Registration: gpu, Tasks: gpu},
-	}, []byte("s3cret"), function.TickSettings{TickToken: "t1ck"}, cadence, slog.New(slog.DiscardHandler))
+	}, secret, oldSecrets, function.TickSettings{TickToken: "t1ck"}, cadence, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.handler())
 	t.Cleanup(srv.Close)
 	return testService{svc: svc, url: srv.URL, linux: linux, gpu: gpu}
@@ -249,5 +258,47 @@ func TestServePacesEachPool(t *testing.T) {
 	}
 	if linux, gpu := ts.linux.declares.Load(), ts.gpu.declares.Load(); linux != 1 || gpu < 5 {
 		t.Fatalf("in 0.5 s rounds linux=%d gpu=%d, want linux 1 (idle: every 2 s) and gpu at least 5 (busy: every 10 ms)", linux, gpu)
+	}
+}
+
+// TestWebhookOldSecrets: a webhook secret rotation. dispatch serve reads GDR_WEBHOOK_OLD_SECRETS
+// and takes a delivery signed with GDR_WEBHOOK_SECRET or any listed old secret (Gitea signs
+// with the one its webhook has: the old one until it is changed), and refuses any other.
+func TestWebhookOldSecrets(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools.yaml")
+	if err := os.WriteFile(pools, []byte("pools:\n  - {name: linux, labels: [ubuntu-latest], backend: pod, capacity: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	job := delivery(1, "queued", `["ubuntu-latest"]`)
+	for _, tc := range []struct {
+		name, old, signedBy string
+		want                int
+	}{
+		{"the current secret", "0ld-1,0ld-2", "s3cret", http.StatusAccepted},
+		{"an old secret listed", "0ld-1, 0ld-2", "0ld-2", http.StatusAccepted},
+		{"the current secret, no old one", "", "s3cret", http.StatusAccepted},
+		{"no old secret", "", "0ld-2", http.StatusUnauthorized},
+		{"another old secret listed", "0ld-1", "0ld-2", http.StatusUnauthorized},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range map[string]string{
+				"GDR_GITEA_URL": "http://127.0.0.1:3000/", "GDR_POOLS_FILE": pools, "GDR_STATE_DIR": dir,
+				"GDR_TRUST_DOMAIN": "ci.example.org", "GDR_PAYLOAD_KEY": testKey,
+				"GDR_ASSIGNMENT_SIGNING_KEY": "c2lnbmluZy1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OWE=",
+				"GDR_WEBHOOK_SECRET":         "s3cret", "GDR_WEBHOOK_OLD_SECRETS": tc.old,
+			} {
+				t.Setenv(k, v)
+			}
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			secret, oldSecrets := cfg.webhookSecrets()
+			ts := newSignedTestService(t, &countingRunner{}, &countingRunner{}, nil, secret, oldSecrets)
+			if code, body := ts.send(t, webhook.EventWorkflowJob, job, webhook.Sign([]byte(tc.signedBy), job)); code != tc.want {
+				t.Fatalf("a delivery signed with %q: %d (%s), want %d", tc.signedBy, code, body, tc.want)
+			}
+		})
 	}
 }

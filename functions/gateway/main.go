@@ -34,7 +34,6 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/runnerpool"
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/svidfile"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 )
@@ -52,12 +51,12 @@ type Config struct {
 	runnerpool.PoolSettings
 	assignmentqueue.PayloadSettings
 	actionscache.Settings
+	bootstrap.KeySettings
 
-	BootstrapKey secretkey.Key `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	SVIDCert     string        `envconfig:"GDR_SVID_CERT" desc:"gateway: PEM file of its X.509-SVID (read again when it changes); empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
-	SVIDKey      string        `envconfig:"GDR_SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
-	SVIDBundle   string        `envconfig:"GDR_SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
-	MetricsAddr  string        `envconfig:"GDR_METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
+	SVIDCert    string `envconfig:"GDR_SVID_CERT" desc:"gateway: PEM file of its X.509-SVID (read again when it changes); empty: the SPIFFE Workload API (SPIFFE_ENDPOINT_SOCKET)"`
+	SVIDKey     string `envconfig:"GDR_SVID_KEY" desc:"gateway: PEM file of the SVID's private key (with GDR_SVID_CERT)"`
+	SVIDBundle  string `envconfig:"GDR_SVID_BUNDLE" desc:"gateway: PEM file of the trust bundle (with GDR_SVID_CERT)"`
+	MetricsAddr string `envconfig:"GDR_METRICS_ADDR" desc:"gateway: plain-HTTP listen address of /metrics, /healthz and /livez only (the mTLS listener serves executors alone); empty: none"`
 
 	pools runnerpool.Pools
 }
@@ -82,7 +81,7 @@ func (c *Config) Check() error {
 	}
 	pools, err := c.PoolSettings.Load()
 	c.pools = pools
-	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.BootstrapKey.AtLeast("GDR_BOOTSTRAP_KEY", bootstrap.MinKeyLength), svid, err, c.Settings.Check())
+	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.KeySettings.Check(), svid, err, c.Settings.Check())
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -98,7 +97,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	for name, c := range clients {
 		forwarders[name] = c
 	}
-	verifier, err := bootstrap.NewVerifier(cfg.BootstrapKey)
+	verifier, err := cfg.KeySettings.Verifier()
 	if err != nil {
 		return err
 	}
@@ -107,7 +106,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer func() { _ = natsconn.Close(nc) }()
-	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
+	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey, cfg.PayloadOldKeys...)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/actionscache"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/function"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/webhook"
 )
 
 // Config is local mode's configuration: GDR_* variables, each
@@ -30,6 +31,7 @@ type Config struct {
 	GatewayAddr       string        `envconfig:"GDR_GATEWAY_ADDR" default:"127.0.0.1:41443" desc:"local: the gateway's address; keep it stable, running executors reconnect to it after a restart (flag --gateway-addr)"`
 	WebhookAddr       string        `envconfig:"GDR_WEBHOOK_ADDR" desc:"local: serve Gitea's workflow_job webhook at http://<addr>/webhook; empty: poll only (flag --webhook-addr)"`
 	WebhookSecret     string        `envconfig:"GDR_WEBHOOK_SECRET" desc:"local: secret of the Gitea workflow_job webhook; empty: deliveries are not checked, which local mode allows only on a loopback --webhook-addr (127.0.0.0/8, ::1, localhost) or with GDR_ALLOW_UNSIGNED_WEBHOOKS"`
+	WebhookOldSecrets string        `envconfig:"GDR_WEBHOOK_OLD_SECRETS" desc:"local: comma-separated earlier secrets of the webhook, each accepted besides GDR_WEBHOOK_SECRET: a rotation, while Gitea may still sign with one; needs GDR_WEBHOOK_SECRET; a secret with a comma, or space at either end, cannot be listed"`
 	AllowUnsigned     bool          `envconfig:"GDR_ALLOW_UNSIGNED_WEBHOOKS" default:"false" desc:"local: accept webhook deliveries without a signature on a --webhook-addr that is not loopback when GDR_WEBHOOK_SECRET is empty"`
 	PollInterval      time.Duration `envconfig:"GDR_POLL_INTERVAL" default:"500ms" desc:"local: how often Gitea is asked for jobs (one FetchTask), besides the rounds a webhook or a freed slot asks for"`
 	BusyPollInterval  time.Duration `envconfig:"GDR_BUSY_POLL_INTERVAL" default:"200ms" desc:"local: how often Gitea is asked while busy: for GDR_BUSY_WINDOW after a job was claimed or ended, or a webhook came (not below GDR_POLL_INTERVAL: never busy)"`
@@ -85,6 +87,9 @@ func (c *Config) Check() error {
 	}
 	if c.WebhookAddr != "" && c.WebhookSecret == "" && !c.AllowUnsigned && !isLoopback(c.WebhookAddr) {
 		errs = append(errs, fmt.Errorf("--webhook-addr %s is not a loopback address and GDR_WEBHOOK_SECRET is not set: unsigned webhook deliveries from the network are refused (set GDR_WEBHOOK_SECRET and the webhook's secret in Gitea, listen on 127.0.0.1, or GDR_ALLOW_UNSIGNED_WEBHOOKS=true accepts them)", c.WebhookAddr))
+	}
+	if err := webhook.CheckOldSecrets(c.WebhookSecret, c.WebhookOldSecrets); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty"))

@@ -463,7 +463,8 @@ func (l *local) startGateway(td spiffeid.TrustDomain, ca *svidca.CA, payloads *a
 }
 
 func (l *local) startWebhook() error {
-	receiver := webhook.Receiver{Secret: []byte(l.cfg.WebhookSecret), Dedup: &webhook.Dedup{Size: 4096}, Log: l.internal,
+	receiver := webhook.Receiver{Secret: []byte(l.cfg.WebhookSecret), OldSecrets: webhook.ParseSecrets(l.cfg.WebhookOldSecrets),
+		Dedup: &webhook.Dedup{Size: 4096}, Log: l.internal,
 		Observer: dispatchmetrics.NewJobs(l.reg, []runnerpool.Pool{l.pool.Pool})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook", func(w http.ResponseWriter, r *http.Request) {

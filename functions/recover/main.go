@@ -254,7 +254,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger) (_ *recoverer.Reco
 		return nil, nil, nil, err
 	}
 	closers = append(closers, func() error { return natsconn.Close(nc) })
-	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey)
+	payloads, err := assignmentqueue.OpenPayloads(ctx, js, cfg.PayloadBucket, cfg.PayloadKey, cfg.PayloadOldKeys...)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -76,7 +76,7 @@ const (
 
 var (
 	// ErrPayloadSealed means a stored value does not open to a task under
-	// this store's key for this assignment ID: another key sealed it, it was
+	// this store's keys for this assignment ID: another key sealed it, it was
 	// altered, or it was sealed for another assignment ID. No part of such a
 	// value is ever returned.
 	ErrPayloadSealed = errors.New("task payload does not open")
@@ -85,12 +85,17 @@ var (
 // Payloads stores the whole task of each assignment in a JetStream key-value
 // bucket, keyed by assignment ID and sealed with AES-256-GCM. A value is
 // bound to its key: it opens only under the store key that sealed it and only
-// for the assignment ID it was put under. Values expire after the bucket's
-// TTL. Safe for concurrent use.
+// for the assignment ID it was put under. A store seals with its current key
+// alone and opens with it first, then with each of its old keys in order (a
+// key rotation, GDR_PAYLOAD_OLD_KEYS: values sealed before it stay readable).
+// Values expire after the bucket's TTL. Safe for concurrent use.
 type Payloads struct {
 	kv     jetstream.KeyValue
 	bucket string
-	aead   cipher.AEAD
+	// aead seals, under the current key; opens are tried in order: aead,
+	// then one per old key.
+	aead  cipher.AEAD
+	opens []cipher.AEAD
 }
 
 // EnsurePayloads creates bucket b, or converges an existing one, to file
@@ -98,12 +103,13 @@ type Payloads struct {
 // bucket's), reads answered by its leader alone (see placement.go) and
 // deletion markers that expire after PayloadMarkerTTL, creates or converges
 // its GatewayConsumer, and returns a store sealing values under key, which
-// must be exactly 32 bytes. b.TTL is the longest a job may run, after which a
+// must be exactly 32 bytes, and opening them under key or any of old (each
+// exactly 32 bytes too). b.TTL is the longest a job may run, after which a
 // payload is useless, and must be positive. An existing bucket's TTL is never
 // shrunk: the larger of the two is kept, so a process that knows fewer or
 // shorter pools (an older configuration, `dispatch run -pool`) cannot expire
-// payloads of running jobs early for everyone. Errors name the bucket and
-// never contain the key.
+// payloads of running jobs early for everyone. Errors name the bucket, and an
+// old key by its position, and never contain a key.
 //
 // The markers of payloads deleted before the bucket had marker TTLs (an
 // earlier version's, kept until the bucket's TTL) are replaced by markers that
@@ -112,8 +118,8 @@ type Payloads struct {
 // processes at once: an existing GatewayConsumer with this configuration is
 // left as it is, one with another is converged in place where nats-server
 // allows, and reported otherwise.
-func EnsurePayloads(ctx context.Context, js jetstream.JetStream, b Bucket, key secretkey.Key) (*Payloads, error) {
-	aead, err := newAEAD(b.Name, key)
+func EnsurePayloads(ctx context.Context, js jetstream.JetStream, b Bucket, key secretkey.Key, old ...secretkey.Key) (*Payloads, error) {
+	aead, opens, err := newAEADs(b.Name, key, old)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +133,7 @@ func EnsurePayloads(ctx context.Context, js jetstream.JetStream, b Bucket, key s
 			"a consumer of that name that nats-server cannot change in place must be deleted (nats consumer rm %s %s), then dispatch started again",
 			b.Name, GatewayConsumer, stream, err, stream, GatewayConsumer)
 	}
-	p := &Payloads{kv: kv, bucket: b.Name, aead: aead}
+	p := &Payloads{kv: kv, bucket: b.Name, aead: aead, opens: opens}
 	if err := p.expireMarkers(ctx); err != nil {
 		return nil, err
 	}
@@ -162,8 +168,8 @@ func (p *Payloads) expireMarkers(ctx context.Context) error {
 // key requirements are those of EnsurePayloads. A bucket that still answers
 // reads from any replica is refused (ErrDirectReads) until dispatch has
 // converged it.
-func OpenPayloads(ctx context.Context, js jetstream.JetStream, bucket string, key secretkey.Key) (*Payloads, error) {
-	aead, err := newAEAD(bucket, key)
+func OpenPayloads(ctx context.Context, js jetstream.JetStream, bucket string, key secretkey.Key, old ...secretkey.Key) (*Payloads, error) {
+	aead, opens, err := newAEADs(bucket, key, old)
 	if err != nil {
 		return nil, err
 	}
@@ -171,12 +177,32 @@ func OpenPayloads(ctx context.Context, js jetstream.JetStream, bucket string, ke
 	if err != nil {
 		return nil, err
 	}
-	return &Payloads{kv: kv, bucket: bucket, aead: aead}, nil
+	return &Payloads{kv: kv, bucket: bucket, aead: aead, opens: opens}, nil
 }
 
-func newAEAD(bucket string, key secretkey.Key) (cipher.AEAD, error) {
+// newAEADs returns the cipher that seals (key's) and those that open, in the
+// order they are tried: key's, then each of old's. Errors name an old key by
+// its position (1 is the first), never a key.
+func newAEADs(bucket string, key secretkey.Key, old []secretkey.Key) (cipher.AEAD, []cipher.AEAD, error) {
+	seal, err := newAEAD(bucket, "key", key)
+	if err != nil {
+		return nil, nil, err
+	}
+	opens := []cipher.AEAD{seal}
+	for i, k := range old {
+		aead, err := newAEAD(bucket, fmt.Sprintf("old key %d", i+1), k)
+		if err != nil {
+			return nil, nil, err
+		}
+		opens = append(opens, aead)
+	}
+	return seal, opens, nil
+}
+
+// newAEAD returns the cipher of key, which what names in errors.
+func newAEAD(bucket, what string, key secretkey.Key) (cipher.AEAD, error) {
 	if len(key) != payloadKeySize {
-		return nil, fmt.Errorf("payload store %q: key has %d bytes, need exactly %d", bucket, len(key), payloadKeySize)
+		return nil, fmt.Errorf("payload store %q: %s has %d bytes, need exactly %d", bucket, what, len(key), payloadKeySize)
 	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
@@ -219,8 +245,9 @@ func (p *Payloads) Put(ctx context.Context, assignmentID string, task *runnerv1.
 }
 
 // Get returns the task stored under assignmentID. It wraps taskassignment.ErrPayloadNotFound
-// if there is none, and ErrPayloadSealed if the stored value does not open
-// under this store's key for this ID or does not hold a task.
+// if there is none, and ErrPayloadSealed if the stored value opens under
+// none of this store's keys (the current one, then each old one) for this ID
+// or does not hold a task.
 func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task, error) {
 	if assignmentID == "" {
 		return nil, fmt.Errorf("payload store %q: get: empty assignment ID", p.bucket)
@@ -239,8 +266,8 @@ func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task
 	if value[0] != sealVersion {
 		return nil, fmt.Errorf("payload store %q: assignment %s: %w: unknown seal version %d", p.bucket, assignmentID, ErrPayloadSealed, value[0])
 	}
-	plain, err := p.aead.Open(nil, nil, value[1:], []byte(assignmentID))
-	if err != nil {
+	plain, ok := p.open(value[1:], assignmentID)
+	if !ok {
 		return nil, fmt.Errorf("payload store %q: assignment %s: %w: authentication failed", p.bucket, assignmentID, ErrPayloadSealed)
 	}
 	task := new(runnerv1.Task)
@@ -250,6 +277,17 @@ func (p *Payloads) Get(ctx context.Context, assignmentID string) (*runnerv1.Task
 		return nil, fmt.Errorf("payload store %q: assignment %s: %w: not a task", p.bucket, assignmentID, ErrPayloadSealed)
 	}
 	return task, nil
+}
+
+// open returns sealed opened under the first of the store's keys that
+// authenticates it for assignmentID, and whether one did.
+func (p *Payloads) open(sealed []byte, assignmentID string) ([]byte, bool) {
+	for _, aead := range p.opens {
+		if plain, err := aead.Open(nil, nil, sealed, []byte(assignmentID)); err == nil {
+			return plain, true
+		}
+	}
+	return nil, false
 }
 
 // Delete removes the payload of assignmentID and every earlier revision of
@@ -484,7 +522,8 @@ func (p *Payloads) listOnce(ctx context.Context, withDeletes bool, stallAfter ti
 // or writes payloads.
 type PayloadSettings struct {
 	PayloadBucketSettings
-	PayloadKey secretkey.Key `envconfig:"GDR_PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	PayloadKey     secretkey.Key  `envconfig:"GDR_PAYLOAD_KEY" required:"true" desc:"base64 AES-256 key (32 bytes) sealing task payloads; dispatch, gateway and recover need the same one"`
+	PayloadOldKeys secretkey.Keys `envconfig:"GDR_PAYLOAD_OLD_KEYS" desc:"comma-separated base64 AES-256 keys (32 bytes each) a stored payload is also opened with when GDR_PAYLOAD_KEY does not open it: a rotation's other key (docs/OPERATIONS.md, \"Rotating secrets\"); payloads are sealed with GDR_PAYLOAD_KEY alone; set wherever GDR_PAYLOAD_KEY is"`
 }
 
 // PayloadBucketSettings names the payload bucket; handle embeds it alone, for the end
@@ -493,13 +532,14 @@ type PayloadBucketSettings struct {
 	PayloadBucket string `envconfig:"GDR_PAYLOAD_BUCKET" default:"CI_TASKS" desc:"JetStream key-value bucket of sealed task payloads"`
 }
 
-// Check reports a payload key that is not exactly 32 bytes, naming the
-// variable and never the key.
+// Check reports a payload key, current or old, that is not exactly 32
+// bytes, naming the variable (and an old key's position) and never a key.
 func (p PayloadSettings) Check() error {
+	var current error
 	if len(p.PayloadKey) != payloadKeySize {
-		return fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly %d", len(p.PayloadKey), payloadKeySize)
+		current = fmt.Errorf("GDR_PAYLOAD_KEY: key has %d bytes, need exactly %d", len(p.PayloadKey), payloadKeySize)
 	}
-	return nil
+	return errors.Join(current, p.PayloadOldKeys.Exactly("GDR_PAYLOAD_OLD_KEYS", payloadKeySize))
 }
 
 // Stored returns when each stored payload was written, by assignment ID,

@@ -445,3 +445,127 @@ func TestOpenPayloads(t *testing.T) {
 		t.Fatal("OpenPayloads with a 16-byte key succeeded")
 	}
 }
+
+// TestPayloadOldKeys: a payload key rotation. A value sealed under a key opens in a store whose
+// current key or listed old key it is, and in no other; a store always seals with its current
+// key. The add phase's reader (the new key listed as old, before dispatch seals with it) and the
+// swap phase's (the old key listed) both read every payload.
+func TestPayloadOldKeys(t *testing.T) {
+	ctx, js, _, _ := newPayloads(t, testKey(9))
+	for _, tc := range []struct {
+		name    string
+		sealed  byte   // the key the writer sealed with
+		current byte   // the reader's GDR_PAYLOAD_KEY
+		old     []byte // the reader's GDR_PAYLOAD_OLD_KEYS
+		opens   bool
+	}{
+		{"the current key", 1, 1, nil, true},
+		{"the current key, old keys listed", 1, 1, []byte{2, 3}, true},
+		{"the old key listed (swap)", 1, 2, []byte{1}, true},
+		{"the old key listed second", 1, 2, []byte{3, 1}, true},
+		{"the new key listed before dispatch seals with it (add)", 2, 1, []byte{2}, true},
+		{"no old key", 1, 2, nil, false},
+		{"the old key not listed (drop)", 1, 2, []byte{3}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writer, err := assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(tc.sealed))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := fmt.Sprintf("pool-a-%d%d%d", tc.sealed, tc.current, len(tc.old))
+			if err := writer.Put(ctx, id, testTask(t, 7)); err != nil {
+				t.Fatal(err)
+			}
+			var old []secretkey.Key
+			for _, b := range tc.old {
+				old = append(old, testKey(b))
+			}
+			reader, err := assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(tc.current), old...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			task, err := reader.Get(ctx, id)
+			switch {
+			case tc.opens && (err != nil || task.GetId() != 7):
+				t.Fatalf("Get = %v, %v; want task 7", task, err)
+			case !tc.opens && (!errors.Is(err, assignmentqueue.ErrPayloadSealed) || task != nil):
+				t.Fatalf("Get = %v, %v; want ErrPayloadSealed", task, err)
+			}
+			for _, b := range append([]byte{tc.sealed, tc.current}, tc.old...) {
+				checkNoSecret(t, err, testKey(b))
+			}
+		})
+	}
+
+	// Sealing always uses the current key: a store with old keys writes what the current key
+	// alone opens, and an old key alone does not.
+	both, err := assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: time.Hour}, testKey(2), testKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := both.Put(ctx, "pool-a-1", testTask(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for key, opens := range map[byte]bool{2: true, 1: false} {
+		alone, err := assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := alone.Get(ctx, "pool-a-1"); (err == nil) != opens {
+			t.Errorf("a value put by a store with current key 2 and old key 1, read with key %d alone: %v", key, err)
+		}
+	}
+
+	// A malformed old key is refused by position, never shown.
+	short := testKey(4)[:16]
+	for name, open := range map[string]func() (*assignmentqueue.Payloads, error){
+		"OpenPayloads": func() (*assignmentqueue.Payloads, error) {
+			return assignmentqueue.OpenPayloads(ctx, js, testBucket, testKey(1), testKey(2), short)
+		},
+		"EnsurePayloads": func() (*assignmentqueue.Payloads, error) {
+			return assignmentqueue.EnsurePayloads(ctx, js, assignmentqueue.Bucket{Name: testBucket, TTL: time.Hour}, testKey(1), testKey(2), short)
+		},
+	} {
+		if p, err := open(); err == nil || !strings.Contains(err.Error(), "old key 2 has 16 bytes") {
+			t.Errorf("%s with a 16-byte second old key = %v, %v; want an error naming old key 2", name, p, err)
+		} else {
+			checkNoSecret(t, err, short)
+		}
+	}
+}
+
+// TestPayloadSettingsCheck: GDR_PAYLOAD_OLD_KEYS is checked key by key, its errors naming the
+// variable and the key's position, never a key.
+func TestPayloadSettingsCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		s       assignmentqueue.PayloadSettings
+		wantErr []string
+	}{
+		{"current only", assignmentqueue.PayloadSettings{PayloadKey: testKey(1)}, nil},
+		{"old keys", assignmentqueue.PayloadSettings{PayloadKey: testKey(1), PayloadOldKeys: secretkey.Keys{testKey(2), testKey(3)}}, nil},
+		{"short current", assignmentqueue.PayloadSettings{PayloadKey: testKey(1)[:5]}, []string{"GDR_PAYLOAD_KEY: key has 5 bytes"}},
+		{"a short old key", assignmentqueue.PayloadSettings{PayloadKey: testKey(1), PayloadOldKeys: secretkey.Keys{testKey(2), testKey(3)[:31]}},
+			[]string{"GDR_PAYLOAD_OLD_KEYS: key 2 has 31 bytes, need exactly 32"}},
+		{"a long old key", assignmentqueue.PayloadSettings{PayloadKey: testKey(1), PayloadOldKeys: secretkey.Keys{append(testKey(2), 0)}},
+			[]string{"GDR_PAYLOAD_OLD_KEYS: key 1 has 33 bytes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.s.Check()
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			for _, want := range tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("Check() = %v, want it to say %q", err, want)
+				}
+			}
+			for _, k := range append(tc.s.PayloadOldKeys, tc.s.PayloadKey) {
+				checkNoSecret(t, err, k)
+			}
+		})
+	}
+}

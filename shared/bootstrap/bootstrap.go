@@ -5,7 +5,9 @@
 // Everything is a pure function of the assignment and the configured key: the
 // same assignment always yields the same environment, so an executor created
 // again after a crash needs no stored record, and the gateway checks a
-// capability without any state.
+// capability without any state. A capability is signed with the current key
+// alone and verified with it or any old key (GDR_BOOTSTRAP_OLD_KEYS), so that
+// the key rotates while executors run with capabilities of the old one.
 package bootstrap
 
 import (
@@ -74,18 +76,23 @@ func Variables() []string {
 // capabilityDomain separates these MACs from any other use of the key.
 const capabilityDomain = "gitea-dynamic-runner/capability/v1"
 
-// Bootstrap issues and checks executor credentials under one key.
+// Bootstrap issues executor credentials under its current key and checks
+// them under it or any of its old keys.
 type Bootstrap struct {
 	key        []byte
+	oldKeys    [][]byte
 	gatewayURL string
 	gatewayID  spiffeid.ID
 }
 
 // New returns a Bootstrap for executors that reach the gateway at gatewayURL
 // (https: the gateway serves SPIFFE mTLS only), which they require to
-// present gatewayID. A key shorter than MinKeyLength is refused.
-func New(key secretkey.Key, gatewayURL string, gatewayID spiffeid.ID) (*Bootstrap, error) {
-	if err := key.AtLeast("bootstrap capability key", MinKeyLength); err != nil {
+// present gatewayID. It signs with key and verifies with key or any of old
+// (a rotation). A key shorter than MinKeyLength is refused, an old one by its
+// position (1 is the first).
+func New(key secretkey.Key, gatewayURL string, gatewayID spiffeid.ID, old ...secretkey.Key) (*Bootstrap, error) {
+	b, err := NewVerifier(key, old...)
+	if err != nil {
 		return nil, err
 	}
 	if err := checkGatewayURL(gatewayURL); err != nil {
@@ -94,7 +101,8 @@ func New(key secretkey.Key, gatewayURL string, gatewayID spiffeid.ID) (*Bootstra
 	if gatewayID.IsZero() {
 		return nil, errors.New("bootstrap: no gateway SPIFFE ID")
 	}
-	return &Bootstrap{key: append([]byte(nil), key...), gatewayURL: gatewayURL, gatewayID: gatewayID}, nil
+	b.gatewayURL, b.gatewayID = gatewayURL, gatewayID
+	return b, nil
 }
 
 func checkGatewayURL(gatewayURL string) error {
@@ -106,17 +114,28 @@ func checkGatewayURL(gatewayURL string) error {
 }
 
 // NewVerifier returns a Bootstrap that only verifies capabilities (the
-// gateway's part); its Environment fails.
-func NewVerifier(key secretkey.Key) (*Bootstrap, error) {
-	if err := key.AtLeast("bootstrap capability key", MinKeyLength); err != nil {
+// gateway's part), under key or any of old; its Environment fails. Keys are
+// refused as by New.
+func NewVerifier(key secretkey.Key, old ...secretkey.Key) (*Bootstrap, error) {
+	if err := errors.Join(key.AtLeast("bootstrap capability key", MinKeyLength),
+		secretkey.Keys(old).AtLeast("old bootstrap capability keys", MinKeyLength)); err != nil {
 		return nil, err
 	}
-	return &Bootstrap{key: append([]byte(nil), key...)}, nil
+	b := &Bootstrap{key: append([]byte(nil), key...)}
+	for _, k := range old {
+		b.oldKeys = append(b.oldKeys, append([]byte(nil), k...))
+	}
+	return b, nil
 }
 
-// Capability returns the capability of the assignment (ID, task ID, SPIFFE ID).
+// Capability returns the capability of the assignment (ID, task ID, SPIFFE
+// ID), under the current key.
 func (b *Bootstrap) Capability(assignmentID string, taskID int64, spiffeID string) string {
-	mac := hmac.New(sha256.New, b.key)
+	return capability(b.key, assignmentID, taskID, spiffeID)
+}
+
+func capability(key []byte, assignmentID string, taskID int64, spiffeID string) string {
+	mac := hmac.New(sha256.New, key)
 	for _, field := range []string{capabilityDomain, assignmentID, strconv.FormatInt(taskID, 10), spiffeID} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(field)))
@@ -131,10 +150,14 @@ func (b *Bootstrap) Capability(assignmentID string, taskID int64, spiffeID strin
 var ErrBadCapability = errors.New("capability does not match the assignment")
 
 // Verify checks in constant time that capability was issued for the
-// assignment (ID, task ID, SPIFFE ID).
-func (b *Bootstrap) Verify(assignmentID string, taskID int64, spiffeID, capability string) error {
-	want := b.Capability(assignmentID, taskID, spiffeID)
-	if subtle.ConstantTimeCompare([]byte(want), []byte(capability)) != 1 {
+// assignment (ID, task ID, SPIFFE ID) under the current key or an old one.
+// Every key is tried whichever matches, so the time taken does not say which.
+func (b *Bootstrap) Verify(assignmentID string, taskID int64, spiffeID, got string) error {
+	match := subtle.ConstantTimeCompare([]byte(capability(b.key, assignmentID, taskID, spiffeID)), []byte(got))
+	for _, k := range b.oldKeys {
+		match |= subtle.ConstantTimeCompare([]byte(capability(k, assignmentID, taskID, spiffeID)), []byte(got))
+	}
+	if match != 1 {
 		return ErrBadCapability
 	}
 	return nil
@@ -199,29 +222,33 @@ func Read(getenv func(string) string) (Values, error) {
 	}, nil
 }
 
-// Settings is embedded in the configuration of every function that issues or
-// checks capabilities.
+// Settings is embedded in the configuration of every function that issues
+// capabilities (handle, recover).
 type Settings struct {
-	Key        secretkey.Key `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
-	GatewayURL string        `envconfig:"GDR_GATEWAY_URL" required:"true" desc:"https URL at which executors reach the gateway"`
-	GatewayID  string        `envconfig:"GDR_GATEWAY_SPIFFE_ID" desc:"SPIFFE ID executors require of the gateway; empty: spiffe://<trust domain>/gateway"`
+	KeySettings
+	GatewayURL string `envconfig:"GDR_GATEWAY_URL" required:"true" desc:"https URL at which executors reach the gateway"`
+	GatewayID  string `envconfig:"GDR_GATEWAY_SPIFFE_ID" desc:"SPIFFE ID executors require of the gateway; empty: spiffe://<trust domain>/gateway"`
 }
 
 // New returns the Bootstrap of s for executors of trust domain td. Its
 // errors name the variable at fault.
 func (s Settings) New(td spiffeid.TrustDomain) (*Bootstrap, error) {
+	if err := s.KeySettings.Check(); err != nil {
+		return nil, err
+	}
 	id, err := GatewayID(td, s.GatewayID)
 	if err != nil {
 		return nil, err
 	}
-	return New(s.Key, s.GatewayURL, id)
+	return New(s.Key, s.GatewayURL, id, s.OldKeys...)
 }
 
 // Check reports what New(td) would fail on; with a trust domain that did
 // not parse (zero), only what does not depend on it.
 func (s Settings) Check(td spiffeid.TrustDomain) error {
-	if td.IsZero() {
-		return errors.Join(s.Key.AtLeast("GDR_BOOTSTRAP_KEY", MinKeyLength), checkGatewayURL(s.GatewayURL))
+	keys := s.KeySettings.Check()
+	if td.IsZero() || keys != nil {
+		return errors.Join(keys, checkGatewayURL(s.GatewayURL))
 	}
 	_, err := s.New(td)
 	return err
@@ -245,4 +272,26 @@ func GatewayID(td spiffeid.TrustDomain, configured string) (spiffeid.ID, error) 
 		return spiffeid.ID{}, fmt.Errorf("GDR_GATEWAY_SPIFFE_ID %q is outside trust domain %q", configured, td.Name())
 	}
 	return id, nil
+}
+
+// KeySettings are the capability keys, embedded in Settings and in the
+// configuration of the gateway, which verifies capabilities only.
+type KeySettings struct {
+	Key     secretkey.Key  `envconfig:"GDR_BOOTSTRAP_KEY" required:"true" desc:"base64 key (at least 32 bytes) that signs executor capabilities; handle, recover and gateway need the same one"`
+	OldKeys secretkey.Keys `envconfig:"GDR_BOOTSTRAP_OLD_KEYS" desc:"comma-separated base64 keys (at least 32 bytes each) an executor's capability is also verified with when GDR_BOOTSTRAP_KEY does not verify it (the gateway verifies): a rotation's other key (docs/OPERATIONS.md, \"Rotating secrets\"); capabilities are signed with GDR_BOOTSTRAP_KEY alone; set wherever GDR_BOOTSTRAP_KEY is"`
+}
+
+// Check reports a key, current or old, shorter than MinKeyLength, naming the
+// variable (and an old key's position), never a key.
+func (s KeySettings) Check() error {
+	return errors.Join(s.Key.AtLeast("GDR_BOOTSTRAP_KEY", MinKeyLength), s.OldKeys.AtLeast("GDR_BOOTSTRAP_OLD_KEYS", MinKeyLength))
+}
+
+// Verifier returns the verifier of s (the gateway's); its errors name the
+// variable at fault.
+func (s KeySettings) Verifier() (*Bootstrap, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return NewVerifier(s.Key, s.OldKeys...)
 }

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"maps"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/secretkey"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskassignment"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/taskidentity"
 )
@@ -191,5 +193,125 @@ func TestGatewayMustBeHTTPSAndNamed(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "GDR_GATEWAY_SPIFFE_ID") {
 			t.Errorf("GatewayID(%q) error %v does not name the variable", tc.configured, err)
 		}
+	}
+}
+
+// key returns a capability key whose bytes all equal fill.
+func key(fill byte) secretkey.Key { return secretkey.Key(bytes.Repeat([]byte{fill}, MinKeyLength)) }
+
+// TestOldKeys: a bootstrap key rotation. A capability issued under a key verifies at a
+// verifier whose current key or listed old key it is, and at no other; an issuer always signs
+// with its current key. Both the verifier of the add phase (the new key listed as old, before
+// handle and recover sign with it) and of the swap phase (the old key listed) accept every
+// running executor's capability.
+func TestOldKeys(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	a := assignment(t, 42)
+	for _, tc := range []struct {
+		name    string
+		signed  byte   // the issuer's GDR_BOOTSTRAP_KEY
+		current byte   // the verifier's GDR_BOOTSTRAP_KEY
+		old     []byte // the verifier's GDR_BOOTSTRAP_OLD_KEYS
+		ok      bool
+	}{
+		{"the current key", 1, 1, nil, true},
+		{"the current key, old keys listed", 1, 1, []byte{2, 3}, true},
+		{"the old key listed (swap)", 1, 2, []byte{1}, true},
+		{"the old key listed second", 1, 2, []byte{3, 1}, true},
+		{"the new key listed before the issuers sign with it (add)", 2, 1, []byte{2}, true},
+		{"no old key", 1, 2, nil, false},
+		{"the old key not listed (drop)", 1, 2, []byte{3}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			issuer, err := Settings{KeySettings: KeySettings{Key: key(tc.signed)}, GatewayURL: "https://gateway.example.org"}.New(td)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, err := issuer.Environment(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ks := KeySettings{Key: key(tc.current)}
+			for _, b := range tc.old {
+				ks.OldKeys = append(ks.OldKeys, key(b))
+			}
+			v, err := ks.Verifier()
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = v.Verify(a.ID, a.Task.ID, a.Identity.SPIFFEID, env[EnvCapability])
+			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadCapability)) {
+				t.Fatalf("Verify() = %v, want ok=%v", err, tc.ok)
+			}
+			// Another assignment's capability stays refused whatever the keys.
+			if err := v.Verify("linux-43", a.Task.ID, a.Identity.SPIFFEID, env[EnvCapability]); !errors.Is(err, ErrBadCapability) {
+				t.Fatalf("Verify() of another assignment = %v", err)
+			}
+		})
+	}
+
+	// Issuing always uses the current key: an issuer with old keys signs what the current key
+	// alone verifies, and an old key alone does not.
+	both, err := Settings{KeySettings: KeySettings{Key: key(2), OldKeys: secretkey.Keys{key(1)}}, GatewayURL: "https://gateway.example.org"}.New(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := both.Environment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for fill, ok := range map[byte]bool{2: true, 1: false} {
+		v, err := NewVerifier(key(fill))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Verify(a.ID, a.Task.ID, a.Identity.SPIFFEID, env[EnvCapability]); (err == nil) != ok {
+			t.Errorf("the capability of an issuer with current key 2 and old key 1, verified with key %d alone: %v", fill, err)
+		}
+	}
+}
+
+// TestKeySettingsCheck: GDR_BOOTSTRAP_OLD_KEYS is checked key by key, by Settings (handle,
+// recover) and KeySettings (the gateway) alike; errors name the variable and the key's
+// position, never a key.
+func TestKeySettingsCheck(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	short := secretkey.Key(bytes.Repeat([]byte{7}, MinKeyLength-1))
+	for _, tc := range []struct {
+		name    string
+		ks      KeySettings
+		wantErr string
+	}{
+		{"current only", KeySettings{Key: key(1)}, ""},
+		{"old keys", KeySettings{Key: key(1), OldKeys: secretkey.Keys{key(2), append(key(3), 0)}}, ""},
+		{"short current", KeySettings{Key: short}, "GDR_BOOTSTRAP_KEY: key has 31 bytes"},
+		{"a short old key", KeySettings{Key: key(1), OldKeys: secretkey.Keys{key(2), short}}, "GDR_BOOTSTRAP_OLD_KEYS: key 2 has 31 bytes, need at least 32"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Settings{KeySettings: tc.ks, GatewayURL: "https://gateway.example.org"}
+			for what, check := range map[string]func() error{
+				"KeySettings.Check":      tc.ks.Check,
+				"KeySettings.Verifier":   func() error { _, err := tc.ks.Verifier(); return err },
+				"Settings.Check":         func() error { return s.Check(td) },
+				"Settings.Check (no td)": func() error { return s.Check(spiffeid.TrustDomain{}) },
+				"Settings.New":           func() error { _, err := s.New(td); return err },
+			} {
+				err := check()
+				if tc.wantErr == "" {
+					if err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+					continue
+				}
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("%s = %v, want it to say %q", what, err, tc.wantErr)
+				}
+				for _, k := range append(tc.ks.OldKeys, tc.ks.Key) {
+					if strings.Contains(err.Error(), base64.StdEncoding.EncodeToString(k)) || strings.Contains(err.Error(), string(k)) {
+						t.Fatalf("%s: the error shows a key: %v", what, err)
+					}
+				}
+			}
+		})
 	}
 }

@@ -56,7 +56,7 @@ func Write(dir string, random io.Reader) ([]string, error) {
 	for _, name := range Files {
 		p := filepath.Join(dir, name)
 		if _, err := os.Lstat(p); err == nil {
-			return nil, fmt.Errorf("%s: %w (remove it to replace it: a new payload key makes stored payloads unreadable, a new signing key needs the rotation of deploy/README.md)", p, ErrExists)
+			return nil, fmt.Errorf("%s: %w (a key in use is not replaced by hand: it rotates as docs/OPERATIONS.md, \"Rotating secrets\", says)", p, ErrExists)
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}

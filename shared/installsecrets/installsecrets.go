@@ -5,7 +5,7 @@
 // Invariants a caller relies on:
 //   - a key that exists is never replaced: a new payload key would make the stored payloads
 //     unreadable, a new signing key would make handle refuse what is queued, a new CA would
-//     fail every running executor's SVID; rotation is deploy/README's procedure, not this;
+//     fail every running executor's SVID; rotation is docs/OPERATIONS.md's procedure, not this;
 //   - what is missing is made from crypto randomness, and no key material reaches an error,
 //     a log or the Report;
 //   - objects it creates carry Options.Owner, so that they go with the release (uninstall

@@ -2,7 +2,8 @@
 //
 // A Key never prints: every fmt verb, slog and JSON render it as a fixed
 // placeholder, so a configuration struct that holds one can be logged whole
-// without leaking it.
+// without leaking it. Keys, a rotation's list of old keys, never prints
+// either.
 package secretkey
 
 import (
@@ -52,3 +53,59 @@ func (k Key) LogValue() slog.Value { return slog.StringValue(redacted) }
 
 // MarshalText keeps the key out of JSON and other text encodings.
 func (k Key) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// Keys is a list of keys read from configuration: a rotation's old keys, which a
+// value may still be sealed or signed with. Like a Key it never prints.
+type Keys []Key
+
+// Decode reads a comma-separated list, each entry as Key.Decode reads one; empty
+// entries are skipped. It implements envconfig.Decoder. An error names the
+// entry's position among the keys listed (1 is the first), never a value.
+func (ks *Keys) Decode(value string) error {
+	var out Keys
+	for _, field := range strings.Split(value, ",") {
+		if strings.TrimSpace(field) == "" {
+			continue
+		}
+		var k Key
+		if err := k.Decode(field); err != nil {
+			return fmt.Errorf("key %d is not valid base64", len(out)+1)
+		}
+		out = append(out, k)
+	}
+	*ks = out
+	return nil
+}
+
+// AtLeast returns an error naming what (a configuration variable) and the
+// position (1 is the first) of each key shorter than n bytes.
+func (ks Keys) AtLeast(what string, n int) error {
+	var errs []error
+	for i, k := range ks {
+		if len(k) < n {
+			errs = append(errs, fmt.Errorf("%s: key %d has %d bytes, need at least %d", what, i+1, len(k), n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Exactly returns an error naming what (a configuration variable) and the
+// position (1 is the first) of each key that is not exactly n bytes.
+func (ks Keys) Exactly(what string, n int) error {
+	var errs []error
+	for i, k := range ks {
+		if len(k) != n {
+			errs = append(errs, fmt.Errorf("%s: key %d has %d bytes, need exactly %d", what, i+1, len(k), n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Format prints a placeholder for every verb.
+func (ks Keys) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(redacted)) }
+
+// LogValue keeps the keys out of structured logs.
+func (ks Keys) LogValue() slog.Value { return slog.StringValue(redacted) }
+
+// MarshalText keeps the keys out of JSON and other text encodings.
+func (ks Keys) MarshalText() ([]byte, error) { return []byte(redacted), nil }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -57,6 +58,18 @@ func Sign(secret, body []byte) string {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write(body)
 	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// verify checks signature against Secret, then each of OldSecrets.
+func (rc Receiver) verify(body []byte, signature string) error {
+	err := Verify(rc.Secret, body, signature)
+	for _, old := range rc.OldSecrets {
+		if err == nil {
+			break
+		}
+		err = Verify(old, body, signature)
+	}
+	return err
 }
 
 // Job is what dispatch uses of a workflow_job delivery. The times are
@@ -168,8 +181,13 @@ const MaxDelivery = 1 << 20
 // seen for the first time; its Observer hears of every job delivery seen
 // for the first time.
 type Receiver struct {
-	Secret []byte
-	Dedup  *Dedup
+	// Secret, when set, is the secret a delivery must be signed with, or
+	// one of OldSecrets: Gitea signs with the one secret its webhook has,
+	// and during a rotation that is the old or the new one. Unset, nothing
+	// is checked, OldSecrets neither.
+	Secret     []byte
+	OldSecrets [][]byte
+	Dedup      *Dedup
 	// Observer, if set, hears of every job delivery seen for the first
 	// time, whatever its action (metrics).
 	Observer Observer
@@ -200,7 +218,7 @@ func (rc Receiver) Receive(w http.ResponseWriter, r *http.Request) (job Job, ok 
 		return Job{}, false
 	}
 	if len(rc.Secret) > 0 {
-		if err := Verify(rc.Secret, body, r.Header.Get(HeaderSignature)); err != nil {
+		if err := rc.verify(body, r.Header.Get(HeaderSignature)); err != nil {
 			if rc.Log != nil {
 				rc.Log.Warn("webhook delivery refused", slog.String("reason", err.Error()), slog.String("remote", r.RemoteAddr))
 			}
@@ -228,4 +246,29 @@ func (rc Receiver) Receive(w http.ResponseWriter, r *http.Request) (job Job, ok 
 		return Job{}, false
 	}
 	return job, true
+}
+
+// ParseSecrets returns the secrets of a comma-separated list
+// (GDR_WEBHOOK_OLD_SECRETS): each entry trimmed of white space, empty entries
+// skipped. A secret holding a comma or starting or ending with a space cannot
+// be listed.
+func ParseSecrets(list string) [][]byte {
+	var secrets [][]byte
+	for _, field := range strings.Split(list, ",") {
+		if field = strings.TrimSpace(field); field != "" {
+			secrets = append(secrets, []byte(field))
+		}
+	}
+	return secrets
+}
+
+// CheckOldSecrets reports old secrets listed (GDR_WEBHOOK_OLD_SECRETS) while
+// the current one (GDR_WEBHOOK_SECRET) is empty: deliveries would then not be
+// checked at all, whatever the list says. It names the variables, never a
+// secret.
+func CheckOldSecrets(current, old string) error {
+	if current == "" && len(ParseSecrets(old)) > 0 {
+		return errors.New("GDR_WEBHOOK_OLD_SECRETS is set but GDR_WEBHOOK_SECRET is empty: deliveries would not be checked at all; set the current secret too")
+	}
+	return nil
 }

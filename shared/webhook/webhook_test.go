@@ -192,3 +192,70 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.n += n
 	return n, err
 }
+
+// TestReceiveOldSecrets: a webhook secret rotation. Gitea signs each delivery with the one
+// secret its webhook has; a Receiver takes a delivery signed with its Secret or any of its
+// OldSecrets, so that deliveries signed before and after the webhook's secret changes are both
+// taken, and refuses any other signature.
+func TestReceiveOldSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		secret   string
+		old      [][]byte
+		signedBy string // "": unsigned
+		ok       bool
+	}{
+		{"the current secret", "new", nil, "new", true},
+		{"the current secret, old ones listed", "new", [][]byte{[]byte("old")}, "new", true},
+		{"an old secret listed (Gitea not changed yet)", "new", [][]byte{[]byte("old")}, "old", true},
+		{"an old secret listed second", "new", [][]byte{[]byte("older"), []byte("old")}, "old", true},
+		{"the new secret listed before dispatch uses it", "old", [][]byte{[]byte("new")}, "new", true},
+		{"no old secret", "new", nil, "old", false},
+		{"another old secret listed", "new", [][]byte{[]byte("older")}, "old", false},
+		{"unsigned", "new", [][]byte{[]byte("old")}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := Receiver{Secret: []byte(tc.secret), OldSecrets: tc.old, Dedup: &Dedup{Size: 8}}
+			req := httptest.NewRequest(http.MethodPost, "/webhook", strings.NewReader(delivery))
+			req.Header.Set(HeaderEvent, EventWorkflowJob)
+			if tc.signedBy != "" {
+				req.Header.Set(HeaderSignature, Sign([]byte(tc.signedBy), []byte(delivery)))
+			}
+			w := httptest.NewRecorder()
+			job, ok := rc.Receive(w, req)
+			if ok != tc.ok || (ok && job.JobID != 17) || (!ok && w.Code != http.StatusUnauthorized) {
+				t.Fatalf("Receive = %+v, %v (status %d); want ok=%v", job, ok, w.Code, tc.ok)
+			}
+		})
+	}
+}
+
+// TestSecretsSettings: GDR_WEBHOOK_OLD_SECRETS is a comma-separated list, entries trimmed and
+// empty ones skipped; listing old secrets without a current one (deliveries then go unchecked)
+// is an error naming both variables and no secret.
+func TestSecretsSettings(t *testing.T) {
+	if got := ParseSecrets(" old-1 ,,\nold-2,"); len(got) != 2 || string(got[0]) != "old-1" || string(got[1]) != "old-2" {
+		t.Fatalf("ParseSecrets = %q", got)
+	}
+	if got := ParseSecrets(" , "); len(got) != 0 {
+		t.Fatalf("ParseSecrets of blanks = %q", got)
+	}
+	for _, tc := range []struct {
+		current, old string
+		wantErr      bool
+	}{
+		{"", "", false},
+		{"s3cret-now", "", false},
+		{"s3cret-now", "s3cret-then", false},
+		{"", " , ", false},
+		{"", "s3cret-then", true},
+	} {
+		err := CheckOldSecrets(tc.current, tc.old)
+		if (err != nil) != tc.wantErr {
+			t.Fatalf("CheckOldSecrets(%q, %q) = %v, want an error: %v", tc.current, tc.old, err, tc.wantErr)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "GDR_WEBHOOK_OLD_SECRETS") || !strings.Contains(err.Error(), "GDR_WEBHOOK_SECRET") || strings.Contains(err.Error(), "s3cret")) {
+			t.Fatalf("CheckOldSecrets: %v", err)
+		}
+	}
+}
