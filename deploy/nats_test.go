@@ -61,6 +61,8 @@ type authorizedNATS struct {
 	// replaces it).
 	dir    string
 	server **server.Server
+	// owner is the test that started it, whose end stops whatever server restart started.
+	owner testing.TB
 	// seeds are the seed files per user, written as `nk -gen user -pubout` writes them (the
 	// seed, then the public key): the content of a gdr-nats-<function> Secret.
 	seeds map[string]string
@@ -99,8 +101,8 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 		}
 		srv.seeds[u] = file
 	}
-	s := startNATSServer(t, dir, conf, extra, -1)
-	srv.url, srv.dir, srv.server = s.ClientURL(), dir, &s
+	s := startNATSServer(t, t, dir, conf, extra, -1)
+	srv.url, srv.dir, srv.server, srv.owner = s.ClientURL(), dir, &s, t
 	return srv
 }
 
@@ -132,7 +134,8 @@ func (s authorizedNATS) restart(t testing.TB, authorization string, wipe bool) {
 			t.Fatal(err)
 		}
 	}
-	*s.server = startNATSServer(t, s.dir, "", "", port)
+	// Stopped at the end of the test that started the first, not of the (sub)test restarting it.
+	*s.server = startNATSServer(t, s.owner, s.dir, "", "", port)
 }
 
 // runAuthorizedNATS runs nats-server (embedded, 127.0.0.1, JetStream in dir) with conf as its
@@ -140,12 +143,13 @@ func (s authorizedNATS) restart(t testing.TB, authorization string, wipe bool) {
 // from the environment (NKEY_<USER>), as the shipped file reads them. It returns the client URL.
 func runAuthorizedNATS(t testing.TB, dir, conf, extra string) string {
 	t.Helper()
-	return startNATSServer(t, dir, conf, extra, -1).ClientURL()
+	return startNATSServer(t, t, dir, conf, extra, -1).ClientURL()
 }
 
-// startNATSServer is runAuthorizedNATS on port (-1: any free one), returning the server; with
-// conf and extra empty it starts from the configuration files already in dir.
-func startNATSServer(t testing.TB, dir, conf, extra string, port int) *server.Server {
+// startNATSServer is runAuthorizedNATS on port (-1: any free one), returning the server, which
+// stops when owner ends; with conf and extra empty it starts from the configuration files already
+// in dir.
+func startNATSServer(t, owner testing.TB, dir, conf, extra string, port int) *server.Server {
 	t.Helper()
 	if conf != "" || extra != "" {
 		if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
@@ -165,7 +169,7 @@ func startNATSServer(t testing.TB, dir, conf, extra string, port int) *server.Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	owner.Cleanup(func() {
 		s.Shutdown()
 		s.WaitForShutdown()
 	})
