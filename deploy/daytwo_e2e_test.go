@@ -22,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/natsconn"
@@ -74,23 +76,8 @@ const dispatchSelector = "app.kubernetes.io/name=dispatch,app.kubernetes.io/comp
 // dispatch runs; the running job ends success; the resume block lets dispatch claim and run the
 // queued one.
 func (in *installation) pauseResume(ctx context.Context, t *testing.T, sh *readmeShell) {
-	running := in.g.CreateRepo(t, "paused-running")
-	in.g.PushWorkflow(t, running, ".gitea/workflows/ci.yml", `on: push
-jobs:
-  long:
-    runs-on: ubuntu-latest
-    steps:
-      - run: sleep 40; echo "ran through the pause"
-`)
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		if slices.ContainsFunc(in.g.Jobs(t, running), stepRunning) {
-			break
-		}
-		if time.Now().After(deadline) {
-			in.dump(ctx, t)
-			t.Fatal("the long job's step did not start within 3m")
-		}
-	}
+	running := in.pushJob(t, "paused-long", `sleep 40; echo "ran through the pause"`)
+	in.waitStepRunning(ctx, t, running)
 
 	pausedAt := time.Now().Add(-time.Second) // creation times are whole seconds
 	sh.run(ctx, t, opsBlock(t, "pause", "all"), "")
@@ -104,14 +91,7 @@ jobs:
 	// Nothing started before the pause may claim the next job.
 	in.waitDispatchSince(ctx, t, pausedAt, false)
 
-	queued := in.g.CreateRepo(t, "paused-queued")
-	in.g.PushWorkflow(t, queued, ".gitea/workflows/ci.yml", `on: push
-jobs:
-  later:
-    runs-on: ubuntu-latest
-    steps:
-      - run: echo "claimed after the resume"
-`)
+	queued := in.pushJob(t, "paused-later", `echo "claimed after the resume"`)
 	pod := in.waitDispatchSince(ctx, t, pausedAt, true)
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
 		if slices.ContainsFunc(strings.Split(in.podLog(ctx, t, installNamespace, pod), "\n"), func(l string) bool {
@@ -134,7 +114,7 @@ jobs:
 		}
 	}
 
-	j := in.waitCompleted(ctx, t, running, "long", 3*time.Minute)
+	j := in.waitCompleted(ctx, t, running, "paused-long", 3*time.Minute)
 	if j.Conclusion != "success" {
 		t.Fatalf("the job running across the pause: %s, want success; log:\n%s", j.Conclusion, in.g.JobLogs(t, running, j.ID))
 	}
@@ -143,7 +123,7 @@ jobs:
 	}
 
 	sh.run(ctx, t, opsBlock(t, "resume", "all"), "")
-	j = in.waitCompleted(ctx, t, queued, "later", 4*time.Minute)
+	j = in.waitCompleted(ctx, t, queued, "paused-later", 4*time.Minute)
 	if j.Conclusion != "success" {
 		t.Fatalf("the job queued while paused: %s after the resume, want success; log:\n%s", j.Conclusion, in.g.JobLogs(t, queued, j.ID))
 	}
@@ -233,23 +213,8 @@ func (in *installation) natsLoss(ctx context.Context, t *testing.T, sh *readmeSh
 		t.Fatal(err)
 	}
 
-	running := in.g.CreateRepo(t, "lost-running")
-	in.g.PushWorkflow(t, running, ".gitea/workflows/ci.yml", `on: push
-jobs:
-  long:
-    runs-on: ubuntu-latest
-    steps:
-      - run: sleep 100; echo "outlived the store"
-`)
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		if slices.ContainsFunc(in.g.Jobs(t, running), stepRunning) {
-			break
-		}
-		if time.Now().After(deadline) {
-			in.dump(ctx, t)
-			t.Fatal("the long job's step did not start within 3m")
-		}
-	}
+	running := in.pushJob(t, "lost-long", `sleep 100; echo "outlived the store"`)
+	in.waitStepRunning(ctx, t, running)
 	executor := in.executorPod(ctx, t, running)
 
 	in.nats.wipe(t)
@@ -268,21 +233,14 @@ jobs:
 	if jsz.Streams != 0 || jsz.Consumers != 0 {
 		t.Fatalf("nats-server holds %d streams and %d consumers after its store was wiped, want none", jsz.Streams, jsz.Consumers)
 	}
-	queued := in.g.CreateRepo(t, "lost-queued")
-	in.g.PushWorkflow(t, queued, ".gitea/workflows/ci.yml", `on: push
-jobs:
-  after:
-    runs-on: ubuntu-latest
-    steps:
-      - run: echo "claimed after the loss"
-`)
+	queued := in.pushJob(t, "lost-after", `echo "claimed after the loss"`)
 
 	sh.run(ctx, t, opsBlock(t, "nats-lost", "converge"), "")
-	j := in.waitCompleted(ctx, t, queued, "after", 4*time.Minute)
+	j := in.waitCompleted(ctx, t, queued, "lost-after", 4*time.Minute)
 	if log := in.g.JobLogs(t, queued, j.ID); j.Conclusion != "success" || !strings.Contains(log, "claimed after the loss") {
 		t.Fatalf("the job pushed after the loss: %s, want success with its step's output; log:\n%s", j.Conclusion, log)
 	}
-	j = in.waitCompleted(ctx, t, running, "long", 4*time.Minute)
+	j = in.waitCompleted(ctx, t, running, "lost-long", 4*time.Minute)
 	if log := in.g.JobLogs(t, running, j.ID); j.Conclusion != "success" || !strings.Contains(log, "outlived the store") {
 		t.Fatalf("the job running across the loss: %s, want success with its step's output; log:\n%s", j.Conclusion, log)
 	}
@@ -353,7 +311,7 @@ var rotatedKeys = []struct{ key, old string }{
 // the old webhook secret (401) and takes one signed with the new, and a third job succeeds.
 func (in *installation) rotateKeys(ctx context.Context, t *testing.T, sh *readmeShell) {
 	before := in.secretData(ctx, t, "gdr-secrets")
-	across := in.pushJob(t, "rotate-across", `sleep 45; echo "ran across the rotation"`)
+	across := in.pushJob(t, "rotate-across", `sleep 90; echo "ran across the rotation"`)
 	in.waitStepRunning(ctx, t, across)
 	for _, k := range rotatedKeys {
 		sh.run(ctx, t, opsBlock(t, "rotate", k.key+" add"), "")
@@ -366,6 +324,7 @@ func (in *installation) rotateKeys(ctx context.Context, t *testing.T, sh *readme
 	for _, k := range rotatedKeys {
 		sh.run(ctx, t, opsBlock(t, "rotate", k.key+" swap"), "")
 	}
+	in.stillRunning(t, across, "the swaps")
 	swapped := in.secretData(ctx, t, "gdr-secrets")
 	for _, k := range rotatedKeys {
 		made, err := os.ReadFile(filepath.Join(sh.dir, "gdr-keys", "rotate", k.key+".new"))
@@ -486,17 +445,40 @@ func (in *installation) rotateNATS(ctx context.Context, t *testing.T, sh *readme
 	}
 	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials add"), "")
 	reload()
-	across := in.pushJob(t, "nats-across", `sleep 30; echo "ran across the new keys"`)
+	across := in.pushJob(t, "nats-across", `sleep 60; echo "ran across the new keys"`)
 	in.waitStepRunning(ctx, t, across)
 	oldSeed := in.nats.seeds["DISPATCH"]
 	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials swap"), "")
+	in.stillRunning(t, across, "the swap")
 	in.succeeded(ctx, t, across, "nats-across", "ran across the new keys")
 	sh.run(ctx, t, opsBlock(t, "rotate", "nats-credentials drop"), "")
 	reload()
-	if nc, _, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: in.nats.url, NKey: oldSeed}, "dispatch"); err == nil {
-		nc.Close()
-		t.Fatal("nats-server still takes dispatch's old key after the drop")
+	for _, c := range []struct {
+		seed string
+		ok   bool
+	}{{filepath.Join(keys, "nats-dispatch.nk"), true}, {oldSeed, false}} {
+		nc, _, err := natsconn.Connect(ctx, natsconn.ConnSettings{URL: in.nats.url, NKey: c.seed}, "dispatch")
+		if err == nil {
+			nc.Close()
+		}
+		if c.ok && err != nil {
+			t.Fatalf("dispatch's new key after the drop: %v", err)
+		}
+		if !c.ok && !errors.Is(err, nats.ErrAuthorization) {
+			t.Fatalf("dispatch's old key after the drop: %v, want an authorization violation", err)
+		}
 	}
 	after := in.pushJob(t, "nats-after", `echo "ran on the new keys alone"`)
 	in.succeeded(ctx, t, after, "nats-after", "ran on the new keys alone")
+}
+
+// stillRunning fails t unless repo's job is still in progress after what (the job must run
+// across it to prove anything).
+func (in *installation) stillRunning(t *testing.T, repo, what string) {
+	t.Helper()
+	for _, j := range in.g.Jobs(t, repo) {
+		if j.Status != "in_progress" {
+			t.Fatalf("job %s %s after %s, want still in progress (lengthen its step)", j.Name, j.Status, what)
+		}
+	}
 }

@@ -45,10 +45,10 @@ var rotationNames = []string{
 // dispatch register, nk) and sed only where the rotation needs them.
 var (
 	opsCommands = []string{"kubectl", "base64", "head", "tail", "cat", "cp", "mv", "rm", "mkdir", "printf", "echo",
-		"tr", "sort", "comm", "sleep", "umask", "date", "[", ":", "exit", "break", "running"}
+		"tr", "sort", "comm", "sleep", "umask", "trap", "date", "[", ":", "exit", "break", "running"}
 	opsExtra = map[string][]string{
 		"rotate runner-credentials register": {"go"},
-		"rotate nats-credentials add":        {"go", "sed"},
+		"rotate nats-credentials add":        {"go", "sed", "grep"},
 	}
 )
 

@@ -246,7 +246,7 @@ func (s *State) kubectl(args []string) error {
 			}
 		}
 		return nil
-	case "wait --for=condition=Active=False", "wait --for=condition=complete":
+	case "wait --for=condition=Active=False", "wait --for=condition=Ready=True", "wait --for=condition=complete":
 		return nil
 	case "create job":
 		if flags["--from"] != "cronjob/keys-renew" {
