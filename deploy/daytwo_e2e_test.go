@@ -482,3 +482,48 @@ func (in *installation) stillRunning(t *testing.T, repo, what string) {
 		}
 	}
 }
+
+// rotateCA rotates the built-in CA (the chart's identity ca) with OPERATIONS' two blocks in the
+// Helm section's shell, a job running across: after the swap gdr-identity-ca holds another CA and
+// the bundle both roots (asserted: the rotation happened) while the job still runs; a job pushed
+// then (its SVID of the new CA) succeeds, and so does the first (its SVID of the old one); after
+// the drop the bundle holds the new root alone, the gateway's certificate was renewed, and a
+// third job succeeds.
+func (in *installation) rotateCA(ctx context.Context, t *testing.T) {
+	pems := func() (ca, bundle, gateway string) {
+		s, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, "gdr-identity-ca", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm, err := in.cs.CoreV1().ConfigMaps(installNamespace).Get(ctx, "gdr-identity-bundle", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw, err := in.cs.CoreV1().Secrets(installNamespace).Get(ctx, "gdr-gateway-svid", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(s.Data["ca.pem"]), cm.Data["bundle.pem"], string(gw.Data["tls.crt"]) + string(gw.Data["svid.pem"])
+	}
+	oldCA, _, oldGateway := pems()
+	across := in.pushJob(t, "ca-across", `sleep 90; echo "ran across the CA rotation"`)
+	in.waitStepRunning(ctx, t, across)
+	in.helm.run(ctx, t, opsBlock(t, "rotate", "ca swap"), "")
+	newCA, bundle, _ := pems()
+	if newCA == oldCA || !strings.Contains(bundle, strings.TrimSpace(oldCA)) || !strings.Contains(bundle, strings.TrimSpace(newCA)) {
+		t.Fatalf("after the swap: a new CA %v, the bundle holding the old root %v and the new %v", newCA != oldCA,
+			strings.Contains(bundle, strings.TrimSpace(oldCA)), strings.Contains(bundle, strings.TrimSpace(newCA)))
+	}
+	in.stillRunning(t, across, "the CA swap")
+	after := in.pushJob(t, "ca-after", `echo "ran on the new CA"`)
+	in.succeeded(ctx, t, after, "ca-after", "ran on the new CA")
+	in.succeeded(ctx, t, across, "ca-across", "ran across the CA rotation")
+	in.helm.run(ctx, t, opsBlock(t, "rotate", "ca drop"), "")
+	_, bundle, gateway := pems()
+	if strings.Contains(bundle, strings.TrimSpace(oldCA)) || !strings.Contains(bundle, strings.TrimSpace(newCA)) || gateway == oldGateway {
+		t.Fatalf("after the drop: the old root still trusted %v, the new one %v, the gateway's certificate renewed %v",
+			strings.Contains(bundle, strings.TrimSpace(oldCA)), strings.Contains(bundle, strings.TrimSpace(newCA)), gateway != oldGateway)
+	}
+	last := in.pushJob(t, "ca-last", `echo "ran after the drop"`)
+	in.succeeded(ctx, t, last, "ca-last", "ran after the drop")
+}

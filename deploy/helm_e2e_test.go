@@ -263,6 +263,7 @@ func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
 		{"Jobs", func(t *testing.T) { in.jobs(ctx, t) }},
 		{"HelmTest", func(t *testing.T) { in.helmBlock(ctx, t, "check", "") }},
 		{"Upgrade", func(t *testing.T) { in.upgradeAcrossAJob(ctx, t, second, made) }},
+		{"RotateCA", func(t *testing.T) { in.rotateCA(ctx, t) }},
 		{"NothingLeft", func(t *testing.T) { in.nothingLeft(ctx, t) }},
 		{"Uninstall", func(t *testing.T) {
 			// What the operator (and this test, as one) made before the install stays.

@@ -203,18 +203,7 @@ func TestReadmeBlocks(t *testing.T) {
 			t.Errorf("%s %s: %v", where, b.name, err)
 			continue
 		}
-		own, uses := map[string]bool{}, map[string]bool{}
-		syntax.Walk(f, func(n syntax.Node) bool {
-			switch n := n.(type) {
-			case *syntax.Assign:
-				own[n.Name.Value] = true
-			case *syntax.WordIter:
-				own[n.Name.Value] = true
-			case *syntax.ParamExp:
-				uses[n.Param.Value] = true
-			}
-			return true
-		})
+		own, uses, _ := shellNames(f)
 		for name := range uses {
 			usedVars[name] = true
 			if !own[name] && !slices.Contains(documented, name) {
@@ -431,4 +420,27 @@ func TestExampleValues(t *testing.T) {
 			t.Errorf("%q: flagged %v, want %v", tc.line, got, tc.bad)
 		}
 	}
+}
+
+// shellNames walks a parsed block: the variables it sets (assignments, for loops), those it
+// expands, and the commands it calls (each call's first word, where it is a literal; "" where
+// it is not).
+func shellNames(f *syntax.File) (own, uses map[string]bool, calls []string) {
+	own, uses = map[string]bool{}, map[string]bool{}
+	syntax.Walk(f, func(n syntax.Node) bool {
+		switch n := n.(type) {
+		case *syntax.CallExpr:
+			if len(n.Args) > 0 {
+				calls = append(calls, n.Args[0].Lit())
+			}
+		case *syntax.Assign:
+			own[n.Name.Value] = true
+		case *syntax.WordIter:
+			own[n.Name.Value] = true
+		case *syntax.ParamExp:
+			uses[n.Param.Value] = true
+		}
+		return true
+	})
+	return own, uses, calls
 }

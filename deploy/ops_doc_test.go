@@ -30,13 +30,12 @@ var opsNames = map[string][]string{
 		"nats-credentials add", "nats-credentials swap", "nats-credentials drop"},
 }
 
-// opsNotOnCluster are the marked blocks no cluster test runs, and why; TestOpsRotationBlocks
-// runs them against a fake kubectl only.
+// opsNotOnCluster are the marked blocks TestE2EClusterDayTwo does not run, and why (who does).
 var opsNotOnCluster = map[string]string{
-	"rotate runner-credentials swap-helm": "the chart's keys Job registering the pools: the DayTwo cluster is the kustomize install",
-	"rotate nats-credentials reload":      "restarts the NATS chart's StatefulSet; the test cluster's NATS is a process on the machine, restarted with the same two files",
-	"rotate ca swap":                      "the chart's identity ca: the DayTwo cluster runs SPIRE",
-	"rotate ca drop":                      "the chart's identity ca: the DayTwo cluster runs SPIRE",
+	"rotate runner-credentials swap-helm": "the chart's keys Job registering the pools: the DayTwo cluster is the kustomize install; TestOpsRotationBlocks runs it against a fake kubectl",
+	"rotate nats-credentials reload":      "restarts the NATS chart's StatefulSet; the test cluster's NATS is a process on the machine, which DayTwo restarts with the same two files",
+	"rotate ca swap":                      "the chart's identity ca: TestE2EClusterHelmBuiltinIdentity/RotateCA runs it",
+	"rotate ca drop":                      "the chart's identity ca: TestE2EClusterHelmBuiltinIdentity/RotateCA runs it",
 }
 
 // TestOperationsBlocks checks docs/OPERATIONS.md's marked blocks as the commands

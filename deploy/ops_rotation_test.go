@@ -100,24 +100,12 @@ func TestOpsBlocks(t *testing.T) {
 			continue
 		}
 		allowed := append(slices.Clone(opsCommands), opsExtra[b.name]...)
-		own, uses := map[string]bool{}, map[string]bool{}
-		syntax.Walk(f, func(n syntax.Node) bool {
-			switch n := n.(type) {
-			case *syntax.CallExpr:
-				if len(n.Args) > 0 {
-					if cmd := n.Args[0].Lit(); !slices.Contains(allowed, cmd) {
-						t.Errorf("%s %s: runs %q, not one of %q", where, b.name, cmd, allowed)
-					}
-				}
-			case *syntax.Assign:
-				own[n.Name.Value] = true
-			case *syntax.WordIter:
-				own[n.Name.Value] = true
-			case *syntax.ParamExp:
-				uses[n.Param.Value] = true
+		own, uses, calls := shellNames(f)
+		for _, cmd := range calls {
+			if !slices.Contains(allowed, cmd) {
+				t.Errorf("%s %s: runs %q, not one of %q", where, b.name, cmd, allowed)
 			}
-			return true
-		})
+		}
 		for v := range uses {
 			if !own[v] && v != "GITEA" {
 				t.Errorf("%s %s: uses $%s, which it does not set", where, b.name, v)
