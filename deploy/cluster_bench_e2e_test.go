@@ -326,8 +326,16 @@ func pushWithTwins(tb testing.TB, in *installation, repo, label string, names ..
 // when each was first seen so.
 func (in *installation) waitRunning(ctx context.Context, tb testing.TB, repo string, pushed time.Time, names ...string) map[string]time.Time {
 	tb.Helper()
+	return in.waitRunningWithin(ctx, tb, repo, pushed, 3*time.Minute, 100*time.Millisecond, names...)
+}
+
+// waitRunningWithin is waitRunning at most within after pushed, polling
+// every poll (Gitea's jobs API, 50 jobs a page: a large burst's poll costs
+// Gitea a call per page).
+func (in *installation) waitRunningWithin(ctx context.Context, tb testing.TB, repo string, pushed time.Time, within, poll time.Duration, names ...string) map[string]time.Time {
+	tb.Helper()
 	started := map[string]time.Time{}
-	for deadline := pushed.Add(3 * time.Minute); len(started) < len(names); time.Sleep(100 * time.Millisecond) {
+	for deadline := pushed.Add(within); len(started) < len(names); time.Sleep(poll) {
 		now := time.Now()
 		for _, j := range in.g.Jobs(tb, repo) {
 			if _, ok := started[j.Name]; !ok && slices.Contains(names, j.Name) && stepRunning(j) {
@@ -336,7 +344,7 @@ func (in *installation) waitRunning(ctx context.Context, tb testing.TB, repo str
 		}
 		if len(started) < len(names) && (now.After(deadline) || ctx.Err() != nil) {
 			in.dump(ctx, tb)
-			tb.Fatalf("jobs running 3 minutes after their push: %d of %d", len(started), len(names))
+			tb.Fatalf("jobs running %v after their push: %d of %d", within, len(started), len(names))
 		}
 	}
 	return started
@@ -346,8 +354,15 @@ func (in *installation) waitRunning(ctx context.Context, tb testing.TB, repo str
 // left, so that the next push meets an idle installation.
 func (in *installation) idle(ctx context.Context, tb testing.TB, repo string, names ...string) {
 	tb.Helper()
+	in.idleWithin(ctx, tb, repo, 3*time.Minute, names...)
+}
+
+// idleWithin is idle with each job given within to complete (the executor
+// Pods then two minutes to go).
+func (in *installation) idleWithin(ctx context.Context, tb testing.TB, repo string, within time.Duration, names ...string) {
+	tb.Helper()
 	for _, name := range names {
-		in.waitCompleted(ctx, tb, repo, name, 3*time.Minute)
+		in.waitCompleted(ctx, tb, repo, name, within)
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
 		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
