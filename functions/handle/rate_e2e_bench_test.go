@@ -30,6 +30,16 @@ import (
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/trigger/pull"
 )
 
+// clientResources are the resources handle's pod backend asks about; the
+// API server's own requests (LimitRanger's LIST limitranges, its leases and
+// endpoints) are counted apart.
+var clientResources = []string{"pods", "secrets", "nodes", "events"}
+
+// floorCalls is how many Pods a floor worker creates per assignment of a
+// handle worker: as many API calls as handle makes for one (5), so that the
+// client's burst weighs the same on both sides.
+const floorCalls = 5
+
 // rateProfile is the benchmark pool's pod profile: one runner container.
 const rateProfile = `{"podTemplate":{"spec":{"containers":[{"name":"runner","image":"runner:v1"}]}}}`
 
@@ -60,14 +70,23 @@ const rateProfile = `{"podTemplate":{"spec":{"containers":[{"name":"runner","ima
 //     connection, handler and client (the process start, measured by
 //     BenchmarkColdStart, is not in it);
 //   - floor: the same number of workers, each with a client of the same
-//     limit (pod.LimitedClient from the same KUBECONFIG), creating b.N bare
-//     Pods each, one after another: the API server's and the limiter's rate
-//     with nothing of ours.
+//     limit (pod.LimitedClient from the same KUBECONFIG), creating
+//     floorCalls x b.N bare Pods each, one after another (as many calls as
+//     handle makes for b.N assignments): the API server's and the limiter's
+//     rate with nothing of ours.
+//
+// And without a client limit, list-vs-get: in a namespace of 200 Pods, b.N
+// label-selected LISTs of one Pod (Find's call) one after another, then b.N
+// GETs of a Pod by name, reporting each one's mean latency: a consistent
+// LIST is served from the API server's watch cache once the cache has
+// caught up with etcd, which on a quiet server waits for its next progress
+// notification.
 //
 // Each sub-benchmark has a namespace of its own. API calls are counted by
 // the API server (apiserver_request_total, read before and after):
-// calls/op is per assignment (per Pod for the floor), by verb and resource
-// in the log.
+// calls/op is the clients' per assignment (per Pod for the floor), by verb
+// and resource in the log, with the server's own LIST limitranges
+// (LimitRanger admission) beside them.
 //
 //	CI=true go test -tags e2e -run '^$' -bench E2EHandleRate -benchtime 20x -timeout 30m ./functions/handle/
 func BenchmarkE2EHandleRate(b *testing.B) {
@@ -165,14 +184,15 @@ func BenchmarkE2EHandleRate(b *testing.B) {
 							return nil
 						})
 					case "floor":
-						err = runWorkers(workers, func() error { return createPods(ctx, cfg, b.N, &last) })
+						n = floorCalls * b.N * workers
+						err = runWorkers(workers, func() error { return createPods(ctx, cfg, floorCalls*b.N, &last) })
 					}
 					if err != nil {
 						b.Fatal(err)
 					}
 					elapsed := last.at().Sub(start)
 					b.StopTimer()
-					calls := requests(b, plane).Minus(before).Without("namespaces") // the benchmark's own
+					calls := requests(b, plane).Minus(before)
 					if got := last.count(); got != n {
 						b.Fatalf("%d accepted (or created), want %d", got, n)
 					}
@@ -188,13 +208,45 @@ func BenchmarkE2EHandleRate(b *testing.B) {
 					}
 					b.ReportMetric(float64(n)/elapsed.Seconds(), "pods/s")
 					b.ReportMetric(float64(n)/elapsed.Seconds()/float64(workers), "pods/s/worker")
-					b.ReportMetric(float64(calls.Total())/float64(n), "calls/op")
-					b.Logf("%d workers, %d %s: %.1f Pods/s in %s; API calls per Pod: %s", workers, n, mode, float64(n)/elapsed.Seconds(),
-						elapsed.Round(time.Millisecond), calls.Per(n))
+					b.ReportMetric(calls.Only(clientResources...).Total()/float64(n), "calls/op")
+					b.Logf("%d workers, %d %s: %.1f Pods/s in %s; API calls per Pod: %s; the API server's own: %s", workers, n, mode, float64(n)/elapsed.Seconds(),
+						elapsed.Round(time.Millisecond), calls.Only(clientResources...).Per(n), calls.Without(clientResources...).Per(n))
 				})
 			}
 		}
 	}
+	b.Run("qps=-1/burst=0/list-vs-get", func(b *testing.B) {
+		ns := plane.Namespace(b)
+		pods := admin.CoreV1().Pods(ns)
+		for i := range 200 {
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%d", i), Labels: map[string]string{"n": fmt.Sprint(i)}},
+				Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "runner", Image: "runner:v1"}}},
+			}
+			if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ResetTimer()
+		start := time.Now()
+		for i := range b.N {
+			list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: fmt.Sprintf("n=%d", i%200)})
+			if err != nil || len(list.Items) != 1 {
+				b.Fatalf("list: %d Pods, %v", len(list.Items), err)
+			}
+		}
+		listTime := time.Since(start)
+		start = time.Now()
+		for i := range b.N {
+			if _, err := pods.Get(ctx, fmt.Sprintf("p-%d", i%200), metav1.GetOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		getTime := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(listTime.Microseconds())/1000/float64(b.N), "list-ms")
+		b.ReportMetric(float64(getTime.Microseconds())/1000/float64(b.N), "get-ms")
+	})
 }
 
 // handleRun is one run of handle's job mode as serve and runJob run it

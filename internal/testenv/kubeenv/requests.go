@@ -18,7 +18,9 @@ import (
 // Requests are the API server's request counts (apiserver_request_total,
 // every response code) by "VERB resource" or "VERB resource/subresource",
 // e.g. "POST pods", "LIST pods", "GET secrets". Requests for no resource
-// (discovery, /metrics, /healthz) are left out.
+// (discovery, /metrics, /healthz) are left out; the API server's own (an
+// admission plugin's LIST limitranges when a Pod is created in a namespace
+// it has not cached) are in.
 type Requests map[string]float64
 
 // Requests reads the counts from the API server's /metrics. They count what
@@ -71,11 +73,22 @@ func (r Requests) Minus(before Requests) Requests {
 	return out
 }
 
-// Without returns r without the requests for resource (all verbs).
-func (r Requests) Without(resource string) Requests {
+// Without returns r without the requests for resources (all verbs).
+func (r Requests) Without(resources ...string) Requests {
 	out := Requests{}
 	for k, v := range r {
-		if _, res, _ := strings.Cut(k, " "); res != resource {
+		if _, res, _ := strings.Cut(k, " "); !slices.Contains(resources, res) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// Only returns the requests of r for resources (all verbs).
+func (r Requests) Only(resources ...string) Requests {
+	out := Requests{}
+	for k, v := range r {
+		if _, res, _ := strings.Cut(k, " "); slices.Contains(resources, res) {
 			out[k] = v
 		}
 	}
