@@ -90,7 +90,7 @@ const rateProfile = `{"podTemplate":{"spec":{"containers":[{"name":"runner","ima
 // and resource in the log, with the server's own LIST limitranges
 // (LimitRanger admission) beside them.
 //
-//	CI=true go test -tags e2e -run '^$' -bench E2EHandleRate -benchtime 20x -timeout 30m ./functions/handle/
+//	CI=true go test -tags e2e -run '^$' -bench E2EHandleRate -benchtime 20x -timeout 30m -v ./functions/handle/
 func BenchmarkE2EHandleRate(b *testing.B) {
 	plane, err := kubeenv.Start(kubeenv.Assets(b))
 	if err != nil {
