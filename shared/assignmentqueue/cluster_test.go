@@ -28,7 +28,7 @@ var clusterBin = sync.OnceValues(func() (string, error) {
 
 // startCluster starts a 3-node JetStream cluster of nats-server processes and
 // connects to all of it.
-func startCluster(t *testing.T) (*natscluster.Cluster, jetstream.JetStream) {
+func startCluster(t testing.TB) (*natscluster.Cluster, jetstream.JetStream) {
 	t.Helper()
 	bin, err := clusterBin()
 	if err != nil {
@@ -38,7 +38,7 @@ func startCluster(t *testing.T) (*natscluster.Cluster, jetstream.JetStream) {
 	return c, connectTo(t, c.URLs())
 }
 
-func connectTo(t *testing.T, url string) jetstream.JetStream {
+func connectTo(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {

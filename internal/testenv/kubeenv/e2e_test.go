@@ -4,6 +4,7 @@ package kubeenv
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 var plane Shared
@@ -136,5 +138,59 @@ func TestE2EStoppingOnePlaneLeavesAnotherRunning(t *testing.T) {
 	time.Sleep(7 * time.Second) // the watchdog's TERM, then KILL after 5 s
 	if _, err := kubernetes.NewForConfigOrDie(shared.Config).CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatalf("the shared plane no longer answers after another plane stopped: %v", err)
+	}
+}
+
+// Requests counts what clients asked, by verb and resource: three Pods
+// created and one listed show as three POSTs and one LIST more, beside the
+// API server's own LIST limitranges (LimitRanger admission, on the first Pod
+// of a namespace); a kubeconfig written by WriteKubeconfig reaches the same
+// server.
+func TestE2ERequests(t *testing.T) {
+	p := plane.Plane(t)
+	ns := p.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := t.TempDir() + "/kubeconfig"
+	if err := p.WriteKubeconfig(path); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := p.Requests(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i)},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}},
+		}
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := p.Requests(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := after.Minus(before).Without("limitranges")
+	if got["POST pods"] != 3 || got["LIST pods"] != 1 || got.Total() != 4 {
+		t.Fatalf("requests %v (%s), want 3 POST pods and 1 LIST pods", got, got.Per(1))
+	}
+	if w := got.Without("pods"); len(w) != 0 {
+		t.Fatalf("Without(pods) = %v, want none", w)
+	}
+	if o := after.Minus(before).Only("limitranges", "pods"); o.Total() < 4 || o["POST pods"] != 3 {
+		t.Fatalf("Only(limitranges, pods) = %v, want the 4 requests for pods and the server's own", o)
 	}
 }

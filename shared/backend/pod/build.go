@@ -17,8 +17,14 @@ import (
 )
 
 // KubernetesClient is a client of the API server KUBECONFIG names, else of
-// the in-cluster configuration (a Pod's ServiceAccount).
-func KubernetesClient() (kubernetes.Interface, error) {
+// the in-cluster configuration (a Pod's ServiceAccount), with client-go's
+// default rate limit (5 requests per second, bursts of 10).
+func KubernetesClient() (kubernetes.Interface, error) { return LimitedClient(0, 0) }
+
+// LimitedClient is KubernetesClient sending at most qps requests per second
+// in bursts of up to burst (client-go's token bucket; a negative qps: no
+// client-side limit; zero for either: client-go's default).
+func LimitedClient(qps float32, burst int) (kubernetes.Interface, error) {
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
@@ -26,6 +32,7 @@ func KubernetesClient() (kubernetes.Interface, error) {
 			return nil, fmt.Errorf("no Kubernetes configuration (KUBECONFIG or in-cluster): %w", err)
 		}
 	}
+	rc.QPS, rc.Burst = qps, burst
 	return kubernetes.NewForConfig(rc)
 }
 
@@ -36,7 +43,8 @@ func Registration() backend.Registration {
 }
 
 // Build is the pod backend's backend.Builder: the API server comes from
-// KUBECONFIG, else the in-cluster configuration; the SPIRE Server API from
+// KUBECONFIG, else the in-cluster configuration, and its client sends at
+// most c.KubeQPS requests per second (c.KubeBurst at once); the SPIRE Server API from
 // c.SPIREServer (gRPC connects on first use, see spiremint.ClientConn), for
 // entries and, with GDR_POD_IDENTITY=minted, SVIDs (Config.Minter); with
 // GDR_POD_IDENTITY=ca, SVIDs come from the CA in c.CADir and there is no
@@ -45,7 +53,7 @@ func Build(c backend.BuildSettings, d backend.Deps) (executor.Backend, func() er
 	if err := backend.CheckPod(c); err != nil {
 		return nil, nil, err
 	}
-	client, err := KubernetesClient()
+	client, err := LimitedClient(c.KubeQPS, c.KubeBurst)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod backend: %w", err)
 	}

@@ -107,3 +107,47 @@ current-context: c
 	}}
 	return deps
 }
+
+// TestBuildKubeClientLimits: the API client's rate limit is the settings'
+// (GDR_KUBE_QPS, GDR_KUBE_BURST), not client-go's default of 5 requests per
+// second, which held a warm handle to one assignment a second (five calls
+// each; docs/BENCHMARKS.md, "Component rates"); a negative QPS turns the
+// client's limiter off.
+func TestBuildKubeClientLimits(t *testing.T) {
+	deps := buildDeps(t)
+	for _, tc := range []struct {
+		qps   float32
+		burst int
+		want  float32 // the limiter's QPS; 0: none
+	}{
+		{50, 100, 50},
+		{20, 40, 20},
+		{-1, 0, 0},
+		{0, 0, 5}, // the zero value: client-go's default
+	} {
+		s := backend.BuildSettings{CADir: t.TempDir(), PodSettings: backend.PodSettings{KubeNamespace: "ci", PodIdentity: backend.PodIdentityCA, KubeQPS: tc.qps, KubeBurst: tc.burst}}
+		b, _, err := Build(s, deps)
+		if err != nil {
+			t.Fatalf("QPS %v burst %d: %v", tc.qps, tc.burst, err)
+		}
+		limiter := b.(*Backend).client.CoreV1().RESTClient().GetRateLimiter()
+		switch {
+		case tc.want == 0 && limiter != nil:
+			t.Errorf("QPS %v: a limiter of %v QPS, want none", tc.qps, limiter.QPS())
+		case tc.want != 0 && (limiter == nil || limiter.QPS() != tc.want):
+			t.Errorf("QPS %v burst %d: limiter %v, want %v QPS", tc.qps, tc.burst, limiter, tc.want)
+		}
+	}
+	// A burst below 1 with a positive QPS is a configuration error naming
+	// the variable (client-go would refuse to build the client).
+	for _, tc := range []struct {
+		qps   float32
+		burst int
+		err   string
+	}{{50, 0, "GDR_KUBE_BURST"}, {50, -1, "GDR_KUBE_BURST"}} {
+		err := backend.CheckPod(backend.BuildSettings{CADir: "/ca", PodSettings: backend.PodSettings{KubeNamespace: "ci", PodIdentity: backend.PodIdentityCA, KubeQPS: tc.qps, KubeBurst: tc.burst}})
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("QPS %v burst %d: CheckPod = %v, want an error naming %s", tc.qps, tc.burst, err, tc.err)
+		}
+	}
+}
