@@ -23,7 +23,7 @@ import (
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
 	"github.com/nats-io/nats.go"
 
-	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/callcount"
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/callcount"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/giteaenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/assignmentqueue"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/gitea"
