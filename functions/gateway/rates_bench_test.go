@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 
 	"connectrpc.com/connect"
 	runnerv1 "gitea.dev/actions-proto-go/runner/v1"
+	"gitea.dev/actions-proto-go/runner/v1/runnerv1connect"
 	"github.com/prometheus/procfs"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
@@ -285,6 +287,11 @@ func newRateEnv(b *testing.B, n int) *gatewayEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() {
+		if b.Failed() {
+			b.Logf("gateway log tail:\n%s", testenv.LogTail(logPath, 30))
+		}
+	})
 	env := &gatewayEnv{gitea: g, giteaPID: g.PID(), gateway: proc}
 	for _, a := range assignments {
 		id := spiffeid.RequireFromString(a.Identity.SPIFFEID)
@@ -292,8 +299,8 @@ func newRateEnv(b *testing.B, n int) *gatewayEnv {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rpc := gateway.NewClient("https://"+addr, gateway.Credentials{SVID: svid, Bundle: ca, AssignmentID: a.ID,
-			Capability: boot.Capability(a.ID, a.Task.ID, a.Identity.SPIFFEID)}, tlsconfig.AuthorizeID(gatewayID))
+		rpc := executorClient("https://"+addr, gateway.Credentials{SVID: svid, Bundle: ca, AssignmentID: a.ID,
+			Capability: boot.Capability(a.ID, a.Task.ID, a.Identity.SPIFFEID)}, tlsconfig.AuthorizeID(gatewayID), sourceAddr(len(env.executors)))
 		res, err := rpc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
 		if err != nil || res.Msg.GetTask().GetId() != a.Task.ID {
 			b.Fatalf("executor of task %d: FetchTask through the gateway: %v", a.Task.ID, err)
@@ -307,6 +314,37 @@ func newRateEnv(b *testing.B, n int) *gatewayEnv {
 	}
 	return env
 }
+
+// executorClient is gateway.NewClient (the same TLS configuration, HTTP/2,
+// idle connections and headers) dialling from source: every executor Pod
+// has an address of its own, and the gateway caps the connections of one
+// source address (function.MaxConnectionsPerSource), so executors that all
+// dialled from 127.0.0.1 would be refused past that cap.
+func executorClient(url string, creds gateway.Credentials, server tlsconfig.Authorizer, source net.IP) runnerv1connect.RunnerServiceClient {
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: source}, Timeout: 30 * time.Second}
+	hc := &http.Client{
+		Timeout: 60 * time.Second,
+		Transport: &http.Transport{
+			DialContext:         dialer.DialContext,
+			TLSClientConfig:     tlsconfig.MTLSClientConfig(creds.SVID, creds.Bundle, server),
+			ForceAttemptHTTP2:   true,
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     90 * time.Second,
+		},
+	}
+	headers := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set(gateway.HeaderAssignment, creds.AssignmentID)
+			req.Header().Set(gateway.HeaderCapability, creds.Capability)
+			return next(ctx, req)
+		}
+	})
+	return runnerv1connect.NewRunnerServiceClient(hc, url, connect.WithInterceptors(headers))
+}
+
+// sourceAddr is executor i's loopback address: 127.0.1.1, 127.0.1.2, ...
+// (Linux answers all of 127.0.0.0/8 on lo).
+func sourceAddr(i int) net.IP { return net.IPv4(127, 0, byte(1+(i+1)/256), byte((i+1)%256)) }
 
 func b64(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
 
