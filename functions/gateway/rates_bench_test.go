@@ -125,12 +125,7 @@ type client interface {
 }
 
 // viaGateway adapts the gateway's Connect client to client.
-type viaGateway struct {
-	rpc interface {
-		UpdateTask(context.Context, *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error)
-		UpdateLog(context.Context, *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error)
-	}
-}
+type viaGateway struct{ rpc runnerv1connect.RunnerServiceClient }
 
 func (v viaGateway) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	res, err := v.rpc.UpdateTask(ctx, connect.NewRequest(req))
