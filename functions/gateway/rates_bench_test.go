@@ -125,7 +125,9 @@ type client interface {
 }
 
 // viaGateway adapts the gateway's Connect client to client.
-type viaGateway struct{ rpc runnerv1connect.RunnerServiceClient }
+type viaGateway struct {
+	rpc runnerv1connect.RunnerServiceClient
+}
 
 func (v viaGateway) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	res, err := v.rpc.UpdateTask(ctx, connect.NewRequest(req))
