@@ -400,6 +400,9 @@ func (w window) String() string {
 	return s + "; load " + w.load
 }
 
+// callTimeout is each call's deadline: shared/runner/reporter's CallTimeout.
+const callTimeout = 10 * time.Second
+
 // drive runs c executors for d, each calling UpdateLog then UpdateTask back
 // to back, through the gateway or straight to Gitea.
 func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) window {
@@ -408,8 +411,11 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 		b.Fatalf("%d executors, %d tasks", c, len(e.executors))
 	}
 	giteaCPU0, gwCPU0 := cpuSeconds(b, e.giteaPID), cpuSeconds(b, e.gateway.PID())
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
+	// Each call has the runner reporter's deadline (its CallTimeout, 10 s,
+	// sent along as Connect's timeout), not the window's: a call in flight
+	// when the window ends runs to its end and is left out.
+	stop := time.Now().Add(d)
+	over := func() bool { return time.Now().After(stop) }
 	var (
 		mu sync.Mutex
 		w  = window{c: c, lat: map[string][]time.Duration{}}
@@ -426,8 +432,8 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 			var errs int
 			var firstErr error
 			note := func(m string, t0 time.Time, err error) {
-				if ctx.Err() != nil {
-					return // cut by the window's end
+				if over() {
+					return // ended after the window
 				}
 				if err != nil {
 					errs++
@@ -438,11 +444,12 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 				}
 				lat[m] = append(lat[m], time.Since(t0))
 			}
-			for ctx.Err() == nil {
+			for !over() {
 				ex.mu.Lock()
 				idx := ex.index
 				ex.mu.Unlock()
 				t0 := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 				res, err := cl.UpdateLog(ctx, &runnerv1.UpdateLogRequest{TaskId: ex.task, Index: idx, Rows: []*runnerv1.LogRow{
 					{Time: timestamppb.Now(), Content: fmt.Sprintf("step output line %d of task %d: the quick brown fox jumps over the lazy dog", idx, ex.task)}}})
 				note("UpdateLog", t0, err)
@@ -451,8 +458,14 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 					ex.index = res.GetAckIndex()
 					ex.mu.Unlock()
 				}
+				cancel()
+				if over() {
+					break
+				}
 				t0 = time.Now()
+				ctx, cancel = context.WithTimeout(context.Background(), callTimeout)
 				_, err = cl.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: ex.task}})
+				cancel()
 				note("UpdateTask", t0, err)
 			}
 			mu.Lock()
@@ -467,7 +480,7 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 		})
 	}
 	wg.Wait()
-	w.elapsed = time.Since(start)
+	w.elapsed = stop.Sub(start)
 	w.giteaCPU = cpuSeconds(b, e.giteaPID) - giteaCPU0
 	if viaGW {
 		w.gatewayCPU = cpuSeconds(b, e.gateway.PID()) - gwCPU0
