@@ -416,6 +416,13 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 	// when the window ends runs to its end and is left out.
 	stop := time.Now().Add(d)
 	over := func() bool { return time.Now().After(stop) }
+	// The CPU is read when the window ends, not after the calls in flight.
+	var giteaCPU1, gwCPU1 float64
+	read := make(chan struct{})
+	time.AfterFunc(d, func() {
+		giteaCPU1, gwCPU1 = cpuSeconds(b, e.giteaPID), cpuSeconds(b, e.gateway.PID())
+		close(read)
+	})
 	var (
 		mu sync.Mutex
 		w  = window{c: c, lat: map[string][]time.Duration{}}
@@ -481,9 +488,10 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 	}
 	wg.Wait()
 	w.elapsed = stop.Sub(start)
-	w.giteaCPU = cpuSeconds(b, e.giteaPID) - giteaCPU0
+	<-read
+	w.giteaCPU = giteaCPU1 - giteaCPU0
 	if viaGW {
-		w.gatewayCPU = cpuSeconds(b, e.gateway.PID()) - gwCPU0
+		w.gatewayCPU = gwCPU1 - gwCPU0
 	}
 	w.load = loadavg()
 	if w.errs > w.calls()/100 {
