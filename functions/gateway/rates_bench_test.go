@@ -351,6 +351,7 @@ type window struct {
 	elapsed              time.Duration
 	lat                  map[string][]time.Duration // by method
 	errs                 int
+	timeouts             int // errs that are deadline_exceeded
 	firstErr             error
 	giteaCPU, gatewayCPU float64 // seconds
 	load                 string
@@ -388,7 +389,7 @@ func (w window) String() string {
 	for _, m := range []string{"UpdateLog", "UpdateTask"} {
 		s += fmt.Sprintf("; %s %d p50 %.1f p95 %.1f", m, len(w.lat[m]), w.quantile([]string{m}, 0.5), w.quantile([]string{m}, 0.95))
 	}
-	s += fmt.Sprintf("; errors %d", w.errs)
+	s += fmt.Sprintf("; errors %d (%d past the 10 s deadline)", w.errs, w.timeouts)
 	if w.firstErr != nil {
 		s += fmt.Sprintf(" (first: %v)", w.firstErr)
 	}
@@ -436,7 +437,7 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 		}
 		wg.Go(func() {
 			lat := map[string][]time.Duration{}
-			var errs int
+			var errs, timeouts int
 			var firstErr error
 			note := func(m string, t0 time.Time, err error) {
 				if over() {
@@ -444,6 +445,9 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 				}
 				if err != nil {
 					errs++
+					if connect.CodeOf(err) == connect.CodeDeadlineExceeded {
+						timeouts++
+					}
 					if firstErr == nil {
 						firstErr = fmt.Errorf("task %d %s: %w", ex.task, m, err)
 					}
@@ -481,6 +485,7 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 				w.lat[m] = append(w.lat[m], l...)
 			}
 			w.errs += errs
+			w.timeouts += timeouts
 			if w.firstErr == nil {
 				w.firstErr = firstErr
 			}
@@ -494,8 +499,10 @@ func (e *gatewayEnv) drive(b *testing.B, c int, viaGW bool, d time.Duration) win
 		w.gatewayCPU = gwCPU1 - gwCPU0
 	}
 	w.load = loadavg()
-	if w.errs > w.calls()/100 {
-		b.Errorf("%d of %d calls failed, first: %v", w.errs, w.calls()+w.errs, w.firstErr)
+	// A call past its deadline is a measurement (Gitea too slow at this
+	// load: a runner retries it); any other failure is a fault.
+	if w.errs > w.timeouts {
+		b.Errorf("%d of %d calls failed, %d past their deadline; first: %v", w.errs, w.calls()+w.errs, w.timeouts, w.firstErr)
 	}
 	return w
 }
