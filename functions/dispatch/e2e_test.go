@@ -67,6 +67,13 @@ func setup(t *testing.T, capacity int, opts giteaenv.Options) *e2e {
 
 func setupWith(t testing.TB, capacity int, opts giteaenv.Options) *e2e {
 	t.Helper()
+	return setupClient(t, capacity, opts, &http.Client{Timeout: 30 * time.Second}, nil)
+}
+
+// setupClient is setupWith with dispatch's HTTP client to Gitea hc, and env
+// set over the test's defaults (GDR_* variables).
+func setupClient(t testing.TB, capacity int, opts giteaenv.Options, hc *http.Client, env map[string]string) *e2e {
+	t.Helper()
 	g := giteaenv.Start(t, opts)
 	e := &e2e{gitea: g, repo: g.CreateRepo(t, "demo"), logs: &bytes.Buffer{}}
 	_, url := jetstreamenv.Start(t)
@@ -86,6 +93,9 @@ func setupWith(t testing.TB, capacity int, opts giteaenv.Options) *e2e {
 	} {
 		t.Setenv(k, v)
 	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
 	ctx := context.Background()
 	if code := execute(ctx, []string{"register"}, os.Stderr); code != 0 {
 		t.Fatalf("dispatch register exited %d", code)
@@ -97,7 +107,7 @@ func setupWith(t testing.TB, capacity int, opts giteaenv.Options) *e2e {
 	ps := cfg.pools
 	e.cfg = cfg
 	log := slog.New(slog.NewTextHandler(&syncWriter{w: e.logs}, nil))
-	svc, closeFn, err := newService(ctx, cfg, ps, &http.Client{Timeout: 30 * time.Second}, log)
+	svc, closeFn, err := newService(ctx, cfg, ps, hc, log)
 	if err != nil {
 		t.Fatal(err)
 	}
