@@ -84,12 +84,26 @@ func (c *Config) Check() error {
 	return errors.Join(c.NamingSettings.Check(), c.PayloadSettings.Check(), c.KeySettings.Check(), svid, err, c.Settings.Check())
 }
 
+// giteaHTTPClient is the gateway's client of Gitea. Every executor's report
+// passes through it, so it keeps as many idle connections to Gitea as calls
+// it may have in flight (one per connection it serves,
+// function.MaxConnections): Go's default transport keeps 2, and opens a new
+// connection (against an HTTPS Gitea, a TLS handshake) for every call beyond
+// them (docs/BENCHMARKS.md, "gateway": 4-5 new connections a second at 38
+// calls/s). Idle connections still close after the transport's 90 s.
+func giteaHTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = function.MaxConnections
+	t.MaxIdleConnsPerHost = function.MaxConnections
+	return &http.Client{Timeout: 30 * time.Second, Transport: t}
+}
+
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	td, _, err := cfg.Parse()
 	if err != nil {
 		return err
 	}
-	clients, err := gitea.PoolClients(cfg.GiteaURL, &http.Client{Timeout: 30 * time.Second}, cfg.pools)
+	clients, err := gitea.PoolClients(cfg.GiteaURL, giteaHTTPClient(), cfg.pools)
 	if err != nil {
 		return err
 	}
