@@ -104,8 +104,8 @@ e2e-opensandbox-k8s: images
 	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxContractKubernetes$$' ./shared/backend/opensandbox/sandboxapi/sandboxapitest/
 	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./shared/backend/opensandbox/
 
-## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
-##        e2e too; needs root)
+## e2e-cluster: the test cluster's own tests alone (internal/testenv/clusterenv: one node, then
+##        two; part of e2e too; needs root)
 e2e-cluster:
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build
