@@ -191,7 +191,7 @@ plugins {
 	}
 }
 
-// agentPod is the SPIRE agent's Pod name, bound to node.
+// agentPod is a SPIRE agent Pod named name, bound to the node node.
 func agentPod(name, node string, expiry int64) *corev1.Pod {
 	const sa = "spire-agent"
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
