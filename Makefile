@@ -81,7 +81,8 @@ peers:
 
 ## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test. The
 ##      timeout is per package: deploy's cluster tests, one cluster at a time, take about 54
-##      minutes warm (docs/TESTING.md); 75 leaves room on a loaded machine within CI's 90.
+##      minutes warm, 57 with TestE2EClusterTwoNodes (docs/TESTING.md); 75 leaves room on a
+##      loaded machine within CI's 90.
 e2e: peers images
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 75m -run 'E2E' ./...
@@ -104,8 +105,8 @@ e2e-opensandbox-k8s: images
 	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxContractKubernetes$$' ./shared/backend/opensandbox/sandboxapi/sandboxapitest/
 	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./shared/backend/opensandbox/
 
-## e2e-cluster: the single-node cluster's own tests alone (internal/testenv/clusterenv, part of
-##        e2e too; needs root)
+## e2e-cluster: the test cluster's own tests alone (internal/testenv/clusterenv: one node, then
+##        two; part of e2e too; needs root)
 e2e-cluster:
 	./scripts/peers/kube.sh build
 	./scripts/peers/kube-node.sh build

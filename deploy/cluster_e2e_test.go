@@ -151,6 +151,9 @@ type installOptions struct {
 	// agent and makes no key by hand (the keys Job makes them, read back after the install);
 	// "" is SPIRE, as shipped.
 	identity string
+	// nodes is the cluster's node count (clusterenv.Options.Nodes; zero: one node). Every node
+	// gets a SPIRE agent, and the control plane's entries one under each agent.
+	nodes int
 	// release, when set, is the version installHelm installs from a release, with identity
 	// ca: made by `make release` for a registry of the test's, pushed there by `make push`, and
 	// installed by deploy/README.md's Helm blocks (helm, the CLI: the tokens' Secrets, helm
@@ -197,7 +200,7 @@ const (
 func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *installation {
 	t.Helper()
 	images := imagesFolder(t)
-	c := clusterenv.Start(ctx, t)
+	c := clusterenv.StartWith(ctx, t, clusterenv.Options{Nodes: o.nodes})
 	cs := c.Client(t)
 
 	// The peers outside the cluster, each forwarded to the node.
@@ -215,13 +218,13 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		t.Fatal("installOptions.release installs as deploy/README.md's Helm section does: identity ca")
 	}
 	var spire *spireenv.Server
-	var agentID spiffeid.ID
+	var agentIDs []spiffeid.ID
 	spirePort := "1" // identity ca: no SPIRE Server, the setting unused
 	if !ca {
 		spire = spireenv.Start(t, spireenv.WithK8sPSAT(clusterenv.SPIRECluster, c.AdminKubeconfig()),
 			spireenv.WithShippedPolicy(t, "spire", map[string]any{
 				"registrars": []string{handleID.String(), recoverID.String()}, "minters": []string{handleID.String()}}))
-		agentID = c.StartSPIREAgent(ctx, t, spire, o.spireSync) // forwards spire.Addr to the node
+		agentIDs = c.StartSPIREAgent(ctx, t, spire, o.spireSync) // one per node; forwards spire.Addr to the nodes
 		var err error
 		if _, spirePort, err = net.SplitHostPort(spire.Addr); err != nil {
 			t.Fatal(err)
@@ -484,8 +487,9 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		}
 	}
 	// The registration entries of the gateway, handle and recover
-	// (deploy/README.md): each one's ServiceAccount in this namespace, on
-	// this node's agent. None with identity ca: no SPIRE.
+	// (deploy/README.md): each one's ServiceAccount in this namespace, under
+	// every node's agent (wherever the scheduler puts the Pod). None with
+	// identity ca: no SPIRE.
 	entries := map[spiffeid.ID]string{
 		gatewayID: "gitea-dynamic-runner-gateway", handleID: "gitea-dynamic-runner-handle", recoverID: "gitea-dynamic-runner-recover",
 	}
@@ -493,16 +497,18 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 		entries = nil
 	}
 	for id, sa := range entries {
-		resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
-			SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: id.Path()},
-			ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
-			Selectors: []*spiretypes.Selector{
-				{Type: "k8s", Value: "ns:" + installNamespace},
-				{Type: "k8s", Value: "sa:" + sa},
-			},
-		}}})
-		if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
-			t.Fatalf("%s entry: %v %v", sa, err, resp)
+		for _, agentID := range agentIDs {
+			resp, err := spire.Entries().BatchCreateEntry(ctx, &entryv1.BatchCreateEntryRequest{Entries: []*spiretypes.Entry{{
+				SpiffeId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: id.Path()},
+				ParentId: &spiretypes.SPIFFEID{TrustDomain: td.Name(), Path: agentID.Path()},
+				Selectors: []*spiretypes.Selector{
+					{Type: "k8s", Value: "ns:" + installNamespace},
+					{Type: "k8s", Value: "sa:" + sa},
+				},
+			}}})
+			if err != nil || resp.GetResults()[0].GetStatus().GetCode() != 0 {
+				t.Fatalf("%s entry under %s: %v %v", sa, agentID, err, resp)
+			}
 		}
 	}
 

@@ -60,18 +60,7 @@ func TestE2EClusterIsolation(t *testing.T) {
 		t.Fatalf("executor labels %v lack gitea-dynamic-runner.io/runner=true", executorLabels)
 	}
 	policies := loadPolicies(t, docs)
-	selecting := func(p *corev1.Pod) []string {
-		var names []string
-		for _, pol := range policies {
-			if pol.Namespace == p.Namespace && selects(t, &pol.Spec.PodSelector, p.Labels) {
-				names = append(names, pol.Name)
-			}
-		}
-		if len(names) == 0 {
-			t.Fatalf("no shipped NetworkPolicy selects Pod %s/%s (labels %v)", p.Namespace, p.Name, p.Labels)
-		}
-		return names
-	}
+	selecting := func(p *corev1.Pod) []string { return policies.selecting(t, p) }
 
 	probeImage, err := clusterenv.BuildImage(ctx, t, "probe", "./internal/testenv/clusterenv/testdata/probe")
 	if err == nil {
@@ -190,6 +179,22 @@ jobs:
 		}
 	}
 	t.Logf("policies removed: %v", round)
+}
+
+// selecting returns the names of the policies of ps that select the Pod p; it fails t if none
+// does (every Pod of the install is selected by a shipped policy).
+func (ps policySet) selecting(t *testing.T, p *corev1.Pod) []string {
+	t.Helper()
+	var names []string
+	for _, pol := range ps {
+		if pol.Namespace == p.Namespace && selects(t, &pol.Spec.PodSelector, p.Labels) {
+			names = append(names, pol.Name)
+		}
+	}
+	if len(names) == 0 {
+		t.Fatalf("no shipped NetworkPolicy selects Pod %s/%s (labels %v)", p.Namespace, p.Name, p.Labels)
+	}
+	return names
 }
 
 func later(a, b time.Time) time.Time {

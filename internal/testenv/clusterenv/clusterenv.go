@@ -1,7 +1,9 @@
-// Package clusterenv runs a real single-node Kubernetes cluster for
-// end-to-end tests: the control plane of kubeenv (kube-apiserver + etcd),
-// kube-scheduler, kube-controller-manager, and one node: containerd (with
-// runc and the CNI plugins) and a kubelet, all v1.37.2.
+// Package clusterenv runs a real Kubernetes cluster for end-to-end tests:
+// the control plane of kubeenv (kube-apiserver + etcd), kube-scheduler,
+// kube-controller-manager, and one node (Start) or more (StartWith,
+// Options.Nodes): each containerd (with runc and the CNI plugins), a kubelet
+// and kube-proxy, all v1.37.2. The nodes are NodeName (gdr-node), then
+// gdr-node-2, gdr-node-3, ... (NodeNames).
 //
 // The binaries are built once, outside the checkout, by `make peers`:
 // scripts/peers/kube.sh (API server, etcd) and scripts/peers/kube-node.sh
@@ -11,47 +13,71 @@
 // skips the test on a developer machine without them and fails it with
 // CI=true (testenv.RequirePeer).
 //
-// What Start guarantees:
-//   - The node runs in private mount, network and PID namespaces of its own
-//     (unshare from util-linux). Inside, /run and /var/lib are fresh tmpfs
-//     mounts (the kubelet and containerd write fixed paths there:
+// What Start and StartWith guarantee:
+//   - Each node runs in private mount, network and PID namespaces of its
+//     own (unshare from util-linux). Inside, /run and /var/lib are fresh
+//     tmpfs mounts (the kubelet and containerd write fixed paths there:
 //     /var/lib/kubelet/device-plugins, /var/lib/cni, /run/containerd), so
-//     nothing the node writes reaches the machine's own /run or /var/lib,
-//     and every mount the node makes (overlay root filesystems, Pod network
-//     namespaces) lives and dies with its mount namespace.
-//   - Every server listens on 127.0.0.1 of the machine, or inside the
-//     node's own network namespace: the kubelet on the node's address, which
-//     the API server reaches through a veth pair (host side: a /30 of
-//     10.254.0.0/16 on an interface named gdrh<hex>, removed by Stop); the
-//     kubelet reaches the API server through a proxy the harness listens
-//     with on 127.0.0.1:6443 inside the node's namespace.
+//     nothing a node writes reaches the machine's own /run or /var/lib, nor
+//     another node's, and every mount a node makes (overlay root
+//     filesystems, Pod network namespaces) lives and dies with its mount
+//     namespace. The first node's files are in Dir, every other node's in
+//     Dir/<node name>.
+//   - Every server listens on 127.0.0.1 of the machine, or inside a node's
+//     own network namespace: each kubelet on its node's address, which the
+//     API server reaches through that node's veth pair (host side: a /30 of
+//     10.254.0.0/16 on an interface named gdrh<hex> for the first node,
+//     gdrh<hex>n<i> for node i; removed by Stop); each node's kubelet,
+//     kube-proxy and kube-router reach the API server through a proxy the
+//     harness listens with on 127.0.0.1:6443 inside that node's namespace.
 //   - ServiceAccount admission is on (kubeenv turns it off): every Pod gets
 //     a projected token, signed by the API server. A Pod created right after
 //     its namespace may be refused until the controller-manager has made the
 //     namespace's "default" ServiceAccount (WaitServiceAccount).
-//   - Pods get addresses from a CNI bridge (cni0, host-local IPAM,
-//     10.244.0.0/24) inside the node's namespace.
-//   - The kubelet's cgroups live under a cgroupRoot of the node's own
-//     (/gdr-node-<hex> in every cgroup hierarchy), removed by Stop.
-//   - One cluster at a time per machine: Start waits for an flock on
+//   - Pods get addresses from a CNI bridge (cni0, host-local IPAM) inside
+//     their node's namespace: 10.244.<i>.0/24 on node i (from 0), so
+//     10.244.0.0/24 on the first; kube-proxy's clusterCIDR is 10.244.0.0/16.
+//   - Between nodes, traffic never crosses the machine's network namespace:
+//     every two nodes are joined by a veth pair of their own (gdrn<j> in
+//     node i's namespace is its link to node j, from 1), each end carrying
+//     its node's address, with routes to the other node's address and Pod
+//     range. Pods reach Pods of another node, and Services whose endpoints
+//     are there, without NAT; the other nodes' Pods and processes reach the
+//     first node's address (Forward's listeners, the "kubernetes" Service's
+//     endpoint) over their link to it. The machine's forwarding, sysctls and
+//     firewall are not touched: each node enables forwarding in its own
+//     network namespace.
+//   - Each node's kubelet has a cgroupRoot of its own (/<node name>-<hex>
+//     in every cgroup hierarchy), removed by Stop.
+//   - One cluster at a time per machine: StartWith waits for an flock on
 //     LockFile, held until Stop.
-//   - The kubelet changes kernel sysctls that are not namespaced
+//   - The kubelets change kernel sysctls that are not namespaced
 //     (vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 //     kernel.panic_on_oops, kernel.keys.root_maxkeys,
-//     kernel.keys.root_maxbytes): Start records them and Stop restores them.
-//   - Stop (also registered with t.Cleanup) kills the node's PID namespace
-//     (every process of the node, containers and shims included, dies with
-//     it), stops the scheduler, controller-manager and control plane,
-//     removes the veth, the cgroups and the data folder, and restores the
-//     sysctls. If the test binary dies first, the kernel kills unshare
-//     (parent-death signal), which kills the namespace's init, which ends the
-//     whole namespace; the veth goes with the namespace; a watchdog process
-//     then removes the cgroups and the folder and restores the sysctls.
+//     kernel.keys.root_maxbytes): StartWith records them once, before the
+//     first node starts, and Stop restores them once, after the last node
+//     ended.
+//   - Stop (also registered with t.Cleanup) kills every node's PID
+//     namespace (every process of the node, containers and shims included,
+//     dies with it), stops the scheduler, controller-manager and control
+//     plane, removes every node's veth to the machine, every node's cgroups
+//     and the data folder, and restores the sysctls. If the test binary dies
+//     first, the kernel kills each unshare (parent-death signal), which
+//     kills its namespace's init, which ends the whole namespace; the veths
+//     go with the namespaces (the links between nodes never were the
+//     machine's); a watchdog process then removes every node's cgroups and
+//     the folder and restores the sysctls.
+//
+// Every per-node operation covers every node: ImportImage,
+// TrustPlainHTTPRegistry and TrustRegistryCA (each node's containerd),
+// StartNetworkPolicy (kube-router on each node), StartSPIREAgent (an agent
+// Pod on each node), PodCPU and DumpLogs. Forward listens on the first
+// node only, which every node reaches.
 //
 // No registry is reachable: images are built locally (internal/imagebuild)
 // and imported into containerd (Cluster.ImportImage); Pods must use
 // imagePullPolicy Never or IfNotPresent. The sandbox ("pause") image is
-// built from ./testdata/pause and imported by Start.
+// built from ./testdata/pause and imported by StartWith.
 package clusterenv
 
 import (
@@ -92,7 +118,8 @@ import (
 // Version is the Kubernetes release of every component.
 const Version = kubeenv.Version
 
-// NodeName is the name the node registers with.
+// NodeName is the name the first node registers with (the only one of
+// Start's cluster).
 const NodeName = "gdr-node"
 
 // PauseImage is the sandbox image Start imports and containerd uses.
@@ -101,6 +128,10 @@ const PauseImage = "gdr.local/pause:latest"
 // apiPortInNode is where the kubelet finds the API server, on 127.0.0.1 of
 // the node's network namespace (the harness's proxy).
 const apiPortInNode = 6443
+
+// podRange holds every node's Pod range (node i: 10.244.<i>.0/24):
+// kube-proxy's clusterCIDR.
+const podRange = "10.244.0.0/16"
 
 // kubeletSysctls are the sysctls (under /proc/sys) the kubelet sets and Stop
 // restores.
@@ -139,42 +170,84 @@ func KubeAssets(t testing.TB) string {
 	}})
 }
 
+// Options are what StartWith varies; the zero value is Start's.
+type Options struct {
+	// Nodes is the number of nodes, 1 to MaxNodes (0: one). The first is
+	// NodeName, the others NodeName-2, NodeName-3, ...
+	Nodes int
+}
+
+// MaxNodes is the most nodes a cluster has (Options.Nodes).
+const MaxNodes = 8
+
 // Cluster is one running cluster.
 type Cluster struct {
 	// Plane is the control plane (kube-apiserver + etcd).
 	Plane *kubeenv.Plane
-	// Dir holds every file of the cluster's own: configs, logs, data.
+	// Dir holds every file of the cluster's own: configs, logs, data (the
+	// first node's in Dir itself, every other node's in Dir/<node name>).
 	Dir string
 
-	nodeBin   string // kube-node peer folder: the runtime
-	kubeBin   string // kube peer folder: the Kubernetes commands
-	id        string // hex, names the cgroupRoot and the host veth
-	hostIf    string
-	nodeIP    string
-	sysctls   map[string]string
-	cgroupDir string // "/gdr-node-<id>"
-	procs     []*testenv.Process
-	node      *testenv.Process // unshare
-	nodePID   int              // the namespace's init, as the machine sees it
-	proxyMu   sync.Mutex
-	proxies   []net.Listener // in the node's namespace: the API server's, Forward's
-	watchdog  *watchdog
-	lock      *os.File // flock'd: one cluster per machine (sysctls are global)
-	stopOnce  sync.Once
-	stopErr   error
-	log       func(format string, args ...any)
+	nodeBin  string // kube-node peer folder: the runtime
+	kubeBin  string // kube peer folder: the Kubernetes commands
+	id       string // hex, names the cgroupRoots and the host veths
+	nodes    []*node
+	sysctls  map[string]string
+	procs    []*testenv.Process
+	proxyMu  sync.Mutex
+	proxies  []net.Listener // in the nodes' namespaces: the API server's, Forward's
+	watchdog *watchdog
+	lock     *os.File // flock'd: one cluster per machine (sysctls are global)
+	stopOnce sync.Once
+	stopErr  error
+	log      func(format string, args ...any)
 }
 
-// Start starts the whole cluster and waits until the node is Ready. It
-// registers Stop with t.Cleanup. Needs root (namespaces, cgroups, sysctls).
+// node is one node of the cluster: its namespaces, addresses and folders.
+type node struct {
+	name      string
+	index     int              // from 0: the order of NodeNames
+	dir       string           // the cluster's Dir for the first node, Dir/<name> for the others
+	ip        string           // its InternalIP: .2 of its /30 (eth0 in its namespace)
+	hostIP    string           // .1 of its /30: the machine's side of its veth
+	hostIf    string           // the machine's side of its veth
+	podCIDR   string           // its CNI bridge's range
+	cgroupDir string           // "/<name>-<id>": its kubelet's cgroupRoot
+	proc      *testenv.Process // unshare
+	pid       int              // the namespace's init, as the machine sees it
+}
+
+// nodeName is the name of the i-th node (from 0).
+func nodeName(i int) string {
+	if i == 0 {
+		return NodeName
+	}
+	return fmt.Sprintf("%s-%d", NodeName, i+1)
+}
+
+// Start starts a one-node cluster (StartWith with the zero Options).
 func Start(ctx context.Context, t testing.TB) *Cluster {
+	t.Helper()
+	return StartWith(ctx, t, Options{})
+}
+
+// StartWith starts the whole cluster and waits until every node is Ready.
+// It registers Stop with t.Cleanup. Needs root (namespaces, cgroups,
+// sysctls).
+func StartWith(ctx context.Context, t testing.TB, o Options) *Cluster {
 	t.Helper()
 	kubeDir := KubeAssets(t)
 	nodeDir := NodeAssets(t)
 	if os.Geteuid() != 0 {
 		testenv.Unavailable(t, "clusterenv: the node needs root (namespaces, cgroups, sysctls)")
 	}
-	c, err := start(ctx, t, kubeDir, nodeDir)
+	if o.Nodes == 0 {
+		o.Nodes = 1
+	}
+	if o.Nodes < 1 || o.Nodes > MaxNodes {
+		t.Fatalf("clusterenv: Options.Nodes %d: want 1 to %d", o.Nodes, MaxNodes)
+	}
+	c, err := start(ctx, t, kubeDir, nodeDir, o)
 	if c != nil {
 		t.Cleanup(func() {
 			if err := c.Stop(); err != nil {
@@ -191,7 +264,7 @@ func Start(ctx context.Context, t testing.TB) *Cluster {
 	return c
 }
 
-func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster, error) {
+func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string, o Options) (*Cluster, error) {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
@@ -201,13 +274,27 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		return nil, err
 	}
 	c := &Cluster{
-		Dir: dir, nodeBin: nodeDir, kubeBin: kubeDir, id: id, hostIf: "gdrh" + id,
-		cgroupDir: "/gdr-node-" + id, sysctls: map[string]string{},
+		Dir: dir, nodeBin: nodeDir, kubeBin: kubeDir, id: id, sysctls: map[string]string{},
 		log: t.Logf,
 	}
-	// The /30 of the veth pair: 10.254.<b1>.<b2&0xfc>: .1 here, .2 the node.
-	hostIP := fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+1)
-	c.nodeIP = fmt.Sprintf("10.254.%d.%d", b[1], (b[2]&0xfc)+2)
+	// Node i's veth pair is the /30 10.254.<b1>.<(b2&0xfc)+4i>: .1 here,
+	// .2 the node; its Pods, 10.244.<i>.0/24.
+	for i := range o.Nodes {
+		base := (int(b[2]&0xfc) + 4*i) % 256
+		n := &node{
+			name: nodeName(i), index: i, dir: dir, hostIf: "gdrh" + id,
+			hostIP:  fmt.Sprintf("10.254.%d.%d", b[1], base+1),
+			ip:      fmt.Sprintf("10.254.%d.%d", b[1], base+2),
+			podCIDR: fmt.Sprintf("10.244.%d.0/24", i),
+		}
+		if i > 0 {
+			n.dir = filepath.Join(dir, n.name)
+			n.hostIf = fmt.Sprintf("gdrh%sn%d", id, i+1)
+		}
+		n.cgroupDir = "/" + n.name + "-" + id
+		c.nodes = append(c.nodes, n)
+	}
+	first := c.nodes[0]
 
 	if c.lock, err = lockMachine(ctx); err != nil {
 		return c, err
@@ -220,7 +307,7 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		c.sysctls[s] = strings.TrimSpace(string(v))
 	}
 
-	// From here on the machine holds state of the node's: the watchdog
+	// From here on the machine holds state of the nodes': the watchdog
 	// undoes it if the test binary dies without Stop.
 	if c.watchdog, err = startWatchdog(c); err != nil {
 		return c, err
@@ -232,12 +319,13 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 			// the default ServiceAccount there); here the controller-manager
 			// does, and Pods get their projected token, as in a real cluster.
 			"disable-admission-plugins": {""},
-			// The "kubernetes" Service's endpoint: the node's address, where
-			// the harness forwards to the API server (Pods reach it through
-			// kube-proxy, as in-cluster clients do).
-			"advertise-address": {c.nodeIP},
+			// The "kubernetes" Service's endpoint: the first node's address,
+			// where the harness forwards to the API server (Pods reach it
+			// through kube-proxy, as in-cluster clients do; the other nodes'
+			// Pods over the link between the nodes).
+			"advertise-address": {first.ip},
 		},
-		ServingIPs: []net.IP{net.ParseIP(c.nodeIP)},
+		ServingIPs: []net.IP{net.ParseIP(first.ip)},
 	})
 	if err != nil {
 		return c, err
@@ -267,63 +355,64 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 		return c, err
 	}
 
-	// The node's own cgroupRoot, in every hierarchy.
-	if err := c.makeCgroups(); err != nil {
-		return c, err
-	}
-	if err := c.writeNodeConfig(); err != nil {
-		return c, err
-	}
-	if err := c.startNode(ctx); err != nil {
-		return c, err
-	}
-	if err := waitFile(ctx, c.node, filepath.Join(dir, "ns-ready")); err != nil {
-		return c, fmt.Errorf("node namespace: %w", err)
-	}
-	if c.nodePID, err = childPID(c.node.PID()); err != nil {
-		return c, err
-	}
-	// veth: host side here, eth0 in the node's namespace.
-	nsPID := fmt.Sprint(c.nodePID)
-	for _, args := range [][]string{
-		{"link", "add", c.hostIf, "type", "veth", "peer", "name", "eth0", "netns", nsPID},
-		{"addr", "add", hostIP + "/30", "dev", c.hostIf},
-		{"link", "set", c.hostIf, "up"},
-	} {
-		if out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput(); err != nil {
-			return c, fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
+	// Each node: its own cgroupRoot in every hierarchy, its configuration,
+	// its namespaces.
+	for _, n := range c.nodes {
+		if err := c.makeCgroups(n); err != nil {
+			return c, err
+		}
+		if err := c.writeNodeConfig(n); err != nil {
+			return c, err
+		}
+		if err := c.startNode(n); err != nil {
+			return c, err
 		}
 	}
-	for _, args := range [][]string{
-		{"addr", "add", c.nodeIP + "/30", "dev", "eth0"},
-		{"link", "set", "eth0", "up"},
-		{"route", "add", "default", "via", hostIP},
-	} {
-		full := append([]string{"-t", nsPID, "-n", "ip"}, args...)
-		if out, err := exec.CommandContext(ctx, "nsenter", full...).CombinedOutput(); err != nil {
-			return c, fmt.Errorf("nsenter %s: %w: %s", strings.Join(full, " "), err, out)
+	for _, n := range c.nodes {
+		if err := waitFile(ctx, n.proc, filepath.Join(n.dir, "ns-ready")); err != nil {
+			return c, fmt.Errorf("node %s namespace: %w", n.name, err)
+		}
+		if n.pid, err = childPID(n.proc.PID()); err != nil {
+			return c, fmt.Errorf("node %s: %w", n.name, err)
+		}
+		if err := hostLink(ctx, n); err != nil {
+			return c, err
 		}
 	}
-	// The kubelet's (and kube-proxy's) way to the API server:
-	// 127.0.0.1:6443 in its namespace; the Pods': the "kubernetes"
-	// Service's endpoint, the node's address and the API server's port.
+	for i, a := range c.nodes {
+		for _, b := range c.nodes[i+1:] {
+			if err := nodeLink(ctx, a, b); err != nil {
+				return c, err
+			}
+		}
+	}
+	// The kubelet's, kube-proxy's (and kube-router's) way to the API
+	// server: 127.0.0.1:6443 in each node's namespace; the Pods': the
+	// "kubernetes" Service's endpoint, the first node's address and the API
+	// server's port.
 	u, err := url.Parse(c.Plane.Config.Host)
 	if err != nil {
 		return c, err
 	}
-	if err := c.forward(fmt.Sprintf("127.0.0.1:%d", apiPortInNode), u.Host); err != nil {
-		return c, err
+	for _, n := range c.nodes {
+		if err := c.forward(n, fmt.Sprintf("127.0.0.1:%d", apiPortInNode), u.Host); err != nil {
+			return c, err
+		}
 	}
 	if _, err := c.Forward(u.Host); err != nil {
 		return c, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "net-ready"), nil, 0o644); err != nil {
-		return c, err
+	for _, n := range c.nodes {
+		if err := os.WriteFile(filepath.Join(n.dir, "net-ready"), nil, 0o644); err != nil {
+			return c, err
+		}
 	}
-	if err := waitFile(ctx, c.node, filepath.Join(dir, "containerd.sock")); err != nil {
-		return c, fmt.Errorf("containerd: %w", err)
+	for _, n := range c.nodes {
+		if err := waitFile(ctx, n.proc, filepath.Join(n.dir, "containerd.sock")); err != nil {
+			return c, fmt.Errorf("node %s containerd: %w", n.name, err)
+		}
 	}
-	// The sandbox image, before the kubelet starts.
+	// The sandbox image, before the kubelets start.
 	pause, err := BuildImage(ctx, t, "pause", "./internal/testenv/clusterenv/testdata/pause")
 	if err != nil {
 		return c, err
@@ -331,13 +420,102 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string) (*Cluster
 	if err := c.ImportImage(ctx, pause, "gdr.local/pause"); err != nil {
 		return c, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "kubelet-go"), nil, 0o644); err != nil {
-		return c, err
+	for _, n := range c.nodes {
+		if err := os.WriteFile(filepath.Join(n.dir, "kubelet-go"), nil, 0o644); err != nil {
+			return c, err
+		}
 	}
-	if err := c.waitNodeReady(ctx); err != nil {
-		return c, err
+	for _, n := range c.nodes {
+		if err := c.waitNodeReady(ctx, n); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
+}
+
+// hostLink gives node n its veth pair to the machine: the machine's side
+// (n.hostIf, n.hostIP/30) here, eth0 (n.ip/30, the default route) in the
+// node's namespace. Only the API server (the kubelet's InternalIP) and the
+// machine's own clients use it: the machine forwards nothing.
+func hostLink(ctx context.Context, n *node) error {
+	nsPID := fmt.Sprint(n.pid)
+	for _, args := range [][]string{
+		{"link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", nsPID},
+		{"addr", "add", n.hostIP + "/30", "dev", n.hostIf},
+		{"link", "set", n.hostIf, "up"},
+	} {
+		if out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return inNode(ctx, n, [][]string{
+		{"addr", "add", n.ip + "/30", "dev", "eth0"},
+		{"link", "set", "eth0", "up"},
+		{"route", "add", "default", "via", n.hostIP},
+	})
+}
+
+// linkName is the name, in every other node's namespace, of its link to n.
+func linkName(n *node) string { return fmt.Sprintf("gdrn%d", n.index+1) }
+
+// nodeLink joins nodes a and b with a veth pair made in a's namespace and
+// moved into b's (it never exists in the machine's): each end carries its
+// node's own address (/32) and routes the other node's address and Pod
+// range to it. Pods then reach each other across the nodes without NAT, and
+// b's Pods reach a's address (Forward's listeners, the API server's
+// endpoint) through a's end.
+func nodeLink(ctx context.Context, a, b *node) error {
+	inA, inB := linkName(b), linkName(a)
+	out, err := exec.CommandContext(ctx, "nsenter", "-t", fmt.Sprint(a.pid), "-n",
+		"ip", "link", "add", inA, "type", "veth", "peer", "name", inB, "netns", fmt.Sprint(b.pid)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("link %s to %s: %w: %s", a.name, b.name, err, out)
+	}
+	for _, e := range []struct {
+		self, peer *node
+		dev        string
+	}{{a, b, inA}, {b, a, inB}} {
+		if err := inNode(ctx, e.self, [][]string{
+			{"addr", "add", e.self.ip + "/32", "dev", e.dev},
+			{"link", "set", e.dev, "up"},
+			{"route", "add", e.peer.ip + "/32", "dev", e.dev, "src", e.self.ip},
+			{"route", "add", e.peer.podCIDR, "via", e.peer.ip, "dev", e.dev, "src", e.self.ip},
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inNode runs ip with each of cmds in n's network namespace.
+func inNode(ctx context.Context, n *node, cmds [][]string) error {
+	for _, args := range cmds {
+		full := append([]string{"-t", fmt.Sprint(n.pid), "-n", "ip"}, args...)
+		if out, err := exec.CommandContext(ctx, "nsenter", full...).CombinedOutput(); err != nil {
+			return fmt.Errorf("node %s: nsenter %s: %w: %s", n.name, strings.Join(full, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// NodeNames are the names of the nodes, the first (NodeName) first.
+func (c *Cluster) NodeNames() []string {
+	names := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		names[i] = n.name
+	}
+	return names
+}
+
+// NodeIPOf is the address (InternalIP) of the node name, or "" if the
+// cluster has no such node.
+func (c *Cluster) NodeIPOf(name string) string {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n.ip
+		}
+	}
+	return ""
 }
 
 // LockFile is the file that serializes clusters on one machine
@@ -389,9 +567,9 @@ func (c *Cluster) startControl(t testing.TB, name, bin string, args ...string) e
 	return nil
 }
 
-// makeCgroups creates the cgroupRoot in every cgroup hierarchy mounted
+// makeCgroups creates n's cgroupRoot in every cgroup hierarchy mounted
 // under /sys/fs/cgroup.
-func (c *Cluster) makeCgroups() error {
+func (c *Cluster) makeCgroups(n *node) error {
 	ents, err := os.ReadDir("/sys/fs/cgroup")
 	if err != nil {
 		return err
@@ -400,7 +578,7 @@ func (c *Cluster) makeCgroups() error {
 		if !e.IsDir() {
 			continue
 		}
-		d := filepath.Join("/sys/fs/cgroup", e.Name(), c.cgroupDir)
+		d := filepath.Join("/sys/fs/cgroup", e.Name(), n.cgroupDir)
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("cgroup %s: %w", d, err)
 		}
@@ -419,16 +597,16 @@ func (c *Cluster) makeCgroups() error {
 	return nil
 }
 
-// removeCgroups removes the cgroupRoot and everything under it, deepest
+// removeCgroups removes n's cgroupRoot and everything under it, deepest
 // first, retrying while the last processes leave.
-func (c *Cluster) removeCgroups() error {
+func (c *Cluster) removeCgroups(n *node) error {
 	ents, err := os.ReadDir("/sys/fs/cgroup")
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, e := range ents {
-		root := filepath.Join("/sys/fs/cgroup", e.Name(), c.cgroupDir)
+		root := filepath.Join("/sys/fs/cgroup", e.Name(), n.cgroupDir)
 		var dirs []string
 		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
@@ -454,10 +632,10 @@ func (c *Cluster) removeCgroups() error {
 	return errors.Join(errs...)
 }
 
-// writeNodeConfig writes containerd's, the CNI's and the kubelet's
-// configuration and the node's init script.
-func (c *Cluster) writeNodeConfig() error {
-	d := c.Dir
+// writeNodeConfig writes n's containerd's, CNI's, kubelet's and
+// kube-proxy's configuration and its init script, into n's folder.
+func (c *Cluster) writeNodeConfig(n *node) error {
+	d := n.dir
 	for _, sub := range []string{"containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o755); err != nil {
 			return err
@@ -494,16 +672,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dirs = [%q]
     conf_dir = %q
 `, filepath.Join(d, "containerd", "root"), filepath.Join(d, "containerd.sock"), filepath.Join(d, "containerd", "opt"),
-		PauseImage, c.registryHostsDir(), filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"))
+		PauseImage, n.registryHostsDir(), filepath.Join(c.nodeBin, "bin", "runc"), filepath.Join(c.nodeBin, "cni"), filepath.Join(d, "cni", "net.d"))
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "gdr",
   "plugins": [{
     "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}
   }]
 }
-`, filepath.Join(d, "cni", "ipam"))
+`, n.podCIDR, filepath.Join(d, "cni", "ipam"))
 	// The kubelet listens on every address of the node's own network
 	// namespace: the node's (the API server, through the veth) and
 	// 127.0.0.1 (the SPIRE agent's k8s workload attestor, host network).
@@ -546,14 +724,16 @@ serializeImagePulls: false
 imagePullCredentialsVerificationPolicy: NeverVerify
 userNamespaces:
   idsPerPod: %d
-`, c.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"), IDsPerPod)
+`, n.cgroupDir, filepath.Join(d, "containerd.sock"), filepath.Join(d, "pod-logs"), IDsPerPod)
 	// kube-proxy, nftables mode (nft from the kube-node peer, on PATH): it
 	// programs the node's own network namespace only. Every conntrack
 	// setting 0: leave the kernel's (machine-wide ones among them) alone.
+	// clusterCIDR covers every node's Pod range: Pod-to-Service traffic
+	// from any node's Pods is not masqueraded.
 	kubeProxy := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
-clusterCIDR: 10.244.0.0/24
+clusterCIDR: %s
 hostnameOverride: %s
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -566,7 +746,7 @@ conntrack:
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, NodeName, filepath.Join(d, "node.kubeconfig"))
+`, podRange, n.name, filepath.Join(c.Dir, "node.kubeconfig"))
 	bin := filepath.Join(c.nodeBin, "bin")
 	// In the node's namespaces: /proc is its own (--mount-proc), so the
 	// net.* sysctls below are the node's network namespace's. Forwarding:
@@ -590,11 +770,11 @@ echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 while [ ! -e "$D/net-ready" ]; do sleep 0.1; done
 "$B/containerd" --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
 while [ ! -e "$D/kubelet-go" ]; do sleep 0.1; done
-"$K/kubelet" --config "$D/kubelet.yaml" --kubeconfig "$D/node.kubeconfig" --root-dir "$D/kubelet" \
+"$K/kubelet" --config "$D/kubelet.yaml" --kubeconfig %q --root-dir "$D/kubelet" \
   --hostname-override %s --node-ip %s >"$D/kubelet.log" 2>&1 &
 "$K/kube-proxy" --config "$D/kube-proxy.yaml" >"$D/kube-proxy.log" 2>&1 &
 wait
-`, d, bin, c.kubeBin, NodeName, c.nodeIP)
+`, d, bin, c.kubeBin, filepath.Join(c.Dir, "node.kubeconfig"), n.name, n.ip)
 	for name, data := range map[string]string{
 		"containerd.toml": containerd, "cni/net.d/10-gdr.conflist": cni, "kubelet.yaml": kubelet, "node.sh": script,
 		"kube-proxy.yaml": kubeProxy,
@@ -606,19 +786,19 @@ wait
 	return nil
 }
 
-// startNode starts the node's init in new mount, network and PID
-// namespaces. --kill-child: if unshare dies (the parent-death signal of
+// startNode starts n's init in new mount, network and PID namespaces.
+// --kill-child: if unshare dies (the parent-death signal of
 // testenv.StartProcess), the init is killed, and with it the namespace.
-func (c *Cluster) startNode(ctx context.Context) error {
-	logf, err := os.Create(filepath.Join(c.Dir, "node.log"))
+func (c *Cluster) startNode(n *node) error {
+	logf, err := os.Create(filepath.Join(n.dir, "node.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
 	cmd := exec.Command("unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
-		"--propagation", "private", "--mount-proc", "/bin/sh", filepath.Join(c.Dir, "node.sh"))
+		"--propagation", "private", "--mount-proc", "/bin/sh", filepath.Join(n.dir, "node.sh"))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	c.node, err = testenv.StartProcess(cmd)
+	n.proc, err = testenv.StartProcess(cmd)
 	return err
 }
 
@@ -648,32 +828,34 @@ func waitFile(ctx context.Context, p *testenv.Process, path string) error {
 }
 
 // Forward makes a server of the machine's, listening at hostAddr
-// (127.0.0.1:<port>), reachable from the node and its Pods at the returned
-// address: the node's address and the same port, in the node's network
-// namespace (nothing listens beyond 127.0.0.1 on the machine). The harness
-// forwards each connection until Stop. Pods reach it directly, or through a
-// Service without a selector whose EndpointSlice names that address
-// (kube-proxy translates the ClusterIP), as they would reach a server
-// outside the cluster.
+// (127.0.0.1:<port>), reachable from every node and its Pods at the
+// returned address: the first node's address (NodeIP) and the same port, in
+// that node's network namespace (nothing listens beyond 127.0.0.1 on the
+// machine); the other nodes reach that address over their links to the
+// first. The harness forwards each connection until Stop. Pods reach it
+// directly, or through a Service without a selector whose EndpointSlice
+// names that address (kube-proxy translates the ClusterIP), as they would
+// reach a server outside the cluster.
 func (c *Cluster) Forward(hostAddr string) (string, error) {
 	_, port, err := net.SplitHostPort(hostAddr)
 	if err != nil {
 		return "", fmt.Errorf("clusterenv: forward %s: %w", hostAddr, err)
 	}
-	inNode := net.JoinHostPort(c.nodeIP, port)
-	if err := c.forward(inNode, hostAddr); err != nil {
+	inNode := net.JoinHostPort(c.nodes[0].ip, port)
+	if err := c.forward(c.nodes[0], inNode, hostAddr); err != nil {
 		return "", err
 	}
 	return inNode, nil
 }
 
-// NodeIP is the node's address (its InternalIP), where Forward listens.
-func (c *Cluster) NodeIP() string { return c.nodeIP }
+// NodeIP is the first node's address (its InternalIP), where Forward
+// listens and the API server's "kubernetes" Service ends.
+func (c *Cluster) NodeIP() string { return c.nodes[0].ip }
 
-// forward listens on addr in the node's network namespace and forwards
-// every connection to target on the machine.
-func (c *Cluster) forward(addr, target string) error {
-	l, err := netns.Listen(netns.Path(c.nodePID), addr)
+// forward listens on addr in n's network namespace and forwards every
+// connection to target on the machine.
+func (c *Cluster) forward(n *node, addr, target string) error {
+	l, err := netns.Listen(netns.Path(n.pid), addr)
 	if err != nil {
 		return err
 	}
@@ -701,10 +883,10 @@ func writeKubeconfig(path string, cfg *rest.Config, server string) error {
 	return nil
 }
 
-// waitNodeReady waits until the node is registered and Ready, or the
-// kubelet ended (its log's "command failed" line: a configuration the
-// kubelet refuses), which it says at once rather than at ctx's end.
-func (c *Cluster) waitNodeReady(ctx context.Context) error {
+// waitNodeReady waits until n is registered and Ready, or its kubelet
+// ended (its log's "command failed" line: a configuration the kubelet
+// refuses), which it says at once rather than at ctx's end.
+func (c *Cluster) waitNodeReady(ctx context.Context, n *node) error {
 	cs, err := kubernetes.NewForConfig(c.Plane.RESTConfig())
 	if err != nil {
 		return err
@@ -712,20 +894,20 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var last string
-	err = c.node.WaitReady(ctx, time.Second, func(ctx context.Context) error {
-		if log, err := os.ReadFile(filepath.Join(c.Dir, "kubelet.log")); err == nil {
+	err = n.proc.WaitReady(ctx, time.Second, func(ctx context.Context) error {
+		if log, err := os.ReadFile(filepath.Join(n.dir, "kubelet.log")); err == nil {
 			for _, line := range strings.Split(string(log), "\n") {
 				if strings.Contains(line, `"command failed"`) {
 					cancel(fmt.Errorf("the kubelet ended: %s", line))
 				}
 			}
 		}
-		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		obj, err := cs.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
 			return err
 		}
-		for _, cond := range n.Status.Conditions {
+		for _, cond := range obj.Status.Conditions {
 			if cond.Type == corev1.NodeReady {
 				last = fmt.Sprintf("Ready=%s: %s", cond.Status, cond.Message)
 				if cond.Status == corev1.ConditionTrue {
@@ -739,7 +921,7 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 		err = cause
 	}
 	if err != nil {
-		return fmt.Errorf("node %s: %w", NodeName, err)
+		return fmt.Errorf("node %s: %w", n.name, err)
 	}
 	return nil
 }
@@ -783,56 +965,74 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// registryHostsDir is containerd's registry hosts directory (config_path):
-// one folder per registry host, read at every pull.
-func (c *Cluster) registryHostsDir() string { return filepath.Join(c.Dir, "containerd", "certs.d") }
+// registryHostsDir is n's containerd's registry hosts directory
+// (config_path): one folder per registry host, read at every pull.
+func (n *node) registryHostsDir() string { return filepath.Join(n.dir, "containerd", "certs.d") }
 
-// TrustPlainHTTPRegistry tells the node's containerd that the registry at
-// host (host:port, as the node reaches it) speaks plain HTTP, for pulls by
-// the kubelet (a test's registryenv behind Forward). Nothing else changes:
+// TrustPlainHTTPRegistry tells every node's containerd that the registry at
+// host (host:port, as the nodes reach it) speaks plain HTTP, for pulls by
+// the kubelets (a test's registryenv behind Forward). Nothing else changes:
 // credentials still come from each Pod's imagePullSecrets.
 func (c *Cluster) TrustPlainHTTPRegistry(host string) error {
-	dir := filepath.Join(c.registryHostsDir(), host)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	conf := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+host, "http://"+host)
-	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644)
+	for _, n := range c.nodes {
+		dir := filepath.Join(n.registryHostsDir(), host)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// TrustRegistryCA makes the node's containerd pull from host (host:port) over HTTPS, verifying
-// its certificate with the CA of the PEM file caFile (a private registry's own CA).
+// TrustRegistryCA makes every node's containerd pull from host (host:port) over HTTPS,
+// verifying its certificate with the CA of the PEM file caFile (a private registry's own CA).
 func (c *Cluster) TrustRegistryCA(host, caFile string) error {
-	dir := filepath.Join(c.registryHostsDir(), host)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	ca, err := os.ReadFile(caFile)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o644); err != nil {
-		return err
+	for _, n := range c.nodes {
+		dir := filepath.Join(n.registryHostsDir(), host)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o644); err != nil {
+			return err
+		}
+		conf := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = %q\n",
+			"https://"+host, "https://"+host, filepath.Join(dir, "ca.crt"))
+		if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644); err != nil {
+			return err
+		}
 	}
-	conf := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = %q\n",
-		"https://"+host, "https://"+host, filepath.Join(dir, "ca.crt"))
-	return os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(conf), 0o644)
+	return nil
 }
 
-// ImportImage imports the OCI layout at dir into the node's containerd (the
-// CRI's namespace k8s.io) as <repo>:latest, for linux/amd64.
+// ImportImage imports the OCI layout at dir into every node's containerd
+// (the CRI's namespace k8s.io) as <repo>:latest, for linux/amd64, the nodes
+// at once.
 func (c *Cluster) ImportImage(ctx context.Context, dir, repo string) error {
 	tarPath := dir + ".tar"
 	if err := tarDir(dir, tarPath); err != nil {
 		return err
 	}
 	defer os.Remove(tarPath)
-	out, err := exec.CommandContext(ctx, filepath.Join(c.nodeBin, "bin", "ctr"), "--address", filepath.Join(c.Dir, "containerd.sock"),
-		"-n", "k8s.io", "images", "import", "--base-name", repo, "--platform", "linux/amd64", tarPath).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ctr images import %s as %s: %w: %s", dir, repo, err, out)
+	errs := make([]error, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() {
+			out, err := exec.CommandContext(ctx, filepath.Join(c.nodeBin, "bin", "ctr"), "--address", filepath.Join(n.dir, "containerd.sock"),
+				"-n", "k8s.io", "images", "import", "--base-name", repo, "--platform", "linux/amd64", tarPath).CombinedOutput()
+			if err != nil {
+				errs[i] = fmt.Errorf("ctr images import %s as %s on node %s: %w: %s", dir, repo, n.name, err, out)
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // tarDir writes the files under dir into a tar archive at path, named
@@ -913,17 +1113,24 @@ func (c *Cluster) Client(t testing.TB) kubernetes.Interface { return c.Plane.Cli
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
 		var errs []error
-		if c.node != nil {
-			c.node.Stop(10 * time.Second) // unshare, then its init: the PID namespace ends
-			if c.nodePID > 0 {
-				for range 100 { // the namespace's init, reaped by unshare
-					if _, err := os.Stat(fmt.Sprintf("/proc/%d", c.nodePID)); err != nil {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+		var wg sync.WaitGroup
+		for _, n := range c.nodes {
+			if n.proc == nil {
+				continue
 			}
+			wg.Go(func() {
+				n.proc.Stop(10 * time.Second) // unshare, then its init: the PID namespace ends
+				if n.pid > 0 {
+					for range 100 { // the namespace's init, reaped by unshare
+						if _, err := os.Stat(fmt.Sprintf("/proc/%d", n.pid)); err != nil {
+							break
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+			})
 		}
+		wg.Wait()
 		c.proxyMu.Lock()
 		for _, l := range c.proxies {
 			_ = l.Close()
@@ -933,11 +1140,11 @@ func (c *Cluster) Stop() error {
 		for _, p := range c.procs {
 			p.Stop(10 * time.Second)
 		}
-		if err := exec.Command("ip", "link", "del", c.hostIf).Run(); err == nil {
-			c.log("clusterenv: removed %s (the kernel destroys it with the node's network namespace, asynchronously: it was not gone yet)", c.hostIf)
-		}
-		if c.cgroupDir != "" {
-			if err := c.removeCgroups(); err != nil {
+		for _, n := range c.nodes {
+			if err := exec.Command("ip", "link", "del", n.hostIf).Run(); err == nil {
+				c.log("clusterenv: removed %s (the kernel destroys it with the node's network namespace, asynchronously: it was not gone yet)", n.hostIf)
+			}
+			if err := c.removeCgroups(n); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -971,10 +1178,15 @@ func (c *Cluster) Stop() error {
 	return c.stopErr
 }
 
-// dumpLogs logs the tail of every component's log.
+// dumpLogs logs the tail of every component's log, every node's.
 func (c *Cluster) dumpLogs(t testing.TB) {
 	t.Helper()
-	for _, name := range []string{"node", "containerd", "kubelet", "kube-proxy", "kube-router", "kube-scheduler", "kube-controller-manager"} {
+	for _, n := range c.nodes {
+		for _, name := range []string{"node", "containerd", "kubelet", "kube-proxy", "kube-router"} {
+			t.Logf("--- %s: %s.log (tail)\n%s", n.name, name, testenv.LogTail(filepath.Join(n.dir, name+".log"), 40))
+		}
+	}
+	for _, name := range []string{"kube-scheduler", "kube-controller-manager"} {
 		t.Logf("--- %s.log (tail)\n%s", name, testenv.LogTail(filepath.Join(c.Dir, name+".log"), 40))
 	}
 }
@@ -982,14 +1194,23 @@ func (c *Cluster) dumpLogs(t testing.TB) {
 // DumpLogs logs the tail of every component's log (for a failing test).
 func (c *Cluster) DumpLogs(t testing.TB) { c.dumpLogs(t) }
 
-// PodCPU returns the CPU time each Pod of the node has used so far, by Pod UID: its pod cgroup's
-// cpuacct.usage, which includes its containers', for the Pods that have a cgroup now (the
-// kubelet removes a finished Pod's soon after it ends, so a caller that wants a short Pod's total
-// polls and keeps the largest reading).
+// PodCPU returns the CPU time each Pod of every node has used so far, by Pod UID: its pod
+// cgroup's cpuacct.usage, which includes its containers', for the Pods that have a cgroup now
+// (the kubelet removes a finished Pod's soon after it ends, so a caller that wants a short Pod's
+// total polls and keeps the largest reading).
 func (c *Cluster) PodCPU() (map[string]time.Duration, error) {
-	root := filepath.Join("/sys/fs/cgroup", "cpuacct", c.cgroupDir)
 	out := map[string]time.Duration{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	for _, n := range c.nodes {
+		if err := podCPU(filepath.Join("/sys/fs/cgroup", "cpuacct", n.cgroupDir), out); err != nil {
+			return out, fmt.Errorf("node %s: %w", n.name, err)
+		}
+	}
+	return out, nil
+}
+
+// podCPU adds the cpuacct.usage of every pod cgroup under root to out.
+func podCPU(root string, out map[string]time.Duration) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil // removed while we walked
@@ -1013,5 +1234,4 @@ func (c *Cluster) PodCPU() (map[string]time.Duration, error) {
 		out[strings.TrimPrefix(d.Name(), "pod")] = time.Duration(ns)
 		return fs.SkipDir // its containers are in it
 	})
-	return out, err
 }

@@ -29,69 +29,76 @@ func KubeRouterAssets(t testing.TB) string {
 	}})
 }
 
-// NetworkPolicy is the node's NetworkPolicy dataplane: kube-router's
-// network policy controller (its firewall only: no routing, no service
-// proxy), running in the node's mount, network and PID namespaces and
-// programming the node's own filter table (iptables, legacy backend) and
-// ipsets. Every Pod on the node is then isolated as the NetworkPolicies of
-// the API server say, and stays so until the node stops.
+// NetworkPolicy is the cluster's NetworkPolicy dataplane: on every node,
+// kube-router's network policy controller (its firewall only: no routing,
+// no service proxy), running in that node's mount, network and PID
+// namespaces and programming that node's own filter table (iptables,
+// legacy backend) and ipsets. Every Pod is then isolated as the
+// NetworkPolicies of the API server say, by the kube-router of its node
+// (its ingress and its egress alike, whichever node the peer is on), and
+// stays so until the cluster stops.
 type NetworkPolicy struct {
-	c   *Cluster
-	bin string // the kube-router peer folder
-	p   *testenv.Process
+	c     *Cluster
+	bin   string             // the kube-router peer folder
+	procs []*testenv.Process // one per node, in the order of c.nodes
 }
 
-// StartNetworkPolicy starts the NetworkPolicy dataplane on the node and
-// waits until it has hooked its chains into the node's filter table
+// StartNetworkPolicy starts the NetworkPolicy dataplane on every node and
+// waits until each has hooked its chains into its node's filter table
 // (INPUT, FORWARD and OUTPUT jump to KUBE-ROUTER-*). A test that needs a
 // policy enforced must still wait for that policy's rules
-// (WaitPodPolicies): the controller programs them asynchronously.
+// (WaitPodPolicies): the controllers program them asynchronously.
 //
-// It is a test peer only (docs/CLUSTER.md). It runs as a child of nsenter
-// in the node's PID namespace, so it dies with the node (Stop, or the test
-// binary's death), and Stop then ends its nsenter. Nothing outside the
-// node's namespaces is changed: the machine's own firewall has no rule of
-// it.
+// It is a test peer only (docs/CLUSTER.md). Each runs as a child of
+// nsenter in its node's PID namespace, so it dies with the node (Stop, or
+// the test binary's death), and Stop then ends its nsenter. Nothing outside
+// the nodes' namespaces is changed: the machine's own firewall has no rule
+// of it.
 func (c *Cluster) StartNetworkPolicy(ctx context.Context, t testing.TB) *NetworkPolicy {
 	t.Helper()
 	dir := KubeRouterAssets(t)
 	np := &NetworkPolicy{c: c, bin: dir}
-	logPath := filepath.Join(c.Dir, "kube-router.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatalf("clusterenv: kube-router log: %v", err)
-	}
-	defer logf.Close()
-	// The service range is kube-apiserver's default (10.0.0.0/24: the
-	// "kubernetes" Service is 10.0.0.1); no metrics, no health server.
-	cmd := exec.Command("nsenter", "--target", fmt.Sprint(c.nodePID), "--mount", "--net", "--pid", "--",
-		filepath.Join(dir, "kube-router"),
-		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
-		"--enable-ipv4=true", "--enable-ipv6=false", "--enable-cni=false",
-		"--kubeconfig="+filepath.Join(c.Dir, "node.kubeconfig"), "--hostname-override="+NodeName,
-		"--service-cluster-ip-range=10.0.0.0/24", "--metrics-port=0", "--health-port=0",
-		"--iptables-sync-period=1m", "-v=1")
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if np.p, err = testenv.StartProcess(cmd); err != nil {
-		t.Fatalf("clusterenv: start kube-router: %v", err)
-	}
-	c.procs = append(c.procs, np.p)
-	err = np.p.WaitReady(ctx, 200*time.Millisecond, func(ctx context.Context) error {
-		rules, err := np.FilterRules(ctx)
+	for _, n := range c.nodes {
+		logf, err := os.Create(filepath.Join(n.dir, "kube-router.log"))
 		if err != nil {
-			return err
+			t.Fatalf("clusterenv: kube-router log: %v", err)
 		}
-		for _, hook := range []string{"INPUT", "FORWARD", "OUTPUT"} {
-			if !hooked(rules, hook) {
-				return fmt.Errorf("%s does not jump to KUBE-ROUTER-%s yet", hook, hook)
+		// The service range is kube-apiserver's default (10.0.0.0/24: the
+		// "kubernetes" Service is 10.0.0.1); no metrics, no health server.
+		cmd := exec.Command("nsenter", "--target", fmt.Sprint(n.pid), "--mount", "--net", "--pid", "--",
+			filepath.Join(dir, "kube-router"),
+			"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
+			"--enable-ipv4=true", "--enable-ipv6=false", "--enable-cni=false",
+			"--kubeconfig="+filepath.Join(c.Dir, "node.kubeconfig"), "--hostname-override="+n.name,
+			"--service-cluster-ip-range=10.0.0.0/24", "--metrics-port=0", "--health-port=0",
+			"--iptables-sync-period=1m", "-v=1")
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		p, err := testenv.StartProcess(cmd)
+		logf.Close()
+		if err != nil {
+			t.Fatalf("clusterenv: start kube-router on %s: %v", n.name, err)
+		}
+		c.procs = append(c.procs, p)
+		np.procs = append(np.procs, p)
+	}
+	for i, n := range c.nodes {
+		err := np.procs[i].WaitReady(ctx, 200*time.Millisecond, func(ctx context.Context) error {
+			rules, err := np.FilterRules(ctx, n.name)
+			if err != nil {
+				return err
 			}
+			for _, hook := range []string{"INPUT", "FORWARD", "OUTPUT"} {
+				if !hooked(rules, hook) {
+					return fmt.Errorf("%s does not jump to KUBE-ROUTER-%s yet", hook, hook)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Logf("--- %s: kube-router.log (tail)\n%s", n.name, testenv.LogTail(filepath.Join(n.dir, "kube-router.log"), 40))
+			t.Fatalf("clusterenv: kube-router on %s: %v", n.name, err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Logf("--- kube-router.log (tail)\n%s", testenv.LogTail(logPath, 40))
-		t.Fatalf("clusterenv: kube-router: %v", err)
 	}
 	return np
 }
@@ -107,12 +114,22 @@ func hooked(rules, chain string) bool {
 	return false
 }
 
-// FilterRules returns the node's filter table as iptables-save prints it.
-func (np *NetworkPolicy) FilterRules(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "nsenter", "--target", fmt.Sprint(np.c.nodePID), "--mount", "--net", "--",
+// FilterRules returns the filter table of the node nodeName as
+// iptables-save prints it.
+func (np *NetworkPolicy) FilterRules(ctx context.Context, nodeName string) (string, error) {
+	var n *node
+	for _, m := range np.c.nodes {
+		if m.name == nodeName {
+			n = m
+		}
+	}
+	if n == nil {
+		return "", fmt.Errorf("clusterenv: no node %q", nodeName)
+	}
+	out, err := exec.CommandContext(ctx, "nsenter", "--target", fmt.Sprint(n.pid), "--mount", "--net", "--",
 		filepath.Join(np.bin, "bin", "iptables-save"), "-t", "filter").Output()
 	if err != nil {
-		return "", fmt.Errorf("iptables-save -t filter in the node's namespace: %w", err)
+		return "", fmt.Errorf("iptables-save -t filter in node %s's namespace: %w", nodeName, err)
 	}
 	return string(out), nil
 }
@@ -127,17 +144,24 @@ var policyJump = regexp.MustCompile(`^-A (\S+) .*--comment "run through nw polic
 // PodPolicies returns the names of the NetworkPolicies whose rules
 // kube-router has programmed for the Pod namespace/name (sorted), and
 // whether it has a firewall chain at all: a Pod with a chain and no policy
-// runs through kube-router's default chain (everything allowed).
+// runs through kube-router's default chain (everything allowed). The rules
+// are those of the Pod's node (its kube-router makes chains for the Pods
+// of its node only).
 func (np *NetworkPolicy) PodPolicies(ctx context.Context, namespace, name string) (policies []string, hasChain bool, err error) {
-	rules, err := np.FilterRules(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	chain := ""
-	lines := strings.Split(rules, "\n")
-	for _, l := range lines {
-		if m := podJump.FindStringSubmatch(l); m != nil && m[1] == name && m[2] == namespace {
-			chain = m[3]
+	chain, lines := "", []string(nil)
+	for _, n := range np.c.nodes {
+		rules, err := np.FilterRules(ctx, n.name)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, l := range strings.Split(rules, "\n") {
+			if m := podJump.FindStringSubmatch(l); m != nil && m[1] == name && m[2] == namespace {
+				chain = m[3]
+			}
+		}
+		if chain != "" {
+			lines = strings.Split(rules, "\n")
+			break
 		}
 	}
 	if chain == "" {
@@ -172,7 +196,9 @@ func (np *NetworkPolicy) WaitPodPolicies(ctx context.Context, t testing.TB, name
 			last = fmt.Sprintf("policies %v", got)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Logf("--- kube-router.log (tail)\n%s", testenv.LogTail(filepath.Join(np.c.Dir, "kube-router.log"), 40))
+			for _, n := range np.c.nodes {
+				t.Logf("--- %s: kube-router.log (tail)\n%s", n.name, testenv.LogTail(filepath.Join(n.dir, "kube-router.log"), 40))
+			}
 			t.Fatalf("clusterenv: kube-router's rules for Pod %s/%s: %s after %v, want policies %v", namespace, name, last, timeout, want)
 		}
 	}

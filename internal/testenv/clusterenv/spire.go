@@ -42,20 +42,23 @@ const SPIREAgentSocketDir = "/run/spire/agent-sockets"
 // the machine (the API server at 127.0.0.1).
 func (c *Cluster) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.kubeconfig") }
 
-// StartSPIREAgent runs spire-agent v1.13.3 on the node as SPIRE's Kubernetes
-// install does: a Pod in namespace spire as ServiceAccount spire-agent (get
-// pods and nodes, cluster-wide), host network and host PID namespace (the k8s
-// workload attestor asks the kubelet at 127.0.0.1:10250 and reads callers'
-// cgroups), its socket in SPIREAgentSocketDir by hostPath, attesting to
-// server with k8s_psat (a projected token, audience spire-server) through
-// Forward, bootstrapped with the server's bundle. It returns the agent's
-// SPIFFE ID once the server lists the agent: the parent of entries for Pods
-// on this node (the pod backend's agentID).
+// StartSPIREAgent runs spire-agent v1.13.3 on every node as SPIRE's
+// Kubernetes install does (its DaemonSet's Pods, here one Pod per node bound
+// by nodeName: spire-agent on the first node, spire-agent-<node name> on the
+// others): in namespace spire as ServiceAccount spire-agent (get pods and
+// nodes, cluster-wide), host network and host PID namespace (the k8s
+// workload attestor asks its node's kubelet at 127.0.0.1:10250 and reads
+// callers' cgroups), its socket in SPIREAgentSocketDir of its node by
+// hostPath, attesting to server with k8s_psat (a projected token, audience
+// spire-server) through Forward, bootstrapped with the server's bundle. It
+// returns the agents' SPIFFE IDs, in the order of NodeNames, once the server
+// lists every agent: each the parent of entries for Pods on its node (the
+// pod backend's agentID).
 //
 // syncInterval, when not zero, is the agent's experimental sync_interval:
 // how often it asks the server for new entries (SPIRE's default and most is
 // 5 s), which bounds how long a new executor waits for its SVID.
-func (c *Cluster) StartSPIREAgent(ctx context.Context, t testing.TB, server *spireenv.Server, syncInterval time.Duration) spiffeid.ID {
+func (c *Cluster) StartSPIREAgent(ctx context.Context, t testing.TB, server *spireenv.Server, syncInterval time.Duration) []spiffeid.ID {
 	t.Helper()
 	experimental := ""
 	if syncInterval > 0 {
@@ -102,8 +105,6 @@ plugins {
 }
 `, host, port, SPIREAgentSocketDir+"/spire-agent.sock", spireenv.TrustDomain, experimental, SPIRECluster)
 	expiry := int64(3600)
-	dirOrCreate := corev1.HostPathDirectoryOrCreate
-	root := int64(0)
 	objects := []func() error{
 		func() error {
 			_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -142,9 +143,63 @@ plugins {
 		}
 	}
 	c.WaitServiceAccount(ctx, t, ns)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: sa, Labels: map[string]string{"app": sa}},
+	var ids []spiffeid.ID
+	names := map[string]string{} // agent ID path -> its Pod
+	for _, n := range c.nodes {
+		name := sa
+		if n.index > 0 {
+			name = sa + "-" + n.name
+		}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, agentPod(name, n.name, expiry), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("clusterenv: SPIRE agent Pod on %s: %v", n.name, err)
+		}
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := spiffeid.FromSegments(server.TrustDomain, "spire", "agent", "k8s_psat", SPIRECluster, string(node.UID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		names[id.Path()] = name
+	}
+	agents := agentv1.NewAgentClient(server.Conn())
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := agents.ListAgents(ctx, &agentv1.ListAgentsRequest{})
+		missing := map[string]string{}
+		for path, name := range names {
+			missing[path] = name
+		}
+		if err == nil {
+			for _, a := range resp.GetAgents() {
+				delete(missing, a.GetId().GetPath())
+			}
+			if len(missing) == 0 {
+				return ids
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			c.DumpLogs(t)
+			for path, name := range missing {
+				t.Logf("SPIRE agent %s (Pod %s) log:\n%s", path, name, c.podLog(ctx, ns, name))
+			}
+			t.Fatalf("clusterenv: SPIRE agents did not attest (last error %v): %d of %d missing", err, len(missing), len(names))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// agentPod is a SPIRE agent Pod named name, bound to the node node.
+func agentPod(name, node string, expiry int64) *corev1.Pod {
+	const sa = "spire-agent"
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	root := int64(0)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": sa}},
 		Spec: corev1.PodSpec{
+			NodeName:           node,
 			ServiceAccountName: sa, HostNetwork: true, HostPID: true, DNSPolicy: corev1.DNSClusterFirstWithHostNet,
 			RestartPolicy: corev1.RestartPolicyAlways,
 			Containers: []corev1.Container{{
@@ -167,34 +222,6 @@ plugins {
 				}}}}},
 			},
 		},
-	}
-	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("clusterenv: SPIRE agent Pod: %v", err)
-	}
-	node, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := spiffeid.FromSegments(server.TrustDomain, "spire", "agent", "k8s_psat", SPIRECluster, string(node.UID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agents := agentv1.NewAgentClient(server.Conn())
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		resp, err := agents.ListAgents(ctx, &agentv1.ListAgentsRequest{})
-		if err == nil {
-			for _, a := range resp.GetAgents() {
-				if a.GetId().GetPath() == id.Path() {
-					return id
-				}
-			}
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			c.DumpLogs(t)
-			t.Fatalf("clusterenv: SPIRE agent %s did not attest (last error %v); its log:\n%s", id, err, c.podLog(ctx, ns, sa))
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
 }
 

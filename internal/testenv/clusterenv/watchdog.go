@@ -4,21 +4,24 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 )
 
-// watchdog undoes what the node leaves on the machine once the test binary
-// is gone without Stop (a timeout panic, a kill). The node's processes need
-// no watchdog: the parent-death signal kills unshare, whose --kill-child
-// kills the namespace's init, which ends the whole PID namespace. What is
-// left is the veth (until the kernel destroys it with the network
-// namespace), the cgroupRoot's folders, the sysctls the kubelet changed and
-// the cluster's folder.
+// watchdog undoes what the nodes leave on the machine once the test binary
+// is gone without Stop (a timeout panic, a kill). The nodes' processes need
+// no watchdog: the parent-death signal kills each unshare, whose
+// --kill-child kills its namespace's init, which ends the whole PID
+// namespace. What is left is each node's veth to the machine (until the
+// kernel destroys it with the network namespace; the links between nodes
+// never were the machine's), each node's cgroupRoot's folders, the sysctls
+// the kubelets changed (recorded once, before the first node) and the
+// cluster's folder.
 //
 // It is a shell in its own process group, blocked reading a pipe whose only
 // writer is the test process. Stop writes a line: the shell exits and does
 // nothing. If the test process dies instead, the read ends without a line
-// and the shell removes the veth and the cgroups (retrying while the last
+// and the shell removes the veths and the cgroups (retrying while the last
 // processes leave), writes the recorded sysctls back and removes the
 // cluster's folder.
 type watchdog struct {
@@ -28,15 +31,17 @@ type watchdog struct {
 
 const watchdogScript = `
 if read -r _; then exit 0; fi
-dir=$1 hostif=$2 cg=$3; shift 3
+dir=$1 hostifs=$2 cgs=$3; shift 3
 sleep 1
-ip link del "$hostif" 2>/dev/null
+for hostif in $hostifs; do ip link del "$hostif" 2>/dev/null; done
 for try in 1 2 3 4 5 6 7 8 9 10; do
   left=
-  for h in /sys/fs/cgroup/*; do
-    [ -d "$h$cg" ] || continue
-    find "$h$cg" -depth -type d -exec rmdir {} \; 2>/dev/null
-    [ -d "$h$cg" ] && left=1
+  for cg in $cgs; do
+    for h in /sys/fs/cgroup/*; do
+      [ -d "$h$cg" ] || continue
+      find "$h$cg" -depth -type d -exec rmdir {} \; 2>/dev/null
+      [ -d "$h$cg" ] && left=1
+    done
   done
   [ -z "$left" ] && break
   sleep 1
@@ -54,7 +59,11 @@ func startWatchdog(c *Cluster) (*watchdog, error) {
 		return nil, fmt.Errorf("watchdog pipe: %w", err)
 	}
 	defer r.Close()
-	args := []string{"-c", watchdogScript, "clusterenv-watchdog", c.Dir, c.hostIf, c.cgroupDir}
+	var hostIfs, cgroupDirs []string
+	for _, n := range c.nodes {
+		hostIfs, cgroupDirs = append(hostIfs, n.hostIf), append(cgroupDirs, n.cgroupDir)
+	}
+	args := []string{"-c", watchdogScript, "clusterenv-watchdog", c.Dir, strings.Join(hostIfs, " "), strings.Join(cgroupDirs, " ")}
 	for s, v := range c.sysctls {
 		args = append(args, s+"="+v)
 	}
