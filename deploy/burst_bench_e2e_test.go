@@ -41,10 +41,12 @@ import (
 // most executor Pods that existed at once, how many were Pending at the
 // peak (unschedulable: maxPods), the handle Jobs KEDA started, and the
 // executors per node. GDR_BENCH_NODES (default 1) is the test cluster's node
-// count (clusterenv.Options.Nodes; the nodes share the machine's cores).
+// count (clusterenv.Options.Nodes; the nodes share the machine's cores);
+// GDR_BENCH_CAPACITY (default: the shipped pools file's, 10) the pool's
+// capacity, the most of its jobs claimed and not finished at once.
 //
 //	go test -tags e2e -run '^$' -bench E2EClusterBurst -benchtime 1x -timeout 60m ./deploy/
-//	GDR_BENCH_NODES=2 go test -tags e2e -run '^$' -bench E2EClusterBurst -benchtime 1x -timeout 60m ./deploy/
+//	GDR_BENCH_NODES=2 GDR_BENCH_CAPACITY=200 go test -tags e2e -run '^$' -bench E2EClusterBurst -benchtime 1x -timeout 60m ./deploy/
 func BenchmarkE2EClusterBurst(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
@@ -66,7 +68,14 @@ func BenchmarkE2EClusterBurst(b *testing.B) {
 			b.Fatalf("GDR_BENCH_NODES %q: want a positive count", v)
 		}
 	}
-	in := installKEDAWith(ctx, b, installOptions{podTemplate: burstRequests, nodes: nodes})
+	capacity := 0
+	if v := os.Getenv("GDR_BENCH_CAPACITY"); v != "" {
+		var err error
+		if capacity, err = strconv.Atoi(v); err != nil || capacity < 1 {
+			b.Fatalf("GDR_BENCH_CAPACITY %q: want a positive count", v)
+		}
+	}
+	in := installKEDAWith(ctx, b, installOptions{podTemplate: burstRequests, nodes: nodes, capacity: capacity})
 	repo := in.g.CreateRepo(b, "burst")
 	floor := startFloor(ctx, b, in.g)
 	seen := newSightings()
@@ -95,9 +104,9 @@ func BenchmarkE2EClusterBurst(b *testing.B) {
 		in.idleWithin(ctx, b, repo, 15*time.Minute, names...)
 		most, pending, perNode := peak.get()
 		sec := func(d time.Duration) string { return fmt.Sprintf("%.1f", d.Seconds()) }
-		b.Logf("cluster burst %d on %d node(s): push -> first step p50 %s p95 %s max %s s; floor (twins claimed) p50 %s p95 %s max %s s; "+
+		b.Logf("cluster burst %d on %d node(s), capacity %d (0: shipped): push -> first step p50 %s p95 %s max %s s; floor (twins claimed) p50 %s p95 %s max %s s; "+
 			"at most %d executor Pods at once, %d Pending then; %d handle Jobs; executors per node %v",
-			n, nodes, sec(p50(total)), sec(p95(total)), sec(slices.Max(total)), sec(p50(twin)), sec(p95(twin)), sec(slices.Max(twin)),
+			n, nodes, capacity, sec(p50(total)), sec(p95(total)), sec(slices.Max(total)), sec(p50(twin)), sec(p95(twin)), sec(slices.Max(twin)),
 			most, pending, seen.jobsAfter(pushed), perNode)
 		for _, m := range []struct {
 			unit string

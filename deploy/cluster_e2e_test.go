@@ -154,6 +154,8 @@ type installOptions struct {
 	// nodes is the cluster's node count (clusterenv.Options.Nodes; zero: one node). Every node
 	// gets a SPIRE agent, and the control plane's entries one under each agent.
 	nodes int
+	// capacity, when positive, is the pool linux's capacity (the shipped pools file's: 10).
+	capacity int
 	// release, when set, is the version installHelm installs from a release, with identity
 	// ca: made by `make release` for a registry of the test's, pushed there by `make push`, and
 	// installed by deploy/README.md's Helm blocks (helm, the CLI: the tokens' Secrets, helm
@@ -1345,6 +1347,9 @@ func localPools(t testing.TB, obj *unstructured.Unstructured, registry string, o
 	}
 	if err := unstructured.SetNestedMap(linux, spec, "profile", "podTemplate", "spec"); err != nil {
 		t.Fatal(err)
+	}
+	if o.capacity > 0 {
+		linux["capacity"] = o.capacity
 	}
 	pools["pools"] = []any{linux, tenantB, lax}
 	if build {
