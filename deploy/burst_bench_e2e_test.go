@@ -61,20 +61,8 @@ func BenchmarkE2EClusterBurst(b *testing.B) {
 			sizes = append(sizes, n)
 		}
 	}
-	nodes := 1
-	if v := os.Getenv("GDR_BENCH_NODES"); v != "" {
-		var err error
-		if nodes, err = strconv.Atoi(v); err != nil || nodes < 1 {
-			b.Fatalf("GDR_BENCH_NODES %q: want a positive count", v)
-		}
-	}
-	capacity := 0
-	if v := os.Getenv("GDR_BENCH_CAPACITY"); v != "" {
-		var err error
-		if capacity, err = strconv.Atoi(v); err != nil || capacity < 1 {
-			b.Fatalf("GDR_BENCH_CAPACITY %q: want a positive count", v)
-		}
-	}
+	nodes := benchCount(b, "GDR_BENCH_NODES", 1, 1)
+	capacity := benchCount(b, "GDR_BENCH_CAPACITY", 0, 1) // 0 (unset): the shipped pools file's
 	in := installKEDAWith(ctx, b, installOptions{podTemplate: burstRequests, nodes: nodes, capacity: capacity})
 	repo := in.g.CreateRepo(b, "burst")
 	floor := startFloor(ctx, b, in.g)

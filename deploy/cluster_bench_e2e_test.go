@@ -96,6 +96,21 @@ func BenchmarkE2EClusterPickup(b *testing.B) {
 	}
 }
 
+// benchCount is the count the variable name sets (def when unset), failing
+// the benchmark when it is not a number of at least least.
+func benchCount(b *testing.B, name string, def, least int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < least {
+		b.Fatalf("%s %q: want a count of at least %d", name, v, least)
+	}
+	return n
+}
+
 // withoutVolumes is the pool linux's template without its /tmp emptyDir, the
 // runner's root filesystem writable instead: a Pod with no volume at all
 // skips the kubelet's wait for its volumes (polled every 300 ms), the cost
@@ -122,27 +137,9 @@ func benchClusterPickup(b *testing.B, variant string, o installOptions) {
 		}
 		o.spireSync = d
 	}
-	n := 10
-	if v := os.Getenv("GDR_BENCH_JOBS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			b.Fatalf("GDR_BENCH_JOBS %q: want a positive count", v)
-		}
-	}
-	lone := 3
-	if v := os.Getenv("GDR_BENCH_LONE"); v != "" {
-		var err error
-		if lone, err = strconv.Atoi(v); err != nil || lone < 0 {
-			b.Fatalf("GDR_BENCH_LONE %q: want a count", v)
-		}
-	}
-	idle := 5
-	if v := os.Getenv("GDR_BENCH_IDLE"); v != "" {
-		var err error
-		if idle, err = strconv.Atoi(v); err != nil || idle < 0 {
-			b.Fatalf("GDR_BENCH_IDLE %q: want a count", v)
-		}
-	}
+	n := benchCount(b, "GDR_BENCH_JOBS", 10, 1)
+	lone := benchCount(b, "GDR_BENCH_LONE", 3, 0)
+	idle := benchCount(b, "GDR_BENCH_IDLE", 5, 0)
 	in := installKEDAWith(ctx, b, o)
 	label := "ubuntu-latest" // the pool linux's
 	if o.build {
