@@ -97,16 +97,16 @@ func BenchmarkE2EClusterPickup(b *testing.B) {
 }
 
 // benchCount is the count the variable name sets (def when unset), failing
-// the benchmark when it is not a number of at least least.
-func benchCount(b *testing.B, name string, def, least int) int {
+// the benchmark when it is not a whole number of at least atLeast.
+func benchCount(b *testing.B, name string, def, atLeast int) int {
 	b.Helper()
 	v := os.Getenv(name)
 	if v == "" {
 		return def
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < least {
-		b.Fatalf("%s %q: want a count of at least %d", name, v, least)
+	if err != nil || n < atLeast {
+		b.Fatalf("%s %q: want a count of at least %d", name, v, atLeast)
 	}
 	return n
 }
