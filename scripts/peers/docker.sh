@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # scripts/peers/docker.sh: rootless Docker, the daemon a pool's executors may run as a sidecar
 # (issue 45, a pool's docker capability), and the Docker CLI with its buildx and compose plugins
-# for the runner-host image, all Debian trixie's packages, for both image architectures.
+# for the runner-host image, all Debian trixie's packages, for the image architectures
+# GDR_ARCHES names (default: this machine's; lib.sh image_arches).
 #
 #   docker.sh build   download once into ${GDR_PEERS:-$HOME/.cache/gitea-dynamic-runner}/docker-26.1.5-v1/
+#                     (every release architecture, amd64 and arm64) or docker-26.1.5-v1-<arch>/
+#                     (GDR_ARCHES=<arch> alone), per architecture:
 #                     <arch>/debs/*.deb   the dependency closure of DEBS (the docker image's root)
 #                     <arch>/bin/{docker,docker-buildx,docker-compose}   the CLI and its plugins
-#                     for arch amd64 and arm64, and print that folder (fast no-op when already built)
+#                     and print that folder (fast no-op when already built)
 #   docker.sh path    print the folder if built, else exit 1
 #
 # Why trixie: bookworm's docker.io is 20.10 (API 1.41, past its end of life) and bookworm has no
@@ -27,7 +30,6 @@ VERSION=1
 # for dockerd-rootless.sh, jq for gdr-runc.
 DEBS=(docker.io docker-cli docker-buildx docker-compose rootlesskit slirp4netns uidmap iptables iproute2 util-linux mount jq dash coreutils)
 CLI=(usr/bin/docker usr/libexec/docker/cli-plugins/docker-buildx usr/libexec/docker/cli-plugins/docker-compose)
-ARCHES=(amd64 arm64)
 PEER=docker-$DOCKER_VERSION-v$VERSION
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -75,10 +77,12 @@ build() {
   {
     echo "docker=$DOCKER_VERSION"
     echo "debs=${DEBS[*]}"
+    echo "arches=${ARCHES[*]}"
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"
   } >"$tmp/.complete"
   build_end
 }
 
+image_arches "$PEER"
 peer_main "$@"

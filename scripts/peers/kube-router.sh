@@ -21,7 +21,9 @@
 # kube-router: a throwaway module outside the checkout requires
 # github.com/cloudnativelabs/kube-router/v2 (whose go.mod has no replace or exclude directive) and
 # builds its cmd/kube-router with CGO_ENABLED=0, -trimpath, its own version stamp
-# (pkg/version.Version, as its Makefile sets it) and a private build cache deleted afterwards.
+# (pkg/version.Version, as its Makefile sets it) and the machine's build cache (go env GOCACHE:
+# its keys cover CGO_ENABLED, tags and flags, so no peer's build can poison another's; the
+# standard library and the Kubernetes client modules it shares with kube.sh compile once).
 #
 # iptables and ipset: the machine has neither. Debian's packages are downloaded with a private apt
 # state (the machine's apt is untouched, nothing is installed) and unpacked with dpkg-deb -x. Each
@@ -32,8 +34,8 @@
 # conntrack, comment, mark, NFLOG, REJECT) and the node's nft tables stay kube-proxy's alone.
 # The folder is complete exactly when its stamp exists (temporary sibling, renamed into place,
 # stamp written last); concurrent builds are serialized by a lock file.
-# Cold (kube-router's modules already in the module cache, empty private build cache), measured
-# on 2 shared cores: see docs/CLUSTER.md. Warm (folder present): instant.
+# Cold (kube-router's modules already in the module cache, then an empty private build cache, since
+# dropped), measured on 2 shared cores: see docs/CLUSTER.md. Warm (folder present): instant.
 set -euo pipefail
 
 KR_VERSION=v2.1.0
@@ -83,7 +85,7 @@ build() {
   grep -q 'iptables v1\.8\.9 (legacy)' <<<"$("$tmp/bin/iptables" --version)" || die "bin/iptables is not iptables 1.8.9 (legacy)"
   grep -q 'ipset v7\.' <<<"$("$tmp/bin/ipset" --version)" || die "bin/ipset is not ipset 7"
 
-  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
+  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
   unset GOOS GOARCH || true
   mkdir "$tmp/mod"
   say "fetching $KR_MODULE@$KR_VERSION"
@@ -102,7 +104,7 @@ build() {
       -o "$tmp/kube-router" "$KR_MODULE/cmd/kube-router"
     say "kube-router built in $(($(date +%s) - s))s"
   )
-  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
+  rm -rf "$tmp/mod"
   grep -qE "^[[:space:]](mod|dep)[[:space:]]+$KR_MODULE[[:space:]]+$KR_VERSION([[:space:]]|$)" <<<"$(go version -m "$tmp/kube-router")" ||
     die "built kube-router does not embed $KR_MODULE $KR_VERSION"
   grep -q "$KR_VERSION" <<<"$("$tmp/kube-router" --version 2>&1)" || die "kube-router --version does not say $KR_VERSION"

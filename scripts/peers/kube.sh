@@ -12,22 +12,22 @@
 #
 # The folder is complete exactly when it exists: it is assembled in a temporary sibling and
 # renamed into place, with a stamp file written last. Concurrent builds are serialized by a
-# lock file. The project's go.mod/go.sum are never touched: a throwaway module outside the
-# checkout requires k8s.io/kubernetes and etcd's server module. k8s.io/kubernetes cannot be
-# `go install`ed (it requires its staging repos at v0.0.0 and replaces them with ./staging
-# paths that are not in the module zip), so the throwaway module replaces each staging repo
-# with its published v0.<minor>.<patch>. CGO_ENABLED=0, -trimpath, a private build cache that
-# is deleted afterwards (nothing a project build could reuse; ~2.8 GB).
+# lock file. The throwaway module outside the checkout (scripts/peers/kube-module.sh, shared with
+# kubectl.sh) requires k8s.io/kubernetes and etcd's server module. CGO_ENABLED=0, -trimpath, the
+# machine's build cache (go env GOCACHE): kubectl.sh, run after, finds every package it shares
+# with the server commands compiled there (~2.8 GB of the cache; Go trims entries unused for
+# five days).
 # The five Kubernetes commands are compiled in ONE `go build` invocation, so the packages they
 # share compile once: measured here, the API server alone took 768 s and the other three apart
 # 900 s more, the four together 677 s (docs/CLUSTER.md).
-# No kubectl: envtest only records its path and our tests never run it.
+# No kubectl here: envtest only records its path and our tests never run it; kubectl.sh builds it
+# from the same module, so a kube folder built before it had kubectl stays complete.
 # Cold (empty module and build caches): ~92 MB of module downloads and 11-20 min on 2 cores.
 # Warm (folder present): instant.
 set -euo pipefail
 
-K8S_VERSION=v1.37.2
-ETCD_VERSION=v3.7.0
+# shellcheck source=kube-module.sh
+. "$(dirname "${BASH_SOURCE[0]}")/kube-module.sh" # K8S_VERSION, ETCD_VERSION, kube_module
 PEER=kube-$K8S_VERSION
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -45,54 +45,18 @@ build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
   build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
-  local kmod staging gover minor patch sv ldflags vpkg
+  local c pkgs=()
+  for c in "${KUBE_COMMANDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
 
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  patch=${K8S_VERSION##*.}
-  sv=v0.$minor.$patch
-
-  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOCACHE=$tmp/gocache
+  export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
   unset GOOS GOARCH || true
-  mkdir "$tmp/mod"
-  say "fetching k8s.io/kubernetes@$K8S_VERSION go.mod"
-  kmod=$(cd "$tmp/mod" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-  [ -f "$kmod" ] || die "go mod download k8s.io/kubernetes@$K8S_VERSION failed"
-  staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$kmod" | sort -u)
-  [ -n "$staging" ] || die "no staging requirements in $kmod"
-  gover=$(awk '$1 == "go" {print $2; exit}' "$kmod")
-  {
-    echo "module gdr.local/kubepeer"
-    echo
-    echo "go $gover"
-    echo
-    echo "require ("
-    echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-    echo "	k8s.io/kubernetes $K8S_VERSION"
-    echo ")"
-    echo
-    echo "replace ("
-    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$sv"; done
-    echo ")"
-  } >"$tmp/mod/go.mod"
-  {
-    printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "go.etcd.io/etcd/server/v3"\n'
-    for c in "${KUBE_COMMANDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
-    printf ')\n'
-  } >"$tmp/mod/tools.go"
-
-  # /version must report the real version (else v0.0.0-master): stamp it as k8s' own build does.
-  ldflags="-s -w"
-  for vpkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-  done
+  kube_module "$tmp/mod" "${pkgs[@]}"
   (
     cd "$tmp/mod"
-    local s c pkgs=()
-    for c in "${KUBE_COMMANDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+    local s
     s=$(date +%s)
     say "compiling ${KUBE_COMMANDS[*]} $K8S_VERSION (one go build)"
-    go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
+    go build -trimpath -ldflags "$KUBE_LDFLAGS" -o "$tmp/" "${pkgs[@]}"
     echo "$(($(date +%s) - s))" >"$tmp/.kubernetes_seconds"
     say "kubernetes built in $(cat "$tmp/.kubernetes_seconds")s"
     s=$(date +%s)
@@ -100,7 +64,7 @@ build() {
     go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
     say "etcd built in $(($(date +%s) - s))s"
   )
-  chmod -R u+w "$tmp/gocache" && rm -rf "$tmp/gocache" "$tmp/mod"
+  rm -rf "$tmp/mod"
   for c in "${KUBE_COMMANDS[@]}"; do
     grep -qx "Kubernetes $K8S_VERSION" <<<"$("$tmp/$c" --version 2>/dev/null)" || die "built $c does not report $K8S_VERSION"
   done

@@ -9,15 +9,18 @@
 #   kubectl.sh path    print the folder if built, else exit 1
 #
 # The folder is complete exactly when it exists (scripts/peers/lib.sh). The project's go.mod is
-# never touched: a throwaway module outside the checkout requires k8s.io/kubernetes, whose
-# staging requirements (v0.0.0, replaced by ./staging paths the module zip lacks) it replaces
-# with their published v0.<minor>.<patch>, as kube.sh does; it builds k8s.io/kubernetes/cmd/kubectl
-# alone, with the machine's build cache (the client libraries it shares with the project's own
-# builds compile once). A separate peer, not one more command of kube.sh: adding it there would
-# rebuild every cached Kubernetes folder. Cold: ~3-6 min on 2 cores; warm: instant.
+# never touched: kubectl is built from kube.sh's throwaway module (scripts/peers/kube-module.sh:
+# the same go.mod, so the same version of every shared package), with the machine's build cache
+# (go env GOCACHE): after kube.sh (`make peers` runs it first) only what kubectl alone imports
+# compiles, then it links; the client libraries it shares with the project's own builds compile
+# once too. A separate peer, not one more command of kube.sh's `go build`: the shared cache gives
+# the same sharing, and adding kubectl to kube.sh's folder would make every cached Kubernetes
+# folder incomplete (a 15-30 min rebuild). Cold alone: ~2-7 min on 2 cores; after kube.sh: see
+# docs/TESTING.md; warm: instant.
 set -euo pipefail
 
-K8S_VERSION=v1.37.2
+# shellcheck source=kube-module.sh
+. "$(dirname "${BASH_SOURCE[0]}")/kube-module.sh" # K8S_VERSION, kube_module
 PEER=kubectl-$K8S_VERSION
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -28,36 +31,14 @@ build() {
   if built; then echo "$DEST"; return 0; fi
   command -v go >/dev/null || die "go not found in PATH"
   build_begin || { echo "$DEST"; return 0; } # another build finished while we waited
-  local kmod staging gover minor patch sv ldflags vpkg m s
-
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  patch=${K8S_VERSION##*.}
-  sv=v0.$minor.$patch
+  local s
 
   export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
   unset GOOS GOARCH || true
-  mkdir "$tmp/mod"
-  kmod=$(cd "$tmp/mod" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-  [ -f "$kmod" ] || die "go mod download k8s.io/kubernetes@$K8S_VERSION failed"
-  staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$kmod" | sort -u)
-  [ -n "$staging" ] || die "no staging requirements in $kmod"
-  gover=$(awk '$1 == "go" {print $2; exit}' "$kmod")
-  {
-    printf 'module gdr.local/kubectlpeer\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$gover" "$K8S_VERSION"
-    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$sv"; done
-    printf ')\n'
-  } >"$tmp/mod/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubectl"\n' >"$tmp/mod/tools.go"
-
-  # `kubectl version --client` must report the real version: stamp it as Kubernetes' build does.
-  ldflags="-s -w"
-  for vpkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-  done
+  kube_module "$tmp/mod" k8s.io/kubernetes/cmd/kubectl
   s=$(date +%s)
   say "compiling kubectl $K8S_VERSION"
-  (cd "$tmp/mod" && go build -trimpath -ldflags "$ldflags" -o "$tmp/kubectl" k8s.io/kubernetes/cmd/kubectl)
+  (cd "$tmp/mod" && go build -trimpath -ldflags "$KUBE_LDFLAGS" -o "$tmp/kubectl" k8s.io/kubernetes/cmd/kubectl)
   rm -rf "$tmp/mod"
   grep -q "Client Version: $K8S_VERSION\$" <<<"$("$tmp/kubectl" version --client 2>/dev/null)" ||
     die "built kubectl does not report $K8S_VERSION"

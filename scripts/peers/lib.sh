@@ -49,6 +49,40 @@ build_end() {
   echo "$DEST"
 }
 
+# RELEASE_ARCHES are the architectures of a release's images (internal/imagebuild's Platforms),
+# in index order.
+RELEASE_ARCHES=(amd64 arm64)
+
+# image_arches BASE: for a peer of the images (scripts/debs.sh, buildkit.sh, docker.sh), sets
+# ARCHES, the architectures to build for, from GDR_ARCHES (comma- or space-separated Debian/Go
+# architecture names; `make images` passes its PLATFORMS; default: this machine's, as dpkg names
+# it), each one of RELEASE_ARCHES, in their order. The folder's name says what it holds: BASE
+# holds every one of RELEASE_ARCHES (what `make release` needs), BASE-<arch>[-<arch>] only
+# those; a folder of fewer never takes BASE's name. When BASE is built it serves any subset, so
+# a machine that made a release builds nothing more for its tests. Call it after built() is
+# defined: it sets PEER, DEST and STAMP again.
+image_arches() {
+  local base=$1 a want
+  want=" $(tr ',' ' ' <<<"${GDR_ARCHES:-$(dpkg --print-architecture)}") "
+  for a in $want; do
+    [[ " ${RELEASE_ARCHES[*]} " == *" $a "* ]] || die "GDR_ARCHES: architecture $a is not one of ${RELEASE_ARCHES[*]}"
+  done
+  ARCHES=()
+  for a in "${RELEASE_ARCHES[@]}"; do
+    if [[ "$want" == *" $a "* ]]; then ARCHES+=("$a"); fi
+  done
+  [ "${#ARCHES[@]}" -gt 0 ] || die "GDR_ARCHES names no architecture"
+  if [ "${ARCHES[*]}" = "${RELEASE_ARCHES[*]}" ]; then
+    PEER=$base
+  else
+    PEER=$base-$(IFS=-; echo "${ARCHES[*]}")
+    DEST=$ROOT/$base STAMP=$ROOT/$base/.complete
+    if built; then return 0; fi # every release architecture, these among them
+  fi
+  DEST=$ROOT/$PEER
+  STAMP=$DEST/.complete
+}
+
 # peer_main ARGS: the command line of every peer script: `build` (once; prints the folder) or
 # `path` (prints $PEER_PATH, default $DEST, if built; else exits 1).
 peer_main() {
