@@ -139,15 +139,26 @@ chaos-gitea:
 ##         dispatch, handle, recover, gateway, runner, runner-host, buildkit (a pool's rootless
 ##         image builder: scripts/peers/buildkit.sh), docker (rootless Docker: Debian trixie's,
 ##         scripts/peers/docker.sh, which also gives runner-host the Docker CLI, buildx and
-##         compose); linux/amd64 + linux/arm64,
+##         compose); for PLATFORMS (default: this machine's alone, all the tests run; `make
+##         release` sets both, linux/amd64,linux/arm64), the Debian packages and peers fetched
+##         and built for those architectures only (scripts/peers/lib.sh image_arches);
 ##         reproducible (every timestamp SOURCE_DATE_EPOCH, default: the last commit's time)
+RELEASE_PLATFORMS := linux/amd64,linux/arm64
+PLATFORMS ?= linux/$(shell $(GO) env GOARCH)
+comma := ,
+empty :=
+space := $(empty) $(empty)
+# IMAGE_ARCHES: PLATFORMS' architectures, comma-separated (GDR_ARCHES of the image peers' scripts)
+IMAGE_ARCHES = $(subst $(space),$(comma),$(strip $(foreach p,$(subst $(comma), ,$(PLATFORMS)),$(word 2,$(subst /, ,$(p))))))
 .PHONY: images
 images:
-	@debs=$$(./scripts/debs.sh build) && buildkit=$$(./scripts/peers/buildkit.sh build) && docker=$$(./scripts/peers/docker.sh build) && \
+	@export GDR_ARCHES=$(IMAGE_ARCHES) && \
+	debs=$$(./scripts/debs.sh build) && buildkit=$$(./scripts/peers/buildkit.sh build) && docker=$$(./scripts/peers/docker.sh build) && \
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
-	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -packages "$$debs" -peer buildkit="$$buildkit" -peer docker="$$docker" -commit "$(COMMIT)"
+	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -platforms "$(PLATFORMS)" -packages "$$debs" -peer buildkit="$$buildkit" -peer docker="$$docker" -commit "$(COMMIT)"
 
-## release: a release to install without building (internal/release): make images' layouts, each
+## release: a release to install without building (internal/release): make images' layouts for
+##          both platforms (PLATFORMS=$(RELEASE_PLATFORMS); a layout of fewer is refused), each
 ##          index stamped with VERSION (vX.Y.Z), the chart (version and appVersion VERSION) naming
 ##          them under REGISTRY by digest, and SHA256SUMS, into RELEASE_DIR (deploy/REFERENCE.md,
 ##          "The Helm chart and releases"); `make release push VERSION=v0.2.0 REGISTRY=registry.example.net/gdr`
@@ -156,6 +167,7 @@ REGISTRY ?= ghcr.io/gitea-dynamic-runner
 RELEASE_DIR ?= $(BIN)/release/$(VERSION)
 PLAIN_HTTP ?= false
 .PHONY: release push
+release: PLATFORMS = $(RELEASE_PLATFORMS)
 release: images
 	@test -n "$(VERSION)" || { echo "make release: set VERSION=vX.Y.Z" >&2; exit 1; }
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,15 +58,15 @@ func (p *platformFS) resolve(name string) (string, *tar.Header, error) {
 }
 
 // checkImage opens the OCI layout at dir and checks what every image of
-// ours must be: one image index (ref name "latest") with exactly the
-// linux/amd64 and linux/arm64 images; in each, the binary as entrypoint, a
+// ours must be: one image index (ref name "latest") whose images are exactly
+// the platforms of one of platforms (in that order); in each, the binary as entrypoint, a
 // numeric non-root user that /etc/passwd and /etc/group name, a CA bundle,
 // no setuid or setgid file, and a static binary whose ELF machine is the
 // platform's; the amd64 binary, run, answers --version with its name.
 // wanted are more files whose content the caller wants (after symlinks
 // are resolved the caller can find them in files). It returns each
 // platform's file system, in Platforms order.
-func checkImage(t *testing.T, dir string, img Image, wanted ...string) []*platformFS {
+func checkImage(t *testing.T, dir string, img Image, platforms [][]Platform, wanted ...string) []*platformFS {
 	t.Helper()
 	lp, err := layout.FromPath(dir)
 	if err != nil {
@@ -97,12 +98,18 @@ func checkImage(t *testing.T, dir string, img Image, wanted ...string) []*platfo
 	if err != nil {
 		t.Fatalf("layout %s: image index: %v", dir, err)
 	}
-	var platforms []string
+	var got []string
 	for _, m := range im.Manifests {
-		platforms = append(platforms, m.Platform.String())
+		got = append(got, m.Platform.String())
 	}
-	if want := []string{"linux/amd64", "linux/arm64/v8"}; !slices.Equal(platforms, want) {
-		t.Fatalf("layout %s: platforms %v, want %v", dir, platforms, want)
+	if !slices.ContainsFunc(platforms, func(want []Platform) bool {
+		var names []string
+		for _, p := range want {
+			names = append(names, p.String())
+		}
+		return slices.Equal(got, names)
+	}) {
+		t.Fatalf("layout %s: platforms %v, want one of %v", dir, got, platforms)
 	}
 	var out []*platformFS
 	for _, m := range im.Manifests {
@@ -358,4 +365,14 @@ func (p *Peer) script(name string) ([]byte, bool) {
 	}
 	b, ok := p.Scripts[name]
 	return b, ok
+}
+
+// hostPlatform is this machine's platform, one of Platforms.
+func hostPlatform(t *testing.T) Platform {
+	t.Helper()
+	i := slices.IndexFunc(Platforms, func(p Platform) bool { return p.Arch == runtime.GOARCH })
+	if i < 0 {
+		t.Fatalf("this machine's architecture %s is not one of %v", runtime.GOARCH, Platforms)
+	}
+	return Platforms[i]
 }

@@ -1,6 +1,8 @@
 // Package imagebuild builds the project's container images on this machine,
 // without a registry or a Docker daemon: each is an OCI image layout holding
-// one image index with a linux/amd64 and a linux/arm64 image.
+// one image index with an image per platform built (Options.Platforms): a
+// release's have every one of Platforms, linux/amd64 and linux/arm64; the
+// tests' only this machine's.
 //
 // Every image is reproducible: the binaries are static (CGO_ENABLED=0) and
 // built with -trimpath, every file has the same modification time (the
@@ -60,8 +62,38 @@ type Platform struct {
 	Variant string
 }
 
-// Platforms are the platforms of every image, in index order.
+// String is the platform as OCI and Docker name it: linux/amd64, linux/arm64/v8.
+func (p Platform) String() string {
+	s := "linux/" + p.Arch
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
+}
+
+// Platforms are every platform an image can be built for, in index order: a
+// release's images have all of them.
 var Platforms = []Platform{{Arch: "amd64"}, {Arch: "arm64", Variant: "v8"}}
+
+// ParsePlatforms reads a comma- or space-separated list of platforms
+// (linux/amd64, linux/arm64 or linux/arm64/v8: `make images` PLATFORMS) and
+// returns them in Platforms order, each once. A platform not in Platforms, or
+// an empty list, is an error.
+func ParsePlatforms(list string) ([]Platform, error) {
+	fields := strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' })
+	if len(fields) == 0 {
+		return nil, fmt.Errorf("platforms %q: none named", list)
+	}
+	want := map[Platform]bool{}
+	for _, f := range fields {
+		i := slices.IndexFunc(Platforms, func(p Platform) bool { return f == p.String() || f == "linux/"+p.Arch })
+		if i < 0 {
+			return nil, fmt.Errorf("platforms %q: %s is not one of %v", list, f, Platforms)
+		}
+		want[Platforms[i]] = true
+	}
+	return slices.DeleteFunc(slices.Clone(Platforms), func(p Platform) bool { return !want[p] }), nil
+}
 
 // Image is one image to build.
 type Image struct {
@@ -279,6 +311,9 @@ type Options struct {
 	CABundle []byte
 	// Epoch is every file's modification time and the images' created time.
 	Epoch time.Time
+	// Platforms are the platforms each image is built for, a subset of
+	// Platforms in its order (ParsePlatforms); empty: every one of Platforms.
+	Platforms []Platform
 	// Go is the go command ("go" when empty).
 	Go string
 	// Commit, when set, is stamped into every binary (shared/function's
@@ -293,6 +328,9 @@ type Result struct {
 	Name string
 	// Digest is the image index's digest.
 	Digest v1.Hash
+	// Platforms are the platforms of the image index, in its order
+	// (Options.Platforms).
+	Platforms []Platform
 	// Manifests are the digests of the platform images, in Platforms order.
 	Manifests []v1.Hash
 	// Sizes are the compressed sizes (config and layers) of the platform
@@ -307,6 +345,15 @@ func Build(ctx context.Context, opts Options, images []Image) ([]Result, error) 
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard
+	}
+	if len(opts.Platforms) == 0 {
+		opts.Platforms = Platforms
+	}
+	for i, p := range opts.Platforms {
+		at := slices.Index(Platforms, p)
+		if at < 0 || i > 0 && at <= slices.Index(Platforms, opts.Platforms[i-1]) {
+			return nil, fmt.Errorf("platforms %v: want a subset of %v in its order", opts.Platforms, Platforms)
+		}
 	}
 	work, err := os.MkdirTemp("", "imagebuild-")
 	if err != nil {
@@ -338,9 +385,9 @@ type builder struct {
 
 // image builds one image and writes its layout.
 func (b *builder) image(ctx context.Context, img Image) (Result, error) {
-	r := Result{Name: img.Name}
+	r := Result{Name: img.Name, Platforms: b.opts.Platforms}
 	var adds []mutate.IndexAddendum
-	for _, p := range Platforms {
+	for _, p := range b.opts.Platforms {
 		im, err := b.platformImage(ctx, img, p)
 		if err != nil {
 			return r, fmt.Errorf("%s: %w", p.Arch, err)
@@ -567,7 +614,7 @@ func (b *builder) caBundle(ctx context.Context) ([]byte, error) {
 	if b.ca != nil {
 		return b.ca, nil
 	}
-	debs, err := debFiles(b.opts.Packages, Platforms[0].Arch)
+	debs, err := debFiles(b.opts.Packages, b.opts.Platforms[0].Arch) // ca-certificates is Architecture: all
 	if err != nil {
 		return nil, err
 	}

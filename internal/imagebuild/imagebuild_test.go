@@ -59,7 +59,7 @@ func TestBuildSmallImage(t *testing.T) {
 		}
 	}
 
-	fs := checkImage(t, filepath.Join(outs[0], "hello"), hello)
+	fs := checkImage(t, filepath.Join(outs[0], "hello"), hello, [][]Platform{Platforms})
 	// The stamp is there whatever the toolchain records (go test's GOFLAGS
 	// may hold -buildvcs=false).
 	if v := runVersion(t, "amd64", fs[0].files[strings.TrimPrefix(BinDir, "/")+"/"+hello.Binary], hello.Binary); !strings.Contains(v, "commit 0123abcd") {
@@ -79,6 +79,80 @@ func TestBuildSmallImage(t *testing.T) {
 		}
 		if h := p.headers["home/nonroot"]; h == nil || h.Uid != UID || h.Gid != GID {
 			t.Errorf("%s: %s missing or not owned by the user", p.platform, Home)
+		}
+	}
+}
+
+// TestBuildOnePlatform: built for this machine's platform alone (make images
+// for the tests), an image's index holds that one image, the very image a
+// build for every platform (a release) holds for it: the same digest.
+func TestBuildOnePlatform(t *testing.T) {
+	module, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := hostPlatform(t)
+	epoch := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	build := func(platforms []Platform) (Result, string) {
+		t.Helper()
+		out := t.TempDir()
+		r, err := Build(context.Background(), Options{Module: module, Out: out, CABundle: testCA, Epoch: epoch, Platforms: platforms}, []Image{hello})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0], out
+	}
+	one, out := build([]Platform{host})
+	all, _ := build(nil)
+	if !slices.Equal(one.Platforms, []Platform{host}) || len(one.Manifests) != 1 {
+		t.Fatalf("one platform: built %v, %d images", one.Platforms, len(one.Manifests))
+	}
+	if !slices.Equal(all.Platforms, Platforms) {
+		t.Fatalf("default: built %v, want %v", all.Platforms, Platforms)
+	}
+	if want := all.Manifests[slices.Index(Platforms, host)]; one.Manifests[0] != want {
+		t.Errorf("%s alone: image %s, the release build's %s", host, one.Manifests[0], want)
+	}
+	if one.Digest == all.Digest {
+		t.Errorf("the one-platform index is the release's %s", all.Digest)
+	}
+	checkImage(t, filepath.Join(out, "hello"), hello, [][]Platform{{host}})
+}
+
+// TestPlatforms: ParsePlatforms takes make's PLATFORMS in any order and
+// spelling and gives Platforms' order; Build refuses a set out of order or
+// unknown, before building anything.
+func TestPlatforms(t *testing.T) {
+	amd64, arm64 := Platforms[0], Platforms[1]
+	for _, c := range []struct {
+		list string
+		want []Platform
+		err  string
+	}{
+		{"linux/amd64", []Platform{amd64}, ""},
+		{"linux/arm64", []Platform{arm64}, ""},
+		{"linux/arm64/v8,linux/amd64", []Platform{amd64, arm64}, ""},
+		{"linux/amd64 linux/arm64 linux/amd64", []Platform{amd64, arm64}, ""},
+		{"", nil, "none named"},
+		{"linux/riscv64", nil, "linux/riscv64 is not one of"},
+		{"amd64", nil, "amd64 is not one of"},
+	} {
+		got, err := ParsePlatforms(c.list)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("ParsePlatforms(%q) = %v, %v; want an error with %q", c.list, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("ParsePlatforms(%q) = %v, %v; want %v", c.list, got, err, c.want)
+		}
+	}
+	for _, bad := range [][]Platform{{arm64, amd64}, {amd64, amd64}, {{Arch: "riscv64"}}} {
+		out := t.TempDir()
+		_, err := Build(context.Background(), Options{Module: "../..", Out: out, CABundle: testCA, Platforms: bad}, []Image{hello})
+		if err == nil || !strings.Contains(err.Error(), "want a subset of") {
+			t.Errorf("Build for %v: %v, want a refusal", bad, err)
 		}
 	}
 }

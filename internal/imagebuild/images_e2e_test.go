@@ -49,7 +49,8 @@ func imagesDir(t *testing.T) string {
 }
 
 // TestE2EImages opens every image `make images` built and checks it
-// (checkImage: platforms, entrypoint, user, static binary of the platform's
+// (checkImage: platforms, this machine's alone (make images) or every one of
+// Platforms (make release), entrypoint, user, static binary of the platform's
 // ELF machine, no setuid file, --version), its CA bundle (Debian's, well over
 // a hundred certificates), that the runner copies itself (`runner install`)
 // to a copy that runs, and that runner-host's bash, git and node are the
@@ -63,7 +64,7 @@ func TestE2EImages(t *testing.T) {
 			if img.Packages {
 				wanted = hostTools
 			}
-			fs := checkImage(t, filepath.Join(dir, img.Name), img, wanted...)
+			fs := checkImage(t, filepath.Join(dir, img.Name), img, [][]Platform{{hostPlatform(t)}, Platforms}, wanted...)
 			for _, p := range fs {
 				if n := bytes.Count(p.files[strings.TrimPrefix(CABundle, "/")], []byte("BEGIN CERTIFICATE")); n < 100 {
 					t.Errorf("%s: %s holds %d certificates, want Debian's bundle", p.platform, CABundle, n)

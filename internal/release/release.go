@@ -1,8 +1,8 @@
 // Package release makes a release of the product from the images `make images` built, and
 // pushes it (`make release`, `make push`; deploy/REFERENCE.md, "The Helm chart and releases"). A release is a folder:
 //
-//	images/<name>/                    one OCI layout per image (linux/amd64 + linux/arm64),
-//	                                  its index stamped with the version
+//	images/<name>/                    one OCI layout per image (linux/amd64 + linux/arm64,
+//	                                  Options.Platforms), its index stamped with the version
 //	gitea-dynamic-runner-<semver>.tgz the chart: version and appVersion the release's, every
 //	                                  image it names <registry>/gitea-dynamic-runner-<name>:<version>@<digest>
 //	release.json                      what was released: version, registry, each image's reference
@@ -78,6 +78,10 @@ type Options struct {
 	Images string
 	// Names are the images to release.
 	Names []string
+	// Platforms are the platforms every image's index must hold, exactly and in this order
+	// (OCI's names: linux/amd64, linux/arm64/v8; the command passes imagebuild.Platforms): `make
+	// images` for the tests builds this machine's alone, and such a layout is refused.
+	Platforms []string
 	// Chart is the chart's folder.
 	Chart string
 	// Out is the release folder; it must not exist or be empty.
@@ -116,13 +120,16 @@ func Make(o Options) (*Manifest, error) {
 	if notes == "" && sv.Prerelease() == "" {
 		return nil, fmt.Errorf("release: %s has no section \"## [%s]\": write the release's changes there first (its [Unreleased] section, renamed)", o.Changelog, o.Version)
 	}
+	if len(o.Platforms) == 0 {
+		return nil, errors.New("release: no platforms: name every platform a release's images hold")
+	}
 	if entries, err := os.ReadDir(o.Out); err == nil && len(entries) > 0 {
 		return nil, fmt.Errorf("release: %s is not empty: a release folder is written once (remove it, or pick another version)", o.Out)
 	}
 	m := &Manifest{Version: o.Version, ChartVersion: sv.String(), Registry: o.Registry, Images: map[string]string{}}
 	digests := map[string]v1.Hash{}
 	for _, n := range o.Names {
-		d, err := stampImage(filepath.Join(o.Images, n), filepath.Join(o.Out, "images", n), o.Version)
+		d, err := stampImage(filepath.Join(o.Images, n), filepath.Join(o.Out, "images", n), o.Version, o.Platforms)
 		if err != nil {
 			return nil, fmt.Errorf("release: image %s: %w", n, err)
 		}
@@ -173,17 +180,32 @@ func Read(dir string) (*Manifest, error) {
 	return &m, nil
 }
 
-// stampImage writes the multi-architecture index of the layout src, its annotations given
-// org.opencontainers.image.version, into a new layout dst and returns the new index's digest.
-// The blobs are hard links to src's where the file system allows (copies elsewhere): only the
-// index is new.
-func stampImage(src, dst, version string) (v1.Hash, error) {
+// stampImage writes the multi-architecture index of the layout src, which must hold exactly
+// platforms, its annotations given org.opencontainers.image.version, into a new layout dst and
+// returns the new index's digest. The blobs are hard links to src's where the file system
+// allows (copies elsewhere): only the index is new.
+func stampImage(src, dst, version string, platforms []string) (v1.Hash, error) {
 	inner, err := releasedIndex(src)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("%w (make images writes it)", err)
 	}
 	if mt, err := inner.MediaType(); err != nil || !mt.IsIndex() {
 		return v1.Hash{}, fmt.Errorf("%s: want a multi-architecture index, found %s (%v)", src, mt, err)
+	}
+	im, err := inner.IndexManifest()
+	if err != nil {
+		return v1.Hash{}, fmt.Errorf("%s: %w", src, err)
+	}
+	var got []string
+	for _, m := range im.Manifests {
+		if m.Platform == nil {
+			got = append(got, "(none)")
+			continue
+		}
+		got = append(got, m.Platform.String())
+	}
+	if !slices.Equal(got, platforms) {
+		return v1.Hash{}, fmt.Errorf("%s: platforms %v, a release's are %v: run `make release`, which builds the images for every platform (make images builds this machine's alone)", src, got, platforms)
 	}
 	stamped := mutate.Annotations(inner, map[string]string{"org.opencontainers.image.version": version}).(v1.ImageIndex)
 	if err := linkTree(filepath.Join(src, "blobs"), filepath.Join(dst, "blobs")); err != nil {

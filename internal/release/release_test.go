@@ -15,8 +15,10 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/common/util"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
@@ -29,17 +31,36 @@ const chartDir = "../../deploy/helm/gitea-dynamic-runner"
 
 var names = []string{"dispatch", "handle", "recover", "gateway", "runner", "runner-host", "buildkit"}
 
-// fakeImages writes a layout per name as make images does: one multi-architecture index,
-// referenced as latest. Random content: the release must not care what is inside.
+// releasePlatforms are a release's platforms (imagebuild.Platforms).
+var releasePlatforms = []string{"linux/amd64", "linux/arm64/v8"}
+
+// fakeImages writes a layout per name as make release's make images does: one
+// multi-architecture index of releasePlatforms, referenced as latest. Random content: the
+// release must not care what is inside.
 func fakeImages(t *testing.T) (string, map[string]v1.ImageIndex) {
+	t.Helper()
+	return fakeImagesFor(t, releasePlatforms)
+}
+
+// fakeImagesFor is fakeImages with an image per platform of platforms.
+func fakeImagesFor(t *testing.T, platforms []string) (string, map[string]v1.ImageIndex) {
 	t.Helper()
 	dir := t.TempDir()
 	built := map[string]v1.ImageIndex{}
 	for _, n := range names {
-		idx, err := random.Index(256, 1, 2)
-		if err != nil {
-			t.Fatal(err)
+		var adds []mutate.IndexAddendum
+		for _, ps := range platforms {
+			im, err := random.Image(256, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := v1.ParsePlatform(ps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adds = append(adds, mutate.IndexAddendum{Add: im, Descriptor: v1.Descriptor{Platform: p}})
 		}
+		idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
 		p, err := layout.Write(filepath.Join(dir, n), empty.Index)
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +75,7 @@ func fakeImages(t *testing.T) (string, map[string]v1.ImageIndex) {
 
 func options(images, out string) Options {
 	return Options{Version: "v1.2.3-rc.1", Registry: "registry.example.net/gdr", Images: images, Names: names,
-		Chart: chartDir, Out: out, Time: time.Unix(1_700_000_000, 0).UTC(), Changelog: "../../CHANGELOG.md"}
+		Platforms: releasePlatforms, Chart: chartDir, Out: out, Time: time.Unix(1_700_000_000, 0).UTC(), Changelog: "../../CHANGELOG.md"}
 }
 
 // TestChangelogSection: a release's notes are its changelog section, a version without one is
@@ -190,6 +211,8 @@ func namesOf(m *Manifest) []string {
 // TestMakeRefuses: each bad input fails the release with an error naming what is wrong.
 func TestMakeRefuses(t *testing.T) {
 	images, _ := fakeImages(t)
+	oneArch, _ := fakeImagesFor(t, releasePlatforms[:1])
+	reversed, _ := fakeImagesFor(t, []string{releasePlatforms[1], releasePlatforms[0]})
 	brokenChart := t.TempDir()
 	if err := os.CopyFS(brokenChart, os.DirFS(chartDir)); err != nil {
 		t.Fatal(err)
@@ -213,6 +236,9 @@ func TestMakeRefuses(t *testing.T) {
 		{"image the chart needs", func(o *Options) { o.Names = []string{"dispatch"} }, "image handle: the chart names it"},
 		{"missing layout", func(o *Options) { o.Names = append(slices.Clone(names), "docker") }, "image docker"},
 		{"used folder", func(o *Options) { o.Out = full }, "is not empty"},
+		{"one platform", func(o *Options) { o.Images = oneArch }, "platforms [linux/amd64], a release's are [linux/amd64 linux/arm64/v8]"},
+		{"platforms out of order", func(o *Options) { o.Images = reversed }, "platforms [linux/arm64/v8 linux/amd64]"},
+		{"no platforms", func(o *Options) { o.Platforms = nil }, "no platforms"},
 		{"unpinnable values", func(o *Options) { o.Chart = brokenChart }, "images.digests: found 0 lines"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,9 +1,11 @@
 // Command images builds the project's container images (`make images`):
-// one OCI image layout per image under -out, each with a linux/amd64 and a
-// linux/arm64 image (see package imagebuild).
+// one OCI image layout per image under -out, each with an image per platform
+// of -platforms (default: every one, linux/amd64 and linux/arm64, a
+// release's; `make images` passes PLATFORMS, this machine's unless a release
+// asks for all; see package imagebuild).
 //
-//	go run ./internal/imagebuild/cmd/images -out bin/images -packages "$(scripts/debs.sh build)" \
-//		-peer buildkit="$(scripts/peers/buildkit.sh build)"
+//	GDR_ARCHES=amd64 go run ./internal/imagebuild/cmd/images -platforms linux/amd64 -out bin/images \
+//		-packages "$(GDR_ARCHES=amd64 scripts/debs.sh build)" -peer buildkit="$(GDR_ARCHES=amd64 scripts/peers/buildkit.sh build)"
 //
 // Every timestamp is SOURCE_DATE_EPOCH (seconds), which must be set: `make
 // images` sets it to the commit's time.
@@ -35,6 +37,7 @@ func run() error {
 	packages := flag.String("packages", "", "folder of the Debian packages (scripts/debs.sh build prints it)")
 	only := flag.String("only", "", "comma-separated image names to build (default: all)")
 	commit := flag.String("commit", "", "the commit every binary's --version names (make images: the checkout's)")
+	platformList := flag.String("platforms", "linux/amd64,linux/arm64", "comma-separated platforms to build each image for (the peer folders must hold them)")
 	peers := map[string]string{}
 	flag.Func("peer", "`image=folder`: the peer folder an image is built from (buildkit=$(scripts/peers/buildkit.sh build)); repeatable", func(v string) error {
 		name, dir, ok := strings.Cut(v, "=")
@@ -54,6 +57,10 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", s, err)
 	}
+	platforms, err := imagebuild.ParsePlatforms(*platformList)
+	if err != nil {
+		return fmt.Errorf("-platforms: %w", err)
+	}
 	images := imagebuild.Images
 	if *only != "" {
 		names := strings.Split(*only, ",")
@@ -69,20 +76,21 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	results, err := imagebuild.Build(ctx, imagebuild.Options{
-		Module:   module,
-		Out:      *out,
-		Packages: *packages,
-		Epoch:    time.Unix(sec, 0),
-		Commit:   *commit,
-		Peers:    peers,
-		Log:      os.Stderr,
+		Module:    module,
+		Out:       *out,
+		Packages:  *packages,
+		Epoch:     time.Unix(sec, 0),
+		Commit:    *commit,
+		Platforms: platforms,
+		Peers:     peers,
+		Log:       os.Stderr,
 	}, images)
 	if err != nil {
 		return err
 	}
 	for _, r := range results {
 		fmt.Printf("%-12s %s", r.Name, r.Digest)
-		for i, p := range imagebuild.Platforms {
+		for i, p := range r.Platforms {
 			fmt.Printf("  %s %s %.1f MB", p.Arch, r.Manifests[i].Hex[:12], float64(r.Sizes[i])/1e6)
 		}
 		fmt.Println()

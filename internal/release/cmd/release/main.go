@@ -52,8 +52,12 @@ func run(args []string) error {
 		for _, i := range imagebuild.Images {
 			names = append(names, i.Name)
 		}
+		var platforms []string
+		for _, p := range imagebuild.Platforms {
+			platforms = append(platforms, p.String())
+		}
 		m, err := release.Make(release.Options{Version: *version, Registry: *registry, Images: *images, Names: names,
-			Chart: *chart, Out: *out, Time: time.Unix(epoch, 0).UTC(), Changelog: *changelog})
+			Platforms: platforms, Chart: *chart, Out: *out, Time: time.Unix(epoch, 0).UTC(), Changelog: *changelog})
 		if err != nil {
 			return err
 		}
