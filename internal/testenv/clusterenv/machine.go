@@ -19,8 +19,11 @@ import (
 // (default DefaultClusters): StartWith waits for a free slot.
 const ClustersEnv = "GDR_TEST_CLUSTERS"
 
-// DefaultClusters is the most clusters at once when ClustersEnv is unset.
-const DefaultClusters = 2
+// DefaultClusters is the most clusters at once when ClustersEnv is unset:
+// deploy's cluster tests run two at a time (go test's -parallel, GOMAXPROCS
+// on a 2-core machine), and one more lets another package's cluster test run
+// beside them instead of after them.
+const DefaultClusters = 3
 
 // maxSlots bounds ClustersEnv: a slot names its clusters' addresses
 // (10.254.<slot>.0/24 holds its nodes' /30s).
