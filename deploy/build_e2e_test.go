@@ -102,7 +102,7 @@ jobs:
 //   - MissingProfile: the same workflow in a pool whose seccomp profile no node has fails, its
 //     log naming the sidecar and the kubelet's reason (buildMissingProfile).
 func TestE2EClusterBuild(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := clusterTest(t, 15*time.Minute)
 	defer cancel()
 	in := installKEDAWith(ctx, t, installOptions{build: true})
 	in.g.HostAction(t, giteaenv.VendoredAction("checkout-v4"), "actions", "checkout", "v4")
@@ -307,6 +307,7 @@ const missingSeccompProfile = "gdr/absent.json"
 // CreateContainerError over the profile, then the job: failed, its log naming the container
 // and the reason, once the Pod has waited pod.StuckAfter and recover's next pass ran.
 func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, repo string) {
+	var created time.Time
 	for deadline := time.Now().Add(pod.StuckAfter); ; time.Sleep(time.Second) {
 		pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
 		if err != nil {
@@ -317,6 +318,7 @@ func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, r
 			if p.Annotations[repositoryAnnotation] != repo {
 				continue
 			}
+			created = p.CreationTimestamp.Time
 			for _, cs := range p.Status.InitContainerStatuses {
 				if w := cs.State.Waiting; cs.Name == pod.BuildContainer && w != nil {
 					waiting = w.Reason + ": " + w.Message
@@ -331,9 +333,15 @@ func (in *installation) buildMissingProfile(ctx context.Context, t *testing.T, r
 			t.Fatalf("the sidecar of %s's executor is not waiting on its seccomp profile (last: %q)", repo, waiting)
 		}
 	}
-	// recover's scheduled pass (every 5 minutes, deploy/keda/05-recover.yaml) ends it: up to a
-	// schedule after the Pod has waited StuckAfter, and the pass's start.
-	job := in.waitCompleted(ctx, t, repo, "image", pod.StuckAfter+6*time.Minute)
+	// A pass of recover ends it once the Pod has waited StuckAfter: the scheduled one (every 5
+	// minutes, deploy/keda/05-recover.yaml) or, not to wait for it, one started then.
+	select {
+	case <-time.After(time.Until(created.Add(pod.StuckAfter + 2*time.Second))):
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	in.recoverNow(ctx, t)
+	job := in.waitCompleted(ctx, t, repo, "image", 3*time.Minute)
 	log := in.g.JobLogs(t, repo, job.ID)
 	want := "container " + pod.BuildContainer + ": CreateContainerError: "
 	if job.Conclusion != "failure" || !strings.Contains(log, want) {

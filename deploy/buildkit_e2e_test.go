@@ -64,7 +64,7 @@ func runReadmeBlock(ctx context.Context, t testing.TB, c *clusterenv.Cluster, ph
 //   - Localhost gdr/buildkit.json (deploy/seccomp, installed by README's block): the build's RUN
 //     step runs and the image is exported.
 func TestE2EClusterBuildKitRootless(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := clusterTest(t, 10*time.Minute)
 	defer cancel()
 	images := imagesFolder(t)
 	c := clusterenv.Start(ctx, t)

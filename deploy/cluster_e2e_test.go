@@ -238,7 +238,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 	}
 	// Its monitoring port is KEDA's (the operator runs on the machine).
 	monitor := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	nats := startAuthorizedNATSWith(t, string(natsConf), "http: "+monitor)
+	nats := startAuthorizedNATSWith(t, string(natsConf), "http: "+monitor, nil)
 	natsURL, err := url.Parse(nats.url)
 	if err != nil {
 		t.Fatal(err)
@@ -620,7 +620,7 @@ func installKEDAWith(ctx context.Context, t testing.TB, o installOptions) *insta
 // its shipped Job; and at the end no
 // handle Job or executor Pod runs (scale to zero) and no payload is left.
 func TestE2EClusterInstall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := clusterTest(t, 15*time.Minute)
 	defer cancel()
 	// The dashboard's step scrapes dispatch and the gateway after the jobs: both stay up.
 	in := installKEDAWith(ctx, t, installOptions{alwaysUp: true})
@@ -1124,6 +1124,30 @@ func (in *installation) recoverCronJob(ctx context.Context, t *testing.T) {
 			t.Fatal("no Job of the recover CronJob succeeded within 6 minutes")
 		}
 	}
+}
+
+// recoverNow starts a pass of recover now, as an operator's `kubectl create job
+// --from=cronjob/recover` does: a Job of the CronJob's template, owned by it (so recoverPass
+// knows its Pod), instead of waiting up to 5 minutes for the schedule.
+func (in *installation) recoverNow(ctx context.Context, t *testing.T) {
+	t.Helper()
+	cj, err := in.cs.BatchV1().CronJobs(installNamespace).Get(ctx, "recover", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: "recover-now-", Namespace: installNamespace,
+			Labels:          cj.Spec.JobTemplate.Labels,
+			Annotations:     map[string]string{"cronjob.kubernetes.io/instantiate": "manual"},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj, batchv1.SchemeGroupVersion.WithKind("CronJob"))},
+		},
+		Spec: cj.Spec.JobTemplate.Spec,
+	}
+	if job, err = in.cs.BatchV1().Jobs(installNamespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("recover pass started now: Job %s", job.Name)
 }
 
 // nothingLeft checks what the jobs leave: no executor or handle Pod

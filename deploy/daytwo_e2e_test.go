@@ -34,7 +34,7 @@ import (
 // with kubectl, on an installation of deploy/keda (installKEDA, dispatch and the gateway scaled
 // from zero as shipped), with jobs running across them: Pause, then NATSLoss.
 func TestE2EClusterDayTwo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
+	ctx, cancel := clusterTest(t, 35*time.Minute)
 	defer cancel()
 	kubectl := testenv.RequirePeer(t, testenv.Peer{Name: "kubectl", Version: kubectlVersion, Executables: []string{"kubectl"}})
 	in := installKEDA(ctx, t, 0)
@@ -435,7 +435,7 @@ func (in *installation) rotateNATS(ctx context.Context, t *testing.T, sh *readme
 			if !ok || !strings.HasPrefix(k, "NKEY_") {
 				t.Fatalf("nats-users.env: line %q", line)
 			}
-			t.Setenv(k, v)
+			in.nats.keys[k] = v
 		}
 		conf, err := os.ReadFile(filepath.Join(keys, "nats-authorization.conf"))
 		if err != nil {

@@ -61,4 +61,3 @@ func TestExecutorsDisruptionBudget(t *testing.T) {
 		})
 	}
 }
-

@@ -51,7 +51,7 @@ import (
 // Pod's /proc/sys is read-only, so dockerd cannot enable forwarding or set a veth's IPv6 in its
 // network namespace), and RUN in `docker build` (dockerd's BuildKit mounts a new procfs).
 func TestE2EClusterDockerRootless(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := clusterTest(t, 10*time.Minute)
 	defer cancel()
 	images := imagesFolder(t)
 	c := clusterenv.Start(ctx, t)
@@ -388,7 +388,7 @@ jobs:
 //     the job's next docker commands run on the restarted daemon, the image still there.
 func TestE2EClusterDocker(t *testing.T) {
 	clusterenv.KubeRouterAssets(t) // before the install: skip (or fail, CI=true) at once
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := clusterTest(t, 20*time.Minute)
 	defer cancel()
 	in := installKEDAWith(ctx, t, installOptions{docker: true})
 	in.c.StartNetworkPolicy(ctx, t)

@@ -134,7 +134,7 @@ func helmUpgrade(ctx context.Context, t testing.TB, c *clusterenv.Cluster, chrt 
 // running, and helm uninstall removes the release's objects and leaves the Secrets the
 // operator made (deploy/README.md, "Helm").
 func TestE2EClusterHelm(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := clusterTest(t, 15*time.Minute)
 	defer cancel()
 	in := installKEDAWith(ctx, t, installOptions{how: installHelm})
 	in.runSteps(ctx, t, []step{
@@ -246,7 +246,7 @@ func (in *installation) helmUninstall(ctx context.Context, t *testing.T) {
 // keeps every key and a job running across it succeeds; helm uninstall takes what the keys Job
 // made.
 func TestE2EClusterHelmBuiltinIdentity(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := clusterTest(t, 20*time.Minute)
 	defer cancel()
 	const first, second = "v0.0.0-e2e.1", "v0.0.0-e2e.2"
 	in := installKEDAWith(ctx, t, installOptions{how: installHelm, identity: "ca", release: first})

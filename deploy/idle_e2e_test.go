@@ -40,7 +40,7 @@ const idleBound = 30 * time.Second
 //     claimed within idleBound and runs to success, restoring the first job's cache entry: the
 //     cache's volume outlived the gateway's replicas.
 func TestE2EClusterIdle(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := clusterTest(t, 20*time.Minute)
 	defer cancel()
 	in := installKEDA(ctx, t, 0)
 	// The one webhook: a recorder that drops every delivery. dispatch's is removed, so nothing

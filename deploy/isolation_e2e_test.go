@@ -47,7 +47,7 @@ type isolationTarget struct {
 // probe that started after that.
 func TestE2EClusterIsolation(t *testing.T) {
 	clusterenv.KubeRouterAssets(t) // before the install: skip (or fail, CI=true) at once
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := clusterTest(t, 15*time.Minute)
 	defer cancel()
 	// The probes reach the gateway between jobs: it stays up.
 	in := installKEDAWith(ctx, t, installOptions{alwaysUp: true})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -66,6 +67,9 @@ type authorizedNATS struct {
 	// seeds are the seed files per user, written as `nk -gen user -pubout` writes them (the
 	// seed, then the public key): the content of a gdr-nats-<function> Secret.
 	seeds map[string]string
+	// keys are the users' public keys the server reads (natsKeys), by variable name
+	// (NKEY_<USER>, NKEY_<USER>_NEXT during a rotation): restart writes them again.
+	keys map[string]string
 }
 
 // startAuthorizedNATS runs nats-server on 127.0.0.1 with JetStream and the authorization block
@@ -73,14 +77,16 @@ type authorizedNATS struct {
 // it finds in its environment (NKEY_<user>), as a deployed server does.
 func startAuthorizedNATS(t testing.TB, conf string) authorizedNATS {
 	t.Helper()
-	return startAuthorizedNATSWith(t, conf, "")
+	return startAuthorizedNATSWith(t, conf, "", nil)
 }
 
-// startAuthorizedNATSWith is startAuthorizedNATS with extra lines of server configuration.
-func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
+// startAuthorizedNATSWith is startAuthorizedNATS with extra lines of server configuration and
+// more keys (variable name to public key) beside the fresh users'.
+func startAuthorizedNATSWith(t testing.TB, conf, extra string, more map[string]string) authorizedNATS {
 	t.Helper()
 	dir := t.TempDir()
-	srv := authorizedNATS{seeds: map[string]string{}}
+	srv := authorizedNATS{seeds: map[string]string{}, keys: map[string]string{}}
+	maps.Copy(srv.keys, more)
 	for _, u := range natsUsers {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
@@ -94,14 +100,14 @@ func startAuthorizedNATSWith(t testing.TB, conf, extra string) authorizedNATS {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Setenv("NKEY_"+u, pub)
+		srv.keys["NKEY_"+u] = pub
 		file := filepath.Join(dir, strings.ToLower(u)+".nk")
 		if err := os.WriteFile(file, []byte(string(seed)+"\n"+pub+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		srv.seeds[u] = file
 	}
-	s := startNATSServer(t, t, dir, conf, extra, -1)
+	s := startNATSServer(t, t, dir, conf, extra, srv.keys, -1)
 	srv.url, srv.dir, srv.server, srv.owner = s.ClientURL(), dir, &s, t
 	return srv
 }
@@ -130,29 +136,44 @@ func (s authorizedNATS) restart(t testing.TB, authorization string, wipe bool) {
 		}
 	}
 	if authorization != "" {
-		if err := os.WriteFile(filepath.Join(s.dir, "authorization.conf"), []byte(authorization), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(s.dir, "authorization.conf"), []byte(natsKeys(s.keys, authorization)+authorization), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Stopped at the end of the test that started the first, not of the (sub)test restarting it.
-	*s.server = startNATSServer(t, s.owner, s.dir, "", "", port)
+	*s.server = startNATSServer(t, s.owner, s.dir, "", "", nil, port)
 }
 
 // runAuthorizedNATS runs nats-server (embedded, 127.0.0.1, JetStream in dir) with conf as its
-// included authorization.conf and extra lines of configuration; the users' public keys come
-// from the environment (NKEY_<USER>), as the shipped file reads them. It returns the client URL.
-func runAuthorizedNATS(t testing.TB, dir, conf, extra string) string {
+// included authorization.conf and extra lines of configuration; the users' public keys are keys
+// (natsKeys). It returns the client URL.
+func runAuthorizedNATS(t testing.TB, dir, conf, extra string, keys map[string]string) string {
 	t.Helper()
-	return startNATSServer(t, t, dir, conf, extra, -1).ClientURL()
+	return startNATSServer(t, t, dir, conf, extra, keys, -1).ClientURL()
+}
+
+// natsKeys are the keys (NKEY_<USER> to the user's public key) conf reads ($NKEY_<USER>) as
+// nats-server configuration variables: a deployed server finds them in its environment, the tests'
+// servers at the top of their authorization.conf, since the test binary's environment is shared
+// by the tests running in parallel. Keys conf does not read are left out (nats-server refuses a
+// variable nothing reads as an unknown field).
+func natsKeys(keys map[string]string, conf string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if regexp.MustCompile(`\$` + k + `\b`).MatchString(conf) {
+			fmt.Fprintf(&b, "%s: %q\n", k, keys[k])
+		}
+	}
+	return b.String()
 }
 
 // startNATSServer is runAuthorizedNATS on port (-1: any free one), returning the server, which
 // stops when owner ends; with conf and extra empty it starts from the configuration files already
 // in dir.
-func startNATSServer(t, owner testing.TB, dir, conf, extra string, port int) *server.Server {
+func startNATSServer(t, owner testing.TB, dir, conf, extra string, keys map[string]string, port int) *server.Server {
 	t.Helper()
 	if conf != "" || extra != "" {
-		if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(conf), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "authorization.conf"), []byte(natsKeys(keys, conf)+conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		mainConf := fmt.Sprintf("host: 127.0.0.1\nport: -1\njetstream { store_dir: %q }\n%s\ninclude ./authorization.conf\n", filepath.Join(dir, "js"), extra)
@@ -1049,7 +1070,7 @@ func TestNATSAuthorizationDispatchFirst(t *testing.T) {
 func TestNATSSubjectFormats(t *testing.T) {
 	for _, v2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("js_ack_fc_v2=%v", v2), func(t *testing.T) {
-			srv := startAuthorizedNATSWith(t, readAuthorization(t), fmt.Sprintf("feature_flags { js_ack_fc_v2: %v }", v2))
+			srv := startAuthorizedNATSWith(t, readAuthorization(t), fmt.Sprintf("feature_flags { js_ack_fc_v2: %v }", v2), nil)
 			ctx := flowContext(t)
 			setup := srv.connect(t, "HANDLE_SETUP")
 			sq := assignmentqueue.New(setup.js, "")
@@ -1131,7 +1152,7 @@ func TestNATSRotationNextKey(t *testing.T) {
 		t.Fatalf("%d next-key lines, want one per user (%d):\n%s", got, len(natsUsers), conf)
 	}
 	dir := t.TempDir()
-	next := map[string]string{}
+	next, nextKeys := map[string]string{}, map[string]string{}
 	for _, u := range natsUsers {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
@@ -1139,13 +1160,13 @@ func TestNATSRotationNextKey(t *testing.T) {
 		}
 		pub, _ := kp.PublicKey()
 		seed, _ := kp.Seed()
-		t.Setenv("NKEY_"+u+"_NEXT", pub)
+		nextKeys["NKEY_"+u+"_NEXT"] = pub
 		next[u] = filepath.Join(dir, strings.ToLower(u)+".nk")
 		if err := os.WriteFile(next[u], []byte(string(seed)+"\n"+pub+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	srv := startAuthorizedNATS(t, conf)
+	srv := startAuthorizedNATSWith(t, conf, "", nextKeys)
 	rotated := authorizedNATS{url: srv.url, seeds: next}
 	for _, u := range natsUsers {
 		srv.connect(t, u) // the current key still connects

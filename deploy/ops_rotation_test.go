@@ -510,10 +510,7 @@ func TestOpsRotationBlocks(t *testing.T) {
 			t.Fatalf("the add's environment %q, want NKEY_<USER> and NKEY_<USER>_NEXT of every user", env)
 		}
 		// A real nats-server with those files takes the old and the new key of every user.
-		for k, v := range env {
-			t.Setenv(k, v)
-		}
-		url := runAuthorizedNATS(t, t.TempDir(), r.file("gdr-keys/nats-authorization.conf"), "")
+		url := runAuthorizedNATS(t, t.TempDir(), r.file("gdr-keys/nats-authorization.conf"), "", env)
 		for _, u := range users {
 			for _, s := range []string{first[u], r.file("gdr-keys/rotate/nats-" + u + ".nk")} {
 				f := filepath.Join(t.TempDir(), "nk")

@@ -58,7 +58,7 @@ grep -q '^      workloadAPI: {hostPath: /run/spire/agent-sockets' my-deploy/pool
 // control plane runs the new images, handle trusts the new key alone and a job runs green;
 // after the uninstall no object of the install is left in any kind, and no SPIRE entry.
 func TestE2EClusterReadme(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := clusterTest(t, 25*time.Minute)
 	defer cancel()
 	kubectl := testenv.RequirePeer(t, testenv.Peer{Name: "kubectl", Version: kubectlVersion, Executables: []string{"kubectl"}})
 	work := cloneCheckout(t)
@@ -287,19 +287,18 @@ func startNATSWithUsers(t testing.TB, conf, extra, envFile string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	keys := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		k, v, ok := strings.Cut(line, "=")
 		if !ok || !strings.HasPrefix(k, "NKEY_") || !strings.HasPrefix(v, "U") {
 			t.Fatalf("%s: line %q is not NKEY_<USER>=<user public key>", envFile, line)
 		}
-		t.Setenv(k, v)
-		n++
+		keys[k] = v
 	}
-	if n != len(natsUsers) {
-		t.Fatalf("%s holds %d users, want %d (%v)", envFile, n, len(natsUsers), natsUsers)
+	if len(keys) != len(natsUsers) {
+		t.Fatalf("%s holds %d users, want %d (%v)", envFile, len(keys), len(natsUsers), natsUsers)
 	}
-	return runAuthorizedNATS(t, t.TempDir(), conf, extra)
+	return runAuthorizedNATS(t, t.TempDir(), conf, extra, keys)
 }
 
 // readmeJob pushes a workflow to a new repository and waits for its job to succeed in an

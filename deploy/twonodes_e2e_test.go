@@ -44,7 +44,7 @@ import (
 //     way between the nodes.
 func TestE2EClusterTwoNodes(t *testing.T) {
 	clusterenv.KubeRouterAssets(t) // before the install: skip (or fail, CI=true) at once
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := clusterTest(t, 20*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	// The probes reach the gateway and dispatch between jobs: both stay up.

@@ -25,9 +25,9 @@
 //     Dir/<node name>.
 //   - Every server listens on 127.0.0.1 of the machine, or inside a node's
 //     own network namespace: each kubelet on its node's address, which the
-//     API server reaches through that node's veth pair (host side: a /30 of
-//     10.254.0.0/16 on an interface named gdrh<hex> for the first node,
-//     gdrh<hex>n<i> for node i; removed by Stop); each node's kubelet,
+//     API server reaches through that node's veth pair (host side: node i's
+//     /30 is 10.254.<slot>.<4i>, on an interface named gdrh<hex> for the
+//     first node, gdrh<hex>n<i> for node i; removed by Stop); each node's kubelet,
 //     kube-proxy and kube-router reach the API server through a proxy the
 //     harness listens with on 127.0.0.1:6443 inside that node's namespace.
 //   - ServiceAccount admission is on (kubeenv turns it off): every Pod gets
@@ -49,19 +49,20 @@
 //     network namespace.
 //   - Each node's kubelet has a cgroupRoot of its own (/<node name>-<hex>
 //     in every cgroup hierarchy), removed by Stop.
-//   - One cluster at a time per machine: StartWith waits for an flock on
-//     LockFile, held until Stop.
+//   - At most GDR_TEST_CLUSTERS clusters at once per machine (ClustersEnv,
+//     default DefaultClusters), across test processes: StartWith waits for
+//     a free slot, held until Stop; the slot names the cluster's addresses.
 //   - The kubelets change kernel sysctls that are not namespaced
 //     (vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 //     kernel.panic_on_oops, kernel.keys.root_maxkeys,
-//     kernel.keys.root_maxbytes): StartWith records them once, before the
-//     first node starts, and Stop restores them once, after the last node
-//     ended.
+//     kernel.keys.root_maxbytes): the first cluster to start records them,
+//     before its first node starts, and the last one to stop restores them,
+//     after its last node ended (machine).
 //   - Stop (also registered with t.Cleanup) kills every node's PID
 //     namespace (every process of the node, containers and shims included,
 //     dies with it), stops the scheduler, controller-manager and control
 //     plane, removes every node's veth to the machine, every node's cgroups
-//     and the data folder, and restores the sysctls. If the test binary dies
+//     and the data folder, and (as the last) restores the sysctls. If the test binary dies
 //     first, the kernel kills each unshare (parent-death signal), which
 //     kills its namespace's init, which ends the whole namespace; the veths
 //     go with the namespaces (the links between nodes never were the
@@ -192,12 +193,12 @@ type Cluster struct {
 	kubeBin  string // kube peer folder: the Kubernetes commands
 	id       string // hex, names the cgroupRoots and the host veths
 	nodes    []*node
-	sysctls  map[string]string
 	procs    []*testenv.Process
 	proxyMu  sync.Mutex
 	proxies  []net.Listener // in the nodes' namespaces: the API server's, Forward's
 	watchdog *watchdog
-	lock     *os.File // flock'd: one cluster per machine (sysctls are global)
+	hold     *hold // its slot and share of the machine (sysctls are global)
+	restored bool  // Stop restored the sysctls: no other cluster ran
 	stopOnce sync.Once
 	stopErr  error
 	log      func(format string, args ...any)
@@ -265,26 +266,40 @@ func StartWith(ctx context.Context, t testing.TB, o Options) *Cluster {
 }
 
 func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string, o Options) (*Cluster, error) {
+	m, err := clustersOnMachine()
+	if err != nil {
+		return nil, err
+	}
+	// A slot first (Reserve's, or the next free one): it names the
+	// addresses, so no two clusters share one.
+	h := reserved(ctx)
+	if h == nil {
+		if h, err = m.takeSlot(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := h.join(ctx); err != nil {
+		h.slotF.Close()
+		return nil, err
+	}
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
 	// A short path: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "gdr-cluster-")
 	if err != nil {
+		_, _ = h.release(context.Background())
 		return nil, err
 	}
-	c := &Cluster{
-		Dir: dir, nodeBin: nodeDir, kubeBin: kubeDir, id: id, sysctls: map[string]string{},
-		log: t.Logf,
-	}
-	// Node i's veth pair is the /30 10.254.<b1>.<(b2&0xfc)+4i>: .1 here,
-	// .2 the node; its Pods, 10.244.<i>.0/24.
+	c := &Cluster{Dir: dir, nodeBin: nodeDir, kubeBin: kubeDir, id: id, hold: h, log: t.Logf}
+	// Node i's veth pair is the /30 10.254.<slot>.<4i>: .1 here, .2 the
+	// node; its Pods, 10.244.<i>.0/24 (inside the nodes' namespaces: every
+	// cluster has its own).
 	for i := range o.Nodes {
-		base := (int(b[2]&0xfc) + 4*i) % 256
 		n := &node{
 			name: nodeName(i), index: i, dir: dir, hostIf: "gdrh" + id,
-			hostIP:  fmt.Sprintf("10.254.%d.%d", b[1], base+1),
-			ip:      fmt.Sprintf("10.254.%d.%d", b[1], base+2),
+			hostIP:  fmt.Sprintf("10.254.%d.%d", h.slot, 4*i+1),
+			ip:      fmt.Sprintf("10.254.%d.%d", h.slot, 4*i+2),
 			podCIDR: fmt.Sprintf("10.244.%d.0/24", i),
 		}
 		if i > 0 {
@@ -295,17 +310,6 @@ func start(ctx context.Context, t testing.TB, kubeDir, nodeDir string, o Options
 		c.nodes = append(c.nodes, n)
 	}
 	first := c.nodes[0]
-
-	if c.lock, err = lockMachine(ctx); err != nil {
-		return c, err
-	}
-	for _, s := range kubeletSysctls {
-		v, err := os.ReadFile(filepath.Join("/proc/sys", s))
-		if err != nil {
-			return c, fmt.Errorf("record sysctl %s: %w", s, err)
-		}
-		c.sysctls[s] = strings.TrimSpace(string(v))
-	}
 
 	// From here on the machine holds state of the nodes': the watchdog
 	// undoes it if the test binary dies without Stop.
@@ -518,37 +522,10 @@ func (c *Cluster) NodeIPOf(name string) string {
 	return ""
 }
 
-// LockFile is the file that serializes clusters on one machine
-// ($TMPDIR/gdr-clusterenv.lock): the kubelet's sysctls are machine-wide, so
-// a second node would record the first one's values and restore them. Start
-// holds an exclusive flock on it until Stop (and, if the test binary dies,
-// until its watchdog has restored the sysctls).
-func LockFile() string { return filepath.Join(os.TempDir(), "gdr-clusterenv.lock") }
-
-// lockMachine waits for the exclusive lock on LockFile.
-func lockMachine(ctx context.Context) (*os.File, error) {
-	path := LockFile()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s (another cluster runs on this machine): %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
+// LockFile is the file every running cluster of the machine holds a shared
+// flock on ($TMPDIR/gdr-clusterenv.lock; see machine): the last one to stop
+// restores the kubelets' sysctls.
+func LockFile() string { return machine{dir: os.TempDir()}.path("lock") }
 
 // startControl starts a control-plane component on the machine.
 func (c *Cluster) startControl(t testing.TB, name, bin string, args ...string) error {
@@ -1148,11 +1125,6 @@ func (c *Cluster) Stop() error {
 				errs = append(errs, err)
 			}
 		}
-		for s, v := range c.sysctls {
-			if err := os.WriteFile(filepath.Join("/proc/sys", s), []byte(v), 0o644); err != nil {
-				errs = append(errs, fmt.Errorf("restore sysctl %s=%s: %w", s, v, err))
-			}
-		}
 		if c.Plane != nil {
 			if err := c.Plane.Stop(); err != nil {
 				errs = append(errs, err)
@@ -1168,8 +1140,18 @@ func (c *Cluster) Stop() error {
 		if c.watchdog != nil {
 			c.watchdog.release()
 		}
-		if c.lock != nil {
-			_ = c.lock.Close()
+		if c.hold != nil {
+			// After the watchdog, which holds the same flocks.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			restored, err := c.hold.release(ctx)
+			cancel()
+			c.restored = restored
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if !restored {
+				c.log("clusterenv: another cluster runs on this machine: the last one to stop restores the sysctls")
+			}
 		}
 		if len(errs) > 0 {
 			c.stopErr = fmt.Errorf("clusterenv: stop: %w", errors.Join(errs...))

@@ -43,7 +43,8 @@ import (
 //   - Teardown: Stop leaves no process, veth or cgroup of either node
 //     behind, and restores the sysctls the kubelets changed.
 func TestE2EClusterTwoNodesNetwork(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	t.Parallel() // beside the other clusters of the machine (ClustersEnv)
+	ctx, cancel := context.WithTimeout(Reserve(context.Background(), t), 20*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	c := StartWith(ctx, t, Options{Nodes: 2})
