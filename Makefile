@@ -67,7 +67,8 @@ try-gitea:
 ##        kube-router v2.1.0's firewall with Debian's iptables and ipset (the test cluster's
 ##        NetworkPolicy dataplane; a test peer only); KEDA's operator v2.21.0; OpenSandbox's
 ##        lifecycle server (4db3a993, Debian trixie's python3) with Debian's docker.io 20.10 and
-##        execd (a test peer only)
+##        execd (a test peer only); OpenSandbox's Kubernetes runtime at the same commit: the
+##        BatchSandbox controller manager, its CRDs and execd (a test peer only; about 830 s cold)
 peers:
 	./scripts/peers/gitea.sh build
 	./scripts/peers/kube.sh build
@@ -78,35 +79,21 @@ peers:
 	./scripts/peers/spire.sh build
 	./scripts/peers/keda.sh build
 	./scripts/peers/opensandbox.sh build
+	./scripts/peers/opensandbox-k8s.sh build
 
-## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test. The
-##      timeout is per package: deploy's cluster tests, one cluster at a time, take about 54
-##      minutes warm, 57 with TestE2EClusterTwoNodes (docs/TESTING.md); 75 leaves room on a
-##      loaded machine within CI's 90.
+## e2e: the end-to-end tests against real peers (build tag e2e), and the images' test; OpenSandbox's
+##      Kubernetes runtime among them (internal/testenv/batchsandboxenv, shared/backend/opensandbox
+##      and its sandboxapitest: TestE2EOpenSandboxKubernetes*, TestE2EOpenSandboxContractKubernetes).
+##      The timeout is per package: deploy's cluster tests run two at a time beside one cluster
+##      of another package (clusterenv's slots, GDR_TEST_CLUSTERS, docs/CLUSTER.md), each
+##      waiting for a slot before its own timeout starts; 75 leaves room on a loaded machine
+##      within CI's 90.
 # E2E_PACKAGES: the packages with an end-to-end test (a TestE2E function): the others would each
 # link a test binary that runs nothing.
 E2E_PACKAGES = $(shell grep -rl --include='*_test.go' '^func TestE2E' . | xargs -r -n1 dirname | sort -u)
 e2e: peers images
 	$(GO) vet -tags e2e ./...
 	CI=$${CI:-} $(GO) test -tags e2e -count=1 -timeout 75m -run 'E2E' $(E2E_PACKAGES)
-
-## e2e-opensandbox-k8s: OpenSandbox's Kubernetes runtime on the test cluster: its peer (the
-##        BatchSandbox controller manager, CRDs and execd at 4db3a993, from ../shared/peers; 830 s
-##        cold), TestE2EOpenSandboxKubernetesBatchSandbox, and the lifecycle server (the Docker
-##        runtime's peer root) with its Kubernetes runtime: TestE2EOpenSandboxKubernetesServer,
-##        TestE2EOpenSandboxContractKubernetes and, with the images, real Gitea jobs in
-##        BatchSandboxes: TestE2EOpenSandboxKubernetesJobs (build tags e2e and opensandboxk8s).
-##        Not yet part of peers and e2e: CI's cold-run budget (docs/OPENSANDBOX-KUBERNETES.md)
-.PHONY: e2e-opensandbox-k8s
-e2e-opensandbox-k8s: images
-	./scripts/peers/kube.sh build
-	./scripts/peers/kube-node.sh build
-	./scripts/peers/opensandbox.sh build
-	./scripts/peers/opensandbox-k8s.sh build
-	$(GO) vet -tags 'e2e opensandboxk8s' ./internal/testenv/batchsandboxenv/ ./internal/testenv/opensandboxenv/ ./shared/backend/opensandbox/...
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2E(OpenSandboxKubernetes|BusyboxLayerHasAShell)' ./internal/testenv/batchsandboxenv/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxContractKubernetes$$' ./shared/backend/opensandbox/sandboxapi/sandboxapitest/
-	CI=$${CI:-} $(GO) test -tags 'e2e opensandboxk8s' -count=1 -timeout 20m -v -run '^TestE2EOpenSandboxKubernetesJobs$$' ./shared/backend/opensandbox/
 
 ## e2e-cluster: the test cluster's own tests alone (internal/testenv/clusterenv: one node, then
 ##        two; part of e2e too; needs root)

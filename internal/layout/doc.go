@@ -15,4 +15,7 @@
 //   - The harness packages (internal/testenv and below) hold harnesses and
 //     their own tests: no test there imports a product package other than
 //     the peers' wire contracts (TestHarnessTestsTestTheHarness).
+//   - Every end-to-end test is in `make e2e`: a test file of the e2e tier
+//     asks for no tag the Makefile's e2e target does not set, and its tests'
+//     names match that target's -run pattern (TestE2ETestsRunInMakeE2E).
 package layout

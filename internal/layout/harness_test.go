@@ -43,9 +43,9 @@ func harnessMayImport(pkg string) bool {
 // as the product expects. A test of the product lives beside what it tests
 // (shared/backend/opensandbox for the OpenSandbox backend, functions/X for a
 // function) or, for the cluster, in deploy (TestE2ECluster*). The rule checked:
-// no _test.go file under internal/testenv, whatever its build tags (e2e,
-// opensandboxk8s, none: the files are parsed, not built), imports a package
-// of the module other than a harness or one of harnessContracts. An import of
+// no _test.go file under internal/testenv, whatever its build constraint
+// (e2e, none, or a tag added later: the files are parsed, not built), imports
+// a package of the module other than a harness or one of harnessContracts. An import of
 // functions/..., of a backend (shared/backend/... but sandboxapi) or of a core
 // (shared/handler, shared/dispatcher...) makes a test one of the product. A
 // product test that imports nothing of the product (as the shipped ScaledJob's

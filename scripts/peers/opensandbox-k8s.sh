@@ -20,10 +20,15 @@
 # 4db3a993 beside the checkout (../shared/peers/opensandbox from the repository's root; another
 # copy with GDR_OPENSANDBOX_SRC, the folder holding PEER.md, kubernetes/ and components/). The
 # modules are copied into a temporary folder and built there (the pinned copy is never written),
-# their dependencies fetched from the Go module proxy as their go.sum files pin them (execd's
-# `replace ... => ../internal` is kept by copying components/internal beside it). CGO_ENABLED=0,
-# -trimpath, the commit stamped as the upstream Dockerfiles do, the machine's build cache (execd:
-# lib.sh's opensandbox_execd, the recipe opensandbox.sh uses too). busybox-static comes from a private apt state (lib.sh debs_unpack: the
+# their dependencies fetched from the Go module proxy. The manager is built against our module's
+# versions of the modules it shares with ours (Kubernetes v0.37's libraries, controller-runtime
+# v0.25... where upstream pins v0.33 and v0.21; none lowered) and with our tests' build flags, so
+# that most of its packages are compiled once for both (measured: docs/OPENSANDBOX-KUBERNETES.md);
+# it runs on the test machine, out of cluster, so it links the machine's libc like our tests.
+# execd as its go.sum pins it (its `replace ... => ../internal` kept by copying
+# components/internal beside it), CGO_ENABLED=0, -trimpath (lib.sh's opensandbox_execd, the
+# recipe opensandbox.sh uses too). Both: the commit stamped as the upstream Dockerfiles do, the
+# machine's build cache. busybox-static comes from a private apt state (lib.sh debs_unpack: the
 # machine's apt is untouched, nothing installed). Not built: the task executor and the image
 # committer (pool mode and snapshots; a BatchSandbox made from a Pod template needs neither).
 # Cold timings: docs/OPENSANDBOX-KUBERNETES.md.
@@ -34,10 +39,13 @@ PEER=opensandbox-k8s-$OPENSANDBOX_COMMIT
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SRC=${GDR_OPENSANDBOX_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/../shared/peers/opensandbox}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SRC=${GDR_OPENSANDBOX_SRC:-$REPO/../shared/peers/opensandbox}
 
+# DEPS names how the manager's dependencies are chosen; a folder built otherwise is rebuilt.
+DEPS=ours
 built() {
-  [ -f "$STAMP" ] && [ -x "$DEST/manager" ] && [ -f "$DEST/crds/sandbox.opensandbox.io_batchsandboxes.yaml" ] &&
+  [ -f "$STAMP" ] && grep -qx "deps=$DEPS" "$STAMP" && [ -x "$DEST/manager" ] && [ -f "$DEST/crds/sandbox.opensandbox.io_batchsandboxes.yaml" ] &&
     [ -x "$DEST/execd" ] && [ -f "$DEST/bootstrap.sh" ] && [ -x "$DEST/busybox" ]
 }
 
@@ -61,10 +69,26 @@ build() {
   (
     local s
     s=$(date +%s)
+    # Our module's versions: a module of its own (ours/go.mod) requires every module of our
+    # build list at our version, and the copy requires it, so the module graph's minimal version
+    # selection raises each module the copy shares with ours to our version and lowers none;
+    # tidy then drops that module again (the copy imports nothing of it). The manager then
+    # compiles against the Kubernetes libraries, controller-runtime and the rest exactly as our
+    # tests do, with their flags (no -trimpath, cgo as the machine has it): the compiled packages
+    # are the same cache entries, and a machine that has built our tests compiles little more.
+    mkdir "$tmp/src/ours"
+    {
+      printf 'module gdr.local/ours\n\ngo 1.24\n\nrequire (\n'
+      (cd "$REPO" && GOWORK=off GOFLAGS=-mod=readonly go list -m -f '{{if not .Main}}{{"\t"}}{{.Path}} {{.Version}}{{"\n"}}{{end}}' all) | grep .
+      printf ')\n'
+    } >"$tmp/src/ours/go.mod"
     cd "$tmp/src/kubernetes"
-    say "compiling $module/cmd/controller at $OPENSANDBOX_COMMIT"
-    GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOOS= GOARCH= \
-      go build -trimpath -ldflags "-s -w -X main.commitID=$OPENSANDBOX_COMMIT" -o "$tmp/manager" ./cmd/controller
+    export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" GOOS= GOARCH=
+    go mod edit -require=gdr.local/ours@v0.0.0 -replace=gdr.local/ours=../ours
+    go mod tidy
+    say "compiling $module/cmd/controller at $OPENSANDBOX_COMMIT with our module's versions"
+    GOFLAGS="-mod=readonly -buildvcs=false" \
+      go build -ldflags "-s -w -X main.commitID=$OPENSANDBOX_COMMIT" -o "$tmp/manager" ./cmd/controller
     say "manager built in $(($(date +%s) - s))s"
   )
   opensandbox_execd "$SRC" "$OPENSANDBOX_COMMIT" "$tmp"
@@ -84,6 +108,7 @@ build() {
   "$tmp/busybox" sh -c 'exit 0' || die "busybox does not run"
   {
     echo "opensandbox=$OPENSANDBOX_COMMIT"
+    echo "deps=$DEPS"
     echo "go=$(go env GOVERSION)"
     echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "seconds=$(($(date +%s) - t0))"

@@ -1,4 +1,4 @@
-//go:build e2e && opensandboxk8s
+//go:build e2e
 
 package batchsandboxenv
 
@@ -12,7 +12,7 @@ import (
 )
 
 // TestE2EBusyboxLayerHasAShell builds the images' base from the peer's busybox
-// (so it needs the peer: an e2e test, run by make e2e-opensandbox-k8s):
+// (so it needs the peer: an e2e test, run by make e2e):
 // /bin/sh (bootstrap.sh's interpreter) and the commands bootstrap.sh and the
 // execd-installer run link to /bin/busybox.
 func TestE2EBusyboxLayerHasAShell(t *testing.T) {

@@ -1,4 +1,4 @@
-//go:build e2e && opensandboxk8s
+//go:build e2e
 
 package opensandbox_test
 

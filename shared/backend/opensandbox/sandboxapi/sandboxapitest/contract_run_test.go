@@ -37,8 +37,8 @@ func TestContractFake(t *testing.T) {
 
 // The fake of the Kubernetes runtime answers every case of the contract as
 // the real server of that runtime answered (docs/OPENSANDBOX-KUBERNETES.md);
-// TestE2EOpenSandboxContractKubernetes (contract_k8s_e2e_test.go, tags e2e
-// opensandboxk8s) runs the same cases against the real server. The
+// TestE2EOpenSandboxContractKubernetes (contract_k8s_e2e_test.go, tag e2e)
+// runs the same cases against the real server. The
 // crash-loop back-off is short so that an exit's Failed shows within Wait.
 func TestContractFakeKubernetes(t *testing.T) {
 	fake := sandboxapitest.New(t, sandboxapitest.WithAPIKey("contract-key"),
