@@ -53,7 +53,8 @@ const endpointsAnnotation = "sandbox.opensandbox.io/endpoints"
 // time since the sandboxes were created (docs/OPENSANDBOX-KUBERNETES.md).
 func TestE2EOpenSandboxKubernetesBatchSandbox(t *testing.T) {
 	Assets(t) // skip before starting a cluster when the peer is not built
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// Its timeout starts once a cluster slot is its (clusterenv.Reserve).
+	ctx, cancel := context.WithTimeout(clusterenv.Reserve(context.Background(), t), 15*time.Minute)
 	defer cancel()
 	c := clusterenv.Start(ctx, t)
 	ImportImages(ctx, t, c)

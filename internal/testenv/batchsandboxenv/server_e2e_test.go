@@ -139,7 +139,8 @@ func (w *serverWorld) goneWithin(ctx context.Context, t *testing.T, id string, d
 //   - Expiry: at expiresAt (60 s) GET answers 404, not before, and the
 //     BatchSandbox and Pod are gone.
 func TestE2EOpenSandboxKubernetesServer(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	// Its timeout starts once a cluster slot is its (clusterenv.Reserve).
+	ctx, cancel := context.WithTimeout(clusterenv.Reserve(context.Background(), t), 12*time.Minute)
 	defer cancel()
 	w := startServerWorld(ctx, t)
 	c, err := sandboxapi.New(sandboxapi.Options{BaseURL: w.s.URL, APIKey: w.s.APIKey})

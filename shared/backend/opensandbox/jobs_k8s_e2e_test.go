@@ -164,7 +164,8 @@ func copyFile(src, dst string) error {
 // expiry) ends and gets no second sandbox; then nothing is left (no
 // sandbox, BatchSandbox, Pod or payload).
 func TestE2EOpenSandboxKubernetesJobs(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// Its timeout starts once a cluster slot is its (clusterenv.Reserve).
+	ctx, cancel := context.WithTimeout(clusterenv.Reserve(context.Background(), t), 15*time.Minute)
 	defer cancel()
 	begin := time.Now()
 	w := newJobsWorld(ctx, t, kubernetesJobsRuntime(ctx, t))

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/clusterenv"
+
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/batchsandboxenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/testenv/opensandboxenv"
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/backend/opensandbox/sandboxapi/sandboxapitest"
@@ -24,7 +26,8 @@ func TestE2EOpenSandboxContractKubernetes(t *testing.T) {
 	if opensandboxenv.MaxSandboxTimeout != sandboxapitest.DefaultMaxTimeout {
 		t.Fatalf("the server's maximum timeout %s is not the contract's %s", opensandboxenv.MaxSandboxTimeout, sandboxapitest.DefaultMaxTimeout)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	// Its timeout starts once a cluster slot is its (clusterenv.Reserve).
+	ctx, cancel := context.WithTimeout(clusterenv.Reserve(context.Background(), t), 12*time.Minute)
 	defer cancel()
 	_, s := batchsandboxenv.StartWorld(ctx, t, "opensandbox")
 	start := time.Now()
