@@ -21,25 +21,34 @@ build:
 	@mkdir -p $(BIN)
 	@for f in $(FUNCTIONS); do echo "go build ./functions/$$f"; $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$f ./functions/$$f || exit 1; done
 
-## test: vet, the race-enabled unit tests, and every fuzz target for FUZZTIME
-test: vet unit fuzz
+## test: the race-enabled unit tests with every check of go vet, and every fuzz target for FUZZTIME
+test: unit fuzz
 
 # BACKEND_TAGS: one build tag per backend, gdr_<kind>, from the generated shared/backend/linked
 BACKEND_TAGS := $(patsubst shared/backend/linked/%_off.go,gdr_%,$(wildcard shared/backend/linked/*_off.go))
 
+# backend-vet: go vet on the builds of handle and recover for one backend (shared/backend/linked),
+# with the build flags $(1)
+backend-vet = for t in $(BACKEND_TAGS); do $(GO) vet $(1) -tags $$t ./shared/backend/linked/ ./functions/handle/ ./functions/recover/ || exit 1; done
+
+## vet: go vet alone (unit runs the same checks on the race build)
 vet:
 	$(GO) vet ./...
-	@# the builds of handle and recover for one backend (shared/backend/linked) compile too
-	for t in $(BACKEND_TAGS); do $(GO) vet -tags $$t ./shared/backend/linked/ ./functions/handle/ ./functions/recover/ || exit 1; done
+	$(call backend-vet)
 
+# unit compiles the module graph once, for vet and tests alike: -vet=all is go vet's every check
+# (go test's default is a subset), and go test vets every package, those without test files
+# too; -race on the backend builds' vet too, so it reuses the race build's packages (build tags
+# are no part of a compiled package's cache key, only the files they select).
 unit:
-	$(GO) test -race -count=1 ./...
+	$(call backend-vet,-race)
+	$(GO) test -race -vet=all -count=1 ./...
 	@# act's host mode has a data race of its own: the tests that drive act
-	@# (build tag !race) run here, without the race detector.
-	$(GO) test -count=1 ./shared/runner/reporter ./shared/runner/taskrun
+	@# (build tag !race) run here, without the race detector, and their files are vetted here.
+	$(GO) test -vet=all -count=1 ./shared/runner/reporter ./shared/runner/taskrun
 	@# The build sidecar's seccomp profile: a module of its own (containerd/v2's
 	@# requirements are not the product's), its test checks deploy/seccomp.
-	cd internal/buildseccomp && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd internal/buildseccomp && $(GO) test -vet=all -count=1 ./...
 
 # seccomp rewrites deploy/seccomp/buildkit-<GOARCH>.json from containerd's
 # default profile (internal/buildseccomp); on an arm64 machine it writes arm64's.

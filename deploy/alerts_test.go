@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/model/value"
-	"github.com/prometheus/prometheus/util/teststorage"
 	"sigs.k8s.io/yaml"
 )
 
@@ -79,10 +78,9 @@ func targetUp(ns, component string, v float64) timedSample {
 // scrape a minute of every target: a series there one minute and gone the next gets a
 // staleness marker, as Prometheus writes one when a series or its target disappears (a Pod
 // scaled away), so nothing lingers for the lookback.
-func storeTimeline(t *testing.T, start time.Time, minutes int, at func(minute int) []timedSample) *teststorage.TestStorage {
+func storeTimeline(t *testing.T, start time.Time, minutes int, at func(minute int) []timedSample) *promStore {
 	t.Helper()
-	st := teststorage.New(t)
-	app := st.Appender(t.Context())
+	st := newPromStore()
 	var before map[string]labels.Labels
 	for m := 0; m <= minutes; m++ {
 		ts := start.Add(time.Duration(m) * time.Minute).UnixMilli()
@@ -90,21 +88,18 @@ func storeTimeline(t *testing.T, start time.Time, minutes int, at func(minute in
 		for _, s := range at(m) {
 			l := labels.FromMap(s.labels)
 			now[l.String()] = l
-			if _, err := app.Append(0, l, ts, s.value); err != nil {
+			if err := st.add(l, ts, s.value); err != nil {
 				t.Fatalf("store %s: %v", l, err)
 			}
 		}
 		for k, l := range before {
 			if _, ok := now[k]; !ok {
-				if _, err := app.Append(0, l, ts, math.Float64frombits(value.StaleNaN)); err != nil {
+				if err := st.add(l, ts, math.Float64frombits(value.StaleNaN)); err != nil {
 					t.Fatalf("stale %s: %v", l, err)
 				}
 			}
 		}
 		before = now
-	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
 	}
 	return st
 }
@@ -156,7 +151,7 @@ func shippedAlert(t *testing.T, name string) alertRule {
 // package rules: AlertingRule.Eval): a series the expression returns is pending from the
 // first evaluation that returns it, firing once it has been returned at every evaluation for
 // the rule's for, and forgotten at the first evaluation that does not return it.
-func firingAfter(t *testing.T, rule alertRule, st *teststorage.TestStorage, start time.Time, minutes int) []string {
+func firingAfter(t *testing.T, rule alertRule, st *promStore, start time.Time, minutes int) []string {
 	t.Helper()
 	since := map[string]time.Time{} // series -> the evaluation that first returned it
 	firing := map[string]string{}   // series -> its namespace, for those firing

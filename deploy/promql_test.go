@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
-	"github.com/prometheus/prometheus/util/teststorage"
+	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/shared/metrics"
 )
@@ -22,20 +22,18 @@ type scraped struct {
 	fams metrics.Families
 }
 
-// tsdb is a Prometheus TSDB of the test's own holding the samples of
-// scrapes, as Prometheus stores a scrape's text: a counter's or gauge's
-// value under its name, a histogram's cumulative buckets (le), _sum and
-// _count.
-func tsdb(t *testing.T, scrapes []scraped) *teststorage.TestStorage {
+// storeScrapes holds the samples of scrapes as Prometheus stores a
+// scrape's text: a counter's or gauge's value under its name, a
+// histogram's cumulative buckets (le), _sum and _count.
+func storeScrapes(t *testing.T, scrapes []scraped) *promStore {
 	t.Helper()
-	st := teststorage.New(t)
-	app := st.Appender(t.Context())
+	st := newPromStore()
 	add := func(name string, m *dto.Metric, at time.Time, v float64, extra ...string) {
 		pairs := []string{labels.MetricName, name}
 		for _, l := range m.GetLabel() {
 			pairs = append(pairs, l.GetName(), l.GetValue())
 		}
-		if _, err := app.Append(0, labels.FromStrings(append(pairs, extra...)...), at.UnixMilli(), v); err != nil {
+		if err := st.add(labels.FromStrings(append(pairs, extra...)...), at.UnixMilli(), v); err != nil {
 			t.Fatalf("store %s: %v", name, err)
 		}
 	}
@@ -64,15 +62,12 @@ func tsdb(t *testing.T, scrapes []scraped) *teststorage.TestStorage {
 			}
 		}
 	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
-	}
 	return st
 }
 
 // evaluate runs the instant query expr with Prometheus' engine over st at
 // at and returns its vector.
-func evaluate(ctx context.Context, t *testing.T, st *teststorage.TestStorage, expr string, at time.Time) promql.Vector {
+func evaluate(ctx context.Context, t *testing.T, st storage.Queryable, expr string, at time.Time) promql.Vector {
 	t.Helper()
 	eng := promql.NewEngine(promql.EngineOpts{MaxSamples: 1_000_000, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
 	q, err := eng.NewInstantQuery(ctx, st, nil, expr, at)
@@ -114,7 +109,7 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 // are reported apart, not failed).
 func assertDashboardFed(ctx context.Context, t *testing.T, scrapes []scraped) {
 	t.Helper()
-	st := tsdb(t, scrapes)
+	st := storeScrapes(t, scrapes)
 	at := scrapes[len(scrapes)-1].at
 	for _, q := range dashboardQueries(t) {
 		v := evaluate(ctx, t, st, q.expr, at)

@@ -124,7 +124,7 @@ func TestSlowPickupAlert(t *testing.T) {
 				}
 				scrapes = append(scrapes, scraped{at: at, fams: metricsenv.Gather(t, reg)})
 			}
-			v := evaluate(t.Context(), t, tsdb(t, scrapes), expr, scrapes[len(scrapes)-1].at)
+			v := evaluate(t.Context(), t, storeScrapes(t, scrapes), expr, scrapes[len(scrapes)-1].at)
 			if fired := len(v) == 1 && v[0].Metric.Get("pool") == "linux"; fired != tc.wantPool || (!tc.wantPool && len(v) != 0) {
 				t.Errorf("%s over push -> running of %v: %v; want the pool: %v", expr, tc.toFirst, v, tc.wantPool)
 			}
