@@ -157,7 +157,8 @@ images:
 	$(GO) run ./internal/imagebuild/cmd/images -out $(BIN)/images -platforms "$(PLATFORMS)" -packages "$$debs" -peer buildkit="$$buildkit" -peer docker="$$docker" -commit "$(COMMIT)"
 
 ## release: a release to install without building (internal/release): make images' layouts for
-##          both platforms (PLATFORMS=$(RELEASE_PLATFORMS); a layout of fewer is refused), each
+##          both platforms (PLATFORMS=$(RELEASE_PLATFORMS); a layout of fewer is refused; PLATFORMS
+##          on the command line makes a release of those alone, as the tests' of this machine), each
 ##          index stamped with VERSION (vX.Y.Z), the chart (version and appVersion VERSION) naming
 ##          them under REGISTRY by digest, and SHA256SUMS, into RELEASE_DIR (deploy/REFERENCE.md,
 ##          "The Helm chart and releases"); `make release push VERSION=v0.2.0 REGISTRY=registry.example.net/gdr`
@@ -170,7 +171,7 @@ release: PLATFORMS = $(RELEASE_PLATFORMS)
 release: images
 	@test -n "$(VERSION)" || { echo "make release: set VERSION=vX.Y.Z" >&2; exit 1; }
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
-	$(GO) run ./internal/release/cmd/release make -version $(VERSION) -registry $(REGISTRY) -images $(BIN)/images -out $(RELEASE_DIR)
+	$(GO) run ./internal/release/cmd/release make -version $(VERSION) -registry $(REGISTRY) -images $(BIN)/images -platforms "$(PLATFORMS)" -out $(RELEASE_DIR)
 
 ## push: push RELEASE_DIR's release to REGISTRY, the registry it was made for: the images, then
 ##       the chart (OCI, oci://REGISTRY/gitea-dynamic-runner); credentials from

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,11 +68,12 @@ func startReleases(t testing.TB, c *clusterenv.Cluster) *releases {
 func (r *releases) registry() string { return r.host + "/gdr" }
 
 // publish makes the release version with `make release` from the images `make e2e` built
-// (make's -o images: not built again) and pushes it with `make push`, trusting the registry's
-// CA as a user's machine would (SSL_CERT_FILE).
+// (make's -o images: not built again; for this machine's platform alone, the one they hold) and
+// pushes it with `make push`, trusting the registry's CA as a user's machine would
+// (SSL_CERT_FILE).
 func (r *releases) publish(ctx context.Context, t testing.TB, version string) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, "make", "-C", "..", "-o", "images", "release", "push",
+	cmd := exec.CommandContext(ctx, "make", "-C", "..", "-o", "images", "release", "push", "PLATFORMS=linux/"+runtime.GOARCH,
 		"VERSION="+version, "REGISTRY="+r.registry(), "RELEASE_DIR="+filepath.Join(r.dir, version))
 	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+r.caFile)
 	t0 := time.Now()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,7 +63,9 @@ func TestE2EClusterTwoNodes(t *testing.T) {
 }
 
 // spread pushes rounds of four jobs at once until executors have run on every node of nodes (at
-// most three rounds); see TestE2EClusterTwoNodes.
+// most three rounds); see TestE2EClusterTwoNodes. The executors are watched from before the first
+// push: on a loaded machine the pushes take long enough for the first jobs to end before the
+// last is pushed.
 func (in *installation) spread(ctx context.Context, t *testing.T, nodes []string) {
 	td := spiffeid.RequireTrustDomainFromString(spireenv.TrustDomain)
 	ran := map[string][]string{} // node -> the executor Pods seen running there
@@ -70,34 +73,22 @@ func (in *installation) spread(ctx context.Context, t *testing.T, nodes []string
 		if round > 3 {
 			t.Fatalf("after 3 rounds of 4 jobs at once, executors ran on %v only, want every node of %v", ran, nodes)
 		}
+		watch := in.watchExecutors(ctx)
 		names := map[string]string{} // repo -> its job's name
 		t1 := time.Now()
 		for i := range 4 {
 			name := fmt.Sprintf("spread-%d-%d", round, i)
 			names[in.pushJob(t, name, `sleep 8; echo "spread done in $(cat /etc/hostname)"`)] = name
 		}
-		// Each executor, once scheduled and while it runs: its node, its identity.
-		checked := map[string]bool{} // repo
-		for deadline := time.Now().Add(4 * time.Minute); len(checked) < len(names); time.Sleep(300 * time.Millisecond) {
-			pods, err := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range pods.Items {
-				p := &pods.Items[i]
-				repo := p.Annotations[repositoryAnnotation]
-				name, ours := names[repo]
-				if !ours || checked[repo] || p.Spec.NodeName == "" || p.Status.Phase != corev1.PodRunning {
-					continue
-				}
-				in.checkIdentity(ctx, t, td, p, repo, name)
-				checked[repo] = true
-				ran[p.Spec.NodeName] = append(ran[p.Spec.NodeName], p.Name)
-			}
-			if time.Now().After(deadline) {
-				in.dump(ctx, t)
-				t.Fatalf("round %d: executors seen running for %d of %d jobs after 4m", round, len(checked), len(names))
-			}
+		// Each executor, once scheduled and while it ran: its node, its identity.
+		seen := watch.wait(t, names, 4*time.Minute)
+		if len(seen) < len(names) {
+			in.dump(ctx, t)
+			t.Fatalf("round %d: executors seen running for %d of %d jobs after 4m", round, len(seen), len(names))
+		}
+		for repo, o := range seen {
+			checkIdentity(t, td, o, repo, names[repo])
+			ran[o.pod.Spec.NodeName] = append(ran[o.pod.Spec.NodeName], o.pod.Name)
 		}
 		for repo, name := range names {
 			in.succeeded(ctx, t, repo, name, "spread done in gdr-linux-")
@@ -111,11 +102,85 @@ func (in *installation) spread(ctx context.Context, t *testing.T, nodes []string
 	}
 }
 
-// checkIdentity fails t unless the running executor Pod p holds the identity of its own task: the
-// SVID in its Secret (minted by handle-pod) is the task identity of repo, job name and the task ID
-// of p's labels, which p's SPIFFE ID annotation names too.
-func (in *installation) checkIdentity(ctx context.Context, t *testing.T, td spiffeid.TrustDomain, p *corev1.Pod, repo, name string) {
+// runningExecutor is an executor Pod seen running, and its Secret as it was then (the Secret
+// goes with the executor when its job ends).
+type runningExecutor struct {
+	pod    *corev1.Pod
+	secret map[string][]byte
+	err    error // reading the Secret
+}
+
+// executorWatch records every executor Pod of the installation seen running, by repository,
+// until wait returns.
+type executorWatch struct {
+	mu    sync.Mutex
+	seen  map[string]runningExecutor
+	stop  context.CancelFunc
+	ended chan struct{}
+}
+
+// watchExecutors starts recording the running executors every 300 ms.
+func (in *installation) watchExecutors(ctx context.Context) *executorWatch {
+	ctx, stop := context.WithCancel(ctx)
+	w := &executorWatch{seen: map[string]runningExecutor{}, stop: stop, ended: make(chan struct{})}
+	go func() {
+		defer close(w.ended)
+		for ctx.Err() == nil {
+			// A failed List (a restart of the API server's connection) is the next tick's to redo.
+			pods, _ := in.cs.CoreV1().Pods(jobsNamespace).List(ctx, metav1.ListOptions{LabelSelector: executorSelector})
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				repo := p.Annotations[repositoryAnnotation]
+				w.mu.Lock()
+				_, had := w.seen[repo]
+				w.mu.Unlock()
+				if had || p.Spec.NodeName == "" || p.Status.Phase != corev1.PodRunning {
+					continue
+				}
+				s, err := in.cs.CoreV1().Secrets(jobsNamespace).Get(ctx, pod.SecretName(p.Name), metav1.GetOptions{})
+				r := runningExecutor{pod: p, err: err}
+				if err == nil {
+					r.secret = s.Data
+				}
+				w.mu.Lock()
+				w.seen[repo] = r
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	return w
+}
+
+// wait returns, once every repository of names has had its executor seen running or after
+// timeout, what was seen of theirs, and stops the watch.
+func (w *executorWatch) wait(t *testing.T, names map[string]string, timeout time.Duration) map[string]runningExecutor {
 	t.Helper()
+	defer func() { w.stop(); <-w.ended }()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(300 * time.Millisecond) {
+		w.mu.Lock()
+		ours := map[string]runningExecutor{}
+		for repo := range names {
+			if r, ok := w.seen[repo]; ok {
+				ours[repo] = r
+			}
+		}
+		w.mu.Unlock()
+		if len(ours) == len(names) || time.Now().After(deadline) {
+			return ours
+		}
+	}
+}
+
+// checkIdentity fails t unless the executor o, seen running, held the identity of its own task:
+// the SVID in its Secret (minted by handle-pod) is the task identity of repo, job name and the task
+// ID of its Pod's labels, which its SPIFFE ID annotation names too.
+func checkIdentity(t *testing.T, td spiffeid.TrustDomain, o runningExecutor, repo, name string) {
+	t.Helper()
+	p := o.pod
 	task, err := strconv.ParseInt(p.Labels["gitea-dynamic-runner.io/task-id"], 10, 64)
 	if err != nil {
 		t.Fatalf("executor %s: task-id label: %v", p.Name, err)
@@ -124,11 +189,10 @@ func (in *installation) checkIdentity(ctx context.Context, t *testing.T, td spif
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := in.cs.CoreV1().Secrets(jobsNamespace).Get(ctx, pod.SecretName(p.Name), metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("executor %s's Secret: %v", p.Name, err)
+	if o.err != nil {
+		t.Fatalf("executor %s's Secret: %v", p.Name, o.err)
 	}
-	block, _ := pem.Decode(s.Data[bootstrap.EnvSVIDCert])
+	block, _ := pem.Decode(o.secret[bootstrap.EnvSVIDCert])
 	if block == nil {
 		t.Fatalf("executor %s's Secret holds no SVID certificate (%s)", p.Name, bootstrap.EnvSVIDCert)
 	}

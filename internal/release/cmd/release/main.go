@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gitea-dynamic-runner/gitea-dynamic-runner/internal/imagebuild"
@@ -41,6 +42,11 @@ func run(args []string) error {
 		chart := fs.String("chart", "deploy/helm/gitea-dynamic-runner", "the chart's folder")
 		out := fs.String("out", "", "the release folder (empty or absent)")
 		changelog := fs.String("changelog", "CHANGELOG.md", "the changelog: the version's section is the release's NOTES.md")
+		var all []string
+		for _, p := range imagebuild.Platforms {
+			all = append(all, p.String())
+		}
+		platformList := fs.String("platforms", strings.Join(all, ","), "the platforms every image must hold, exactly (a release's: all of them; make release PLATFORMS=linux/amd64 makes one for that platform alone)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
@@ -52,8 +58,12 @@ func run(args []string) error {
 		for _, i := range imagebuild.Images {
 			names = append(names, i.Name)
 		}
+		parsed, err := imagebuild.ParsePlatforms(*platformList)
+		if err != nil {
+			return err
+		}
 		var platforms []string
-		for _, p := range imagebuild.Platforms {
+		for _, p := range parsed {
 			platforms = append(platforms, p.String())
 		}
 		m, err := release.Make(release.Options{Version: *version, Registry: *registry, Images: *images, Names: names,
