@@ -467,7 +467,10 @@ func TestOpsRotationBlocks(t *testing.T) {
 		if got := r.load().ConfigMaps[opsNS+"gdr-config"]["GDR_PAUSED_POOLS"]; got != "" {
 			t.Fatalf("resumed: GDR_PAUSED_POOLS %q", got)
 		}
-		if !r.logged(mark, "patch configmap gdr-config", "rollout restart deployment/dispatch deployment/gateway") {
+		// The gateway on the new registrations before dispatch claims with them (an executor's
+		// report of a new runner's task through a gateway on the old ones is refused).
+		if !r.logged(mark, "rollout restart deployment/gateway", "rollout status deployment/gateway",
+			"patch configmap gdr-config", "rollout restart deployment/dispatch", "rollout status deployment/dispatch") {
 			t.Errorf("resume: %q", r.load().Log[mark:])
 		}
 		r.absent("gdr-keys/rotate/paused-pools", "gdr-keys/rotate/paused.pods")
