@@ -990,10 +990,17 @@ func (c *Cluster) TrustRegistryCA(host, caFile string) error {
 
 // ImportImage imports the OCI layout at dir into every node's containerd
 // (the CRI's namespace k8s.io) as <repo>:latest, for linux/amd64, the nodes
-// at once.
+// at once. dir is only read: the archive it makes of it is the cluster's
+// own (in Dir), since clusters side by side import the same layouts.
 func (c *Cluster) ImportImage(ctx context.Context, dir, repo string) error {
-	tarPath := dir + ".tar"
+	f, err := os.CreateTemp(c.Dir, "import-*.tar")
+	if err != nil {
+		return err
+	}
+	tarPath := f.Name()
+	f.Close()
 	if err := tarDir(dir, tarPath); err != nil {
+		os.Remove(tarPath)
 		return err
 	}
 	defer os.Remove(tarPath)
