@@ -1,7 +1,6 @@
 package layout
 
 import (
-	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -69,7 +68,9 @@ func TestHarnessTestsTestTheHarness(t *testing.T) {
 			return err
 		}
 		files++
-		if buildTagged(f) {
+		if expr, err := buildConstraint(f); err != nil {
+			return err
+		} else if expr != nil {
 			tagged++
 		}
 		rel, _ := filepath.Rel(root, path)
@@ -92,18 +93,6 @@ func TestHarnessTestsTestTheHarness(t *testing.T) {
 	if files < 10 || tagged < 5 {
 		t.Fatalf("found %d test files under %s, %d with build tags: the walk is wrong", files, harnessRoot, tagged)
 	}
-}
-
-// buildTagged reports whether f has a //go:build line before its package clause.
-func buildTagged(f *ast.File) bool {
-	for _, g := range f.Comments {
-		for _, c := range g.List {
-			if c.Pos() < f.Package && strings.HasPrefix(c.Text, "//go:build ") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func TestHarnessMayImport(t *testing.T) {

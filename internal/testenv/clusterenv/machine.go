@@ -69,7 +69,7 @@ func clustersOnMachine() (machine, error) {
 
 func (m machine) path(name string) string { return filepath.Join(m.dir, "gdr-clusterenv."+name) }
 
-// hold is one cluster's share of the machine, from hold to release.
+// hold is one cluster's share of the machine, from takeSlot to release.
 type hold struct {
 	m       machine
 	slot    int
@@ -141,19 +141,6 @@ func reserved(ctx context.Context) *hold {
 func (m machine) takeSlot(ctx context.Context) (*hold, error) {
 	h := &hold{m: m, sysctls: map[string]string{}}
 	if err := h.waitSlot(ctx); err != nil {
-		return nil, err
-	}
-	return h, nil
-}
-
-// hold waits for a free slot, then joins the running clusters.
-func (m machine) hold(ctx context.Context) (*hold, error) {
-	h, err := m.takeSlot(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := h.join(ctx); err != nil {
-		h.slotF.Close()
 		return nil, err
 	}
 	return h, nil

@@ -57,8 +57,11 @@ func holdOrFatal(t *testing.T, m machine) *hold {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	h, err := m.hold(ctx)
+	h, err := m.takeSlot(ctx)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.join(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return h
@@ -126,7 +129,7 @@ func TestMachineSlotsBound(t *testing.T) {
 	a := holdOrFatal(t, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
 	defer cancel()
-	if _, err := m.hold(ctx); err == nil || !strings.Contains(err.Error(), ClustersEnv) {
+	if _, err := m.takeSlot(ctx); err == nil || !strings.Contains(err.Error(), ClustersEnv) {
 		t.Fatalf("hold with the only slot taken: %v, want an error naming %s", err, ClustersEnv)
 	}
 	if _, err := a.release(context.Background()); err != nil {
